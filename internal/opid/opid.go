@@ -1,0 +1,112 @@
+// Package opid derives and validates operation ids and computes request
+// hashes: the business-level idempotency key of the contract.
+//
+// An operation_id defaults to task_id:step:target:business_version, each part
+// [A-Za-z0-9._-]{1,64} (no ':' inside a part, so parts never collide); a
+// caller may give the whole id instead ([A-Za-z0-9._:-]{1,200}). Ids ending in
+// ":approval-v<N>" are reserved for the task runner. request_hash is the
+// SHA-256 of the RFC 8785 canonical JSON of {action, target, params}, so key
+// order and number spelling never change it.
+package opid
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/fleetctl/fleetctl/internal/jcs"
+)
+
+var (
+	partPattern   = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+	wholeCharset  = regexp.MustCompile(`^[A-Za-z0-9._:-]+$`)
+	actionPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+	reserved      = regexp.MustCompile(`:approval-v[0-9]+$`)
+	approvalLike  = regexp.MustCompile(`^approval-v[0-9]+$`)
+)
+
+// ErrInvalid wraps every validation failure (400 invalid_request).
+var ErrInvalid = errors.New("invalid request")
+
+// Parts are the business intent an operation_id is derived from.
+type Parts struct {
+	TaskID, Step, Target, BusinessVersion string
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// Derive returns task_id:step:target:business_version after checking each part.
+func Derive(p Parts) (string, error) {
+	for _, f := range []struct{ name, v string }{
+		{"task_id", p.TaskID}, {"step", p.Step}, {"target", p.Target}, {"business_version", p.BusinessVersion},
+	} {
+		if !partPattern.MatchString(f.v) {
+			return "", invalid("%s %q must match [A-Za-z0-9._-]{1,64} (no ':')", f.name, f.v)
+		}
+	}
+	return p.TaskID + ":" + p.Step + ":" + p.Target + ":" + p.BusinessVersion, nil
+}
+
+// ValidateWhole checks a caller-given whole operation_id; maxLen is 200 for
+// a submit and 400 for derived ids such as compensations.
+func ValidateWhole(id string, maxLen int) error {
+	if len(id) == 0 || len(id) > maxLen || !wholeCharset.MatchString(id) {
+		return invalid("operation_id %q must match [A-Za-z0-9._:-]{1,%d}", id, maxLen)
+	}
+	return nil
+}
+
+// Reserved reports whether id ends in ":approval-v<N>", the task runner's ids.
+func Reserved(id string) bool { return reserved.MatchString(id) }
+
+// ApprovalLike reports whether a business_version looks like approval-v<N>.
+func ApprovalLike(v string) bool { return approvalLike.MatchString(v) }
+
+// ValidateAction checks an action name.
+func ValidateAction(a string) error {
+	if !actionPattern.MatchString(a) {
+		return invalid("action %q must match [A-Za-z0-9._-]{1,64}", a)
+	}
+	return nil
+}
+
+// CanonicalParams returns params as canonical JSON; absent or null is {},
+// anything but an object is invalid.
+func CanonicalParams(params json.RawMessage) (json.RawMessage, error) {
+	trimmed := strings.TrimSpace(string(params))
+	if trimmed == "" || trimmed == "null" {
+		return json.RawMessage(`{}`), nil
+	}
+	if !strings.HasPrefix(trimmed, "{") {
+		return nil, invalid("params must be a JSON object")
+	}
+	out, err := jcs.Canonicalize([]byte(trimmed))
+	if err != nil {
+		return nil, invalid("params: %v", err)
+	}
+	return out, nil
+}
+
+// RequestHash is the hex SHA-256 of the canonical JSON of {action, target, params}.
+func RequestHash(action, target string, canonicalParams json.RawMessage) (string, error) {
+	body, err := json.Marshal(struct {
+		Action string          `json:"action"`
+		Target string          `json:"target"`
+		Params json.RawMessage `json:"params"`
+	}{action, target, canonicalParams})
+	if err != nil {
+		return "", err
+	}
+	canon, err := jcs.Canonicalize(body)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(canon)
+	return hex.EncodeToString(sum[:]), nil
+}

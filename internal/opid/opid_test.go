@@ -1,0 +1,80 @@
+package opid
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestDerive(t *testing.T) {
+	id, err := Derive(Parts{"task-12", "create-ticket", "device-1001", "v1"})
+	require.NoError(t, err)
+	require.Equal(t, "task-12:create-ticket:device-1001:v1", id)
+
+	bad := []Parts{
+		{"", "s", "d", "v"},
+		{"t:x", "s", "d", "v"},
+		{"t", "s p", "d", "v"},
+		{"t", "s", "d", strings.Repeat("v", 65)},
+		{"t", "s", "dé", "v"},
+	}
+	for _, p := range bad {
+		_, err := Derive(p)
+		require.True(t, errors.Is(err, ErrInvalid), "%+v", p)
+	}
+	_, err = Derive(Parts{"t", "s", "d", strings.Repeat("v", 64)})
+	require.NoError(t, err)
+}
+
+func TestValidateWhole(t *testing.T) {
+	require.NoError(t, ValidateWhole("a:b:c", 200))
+	require.NoError(t, ValidateWhole(strings.Repeat("a", 200), 200))
+	require.Error(t, ValidateWhole(strings.Repeat("a", 201), 200))
+	require.NoError(t, ValidateWhole(strings.Repeat("a", 400), 400))
+	require.Error(t, ValidateWhole("", 200))
+	require.Error(t, ValidateWhole("a b", 200))
+	require.Error(t, ValidateWhole("a/b", 200))
+}
+
+func TestReserved(t *testing.T) {
+	require.True(t, Reserved("task-88:restart-device:device-1001:approval-v3"))
+	require.True(t, Reserved("x:approval-v12"))
+	require.False(t, Reserved("x:approval-v"))
+	require.False(t, Reserved("x:approval-v3:compensate:v1"))
+	require.False(t, Reserved("approval-v3"))
+	require.True(t, ApprovalLike("approval-v3"))
+	require.False(t, ApprovalLike("v3"))
+}
+
+func TestCanonicalParams(t *testing.T) {
+	for _, in := range []string{"", "null", "  null "} {
+		out, err := CanonicalParams(json.RawMessage(in))
+		require.NoError(t, err)
+		require.JSONEq(t, `{}`, string(out))
+	}
+	for _, in := range []string{`[]`, `"x"`, `1`, `{"a":}`} {
+		_, err := CanonicalParams(json.RawMessage(in))
+		require.True(t, errors.Is(err, ErrInvalid), in)
+	}
+	out, err := CanonicalParams(json.RawMessage(`{ "b": 1.0, "a": [10, 1e1] }`))
+	require.NoError(t, err)
+	require.Equal(t, `{"a":[10,10],"b":1}`, string(out))
+}
+
+func TestRequestHashIgnoresKeyOrderAndNumberSpelling(t *testing.T) {
+	p1, _ := CanonicalParams(json.RawMessage(`{"reason":"stuck","delay":1}`))
+	p2, _ := CanonicalParams(json.RawMessage(`{"delay":1.0e0, "reason":"stuck"}`))
+	h1, err := RequestHash("restart", "device-1", p1)
+	require.NoError(t, err)
+	h2, _ := RequestHash("restart", "device-1", p2)
+	require.Equal(t, h1, h2)
+	require.Len(t, h1, 64)
+	h3, _ := RequestHash("restart", "device-2", p1)
+	require.NotEqual(t, h1, h3)
+	p4, _ := CanonicalParams(json.RawMessage(`{"reason":"stuck","delay":2}`))
+	h4, _ := RequestHash("restart", "device-1", p4)
+	require.NotEqual(t, h1, h4)
+}

@@ -1,0 +1,17 @@
+// Package wire defines the MQTT wire protocol between the controller and
+// devices: the topics, the JSON payloads and their validation. It is the
+// single Go definition of the protocol in ../shared/DESIGN.md; the
+// controller and the device simulator both build on it, and device firmware
+// written elsewhere is built against the same text.
+//
+// Topics, under a configurable root (default "fleet"), {d} the device id:
+//
+//	{root}/{d}/commands   controller → device  QoS 1 (0 for dedupe:false devices)  Command
+//	{root}/{d}/receipts   device → controller  QoS 1                              Receipt
+//	{root}/{d}/queries    controller → device  QoS 1                              Query
+//	{root}/{d}/presence   device / broker LWT  QoS 1, retained                    Presence
+//
+// A command's fields never change between re-sends of the same command_id
+// (attempt aside). A receipt's seq counts the receipts a device sent for one
+// command, from 1; an "unknown" answer to a query carries seq 0.
+package wire

@@ -1,0 +1,187 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// DefaultTopicRoot is the topic root when none is configured.
+const DefaultTopicRoot = "fleet"
+
+// MaxPayload bounds every payload the controller or a device accepts.
+const MaxPayload = 256 << 10
+
+var deviceIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// ErrInvalidDeviceID is returned for a device id outside the contract's charset.
+var ErrInvalidDeviceID = errors.New("invalid device id")
+
+// ValidDeviceID reports whether id is a legal device id: [A-Za-z0-9._-]{1,64},
+// not starting with "controller-" (that prefix belongs to controller client ids).
+func ValidDeviceID(id string) bool {
+	return deviceIDPattern.MatchString(id) && !strings.HasPrefix(id, "controller-")
+}
+
+// Kind names the four per-device topics.
+type Kind string
+
+const (
+	KindCommands Kind = "commands"
+	KindReceipts Kind = "receipts"
+	KindQueries  Kind = "queries"
+	KindPresence Kind = "presence"
+)
+
+// Topic returns {root}/{device}/{kind}.
+func Topic(root, device string, kind Kind) string {
+	return root + "/" + device + "/" + string(kind)
+}
+
+// Wildcard returns the subscription filter {root}/+/{kind}.
+func Wildcard(root string, kind Kind) string {
+	return root + "/+/" + string(kind)
+}
+
+// ParseTopic splits {root}/{device}/{kind}. It fails for another root, a
+// malformed device id or an unknown kind.
+func ParseTopic(root, topic string) (device string, kind Kind, err error) {
+	rest, ok := strings.CutPrefix(topic, root+"/")
+	if !ok {
+		return "", "", fmt.Errorf("topic %q: not under root %q", topic, root)
+	}
+	device, k, ok := strings.Cut(rest, "/")
+	if !ok || strings.Contains(k, "/") {
+		return "", "", fmt.Errorf("topic %q: want %s/{device}/{kind}", topic, root)
+	}
+	if !ValidDeviceID(device) {
+		return "", "", fmt.Errorf("topic %q: %w", topic, ErrInvalidDeviceID)
+	}
+	switch Kind(k) {
+	case KindCommands, KindReceipts, KindQueries, KindPresence:
+		return device, Kind(k), nil
+	}
+	return "", "", fmt.Errorf("topic %q: unknown kind %q", topic, k)
+}
+
+// Command is what the controller publishes to {root}/{d}/commands.
+type Command struct {
+	CommandID   string          `json:"command_id"`
+	OperationID string          `json:"operation_id"`
+	Action      string          `json:"action"`
+	Params      json.RawMessage `json:"params"`
+	IssuedAt    time.Time       `json:"issued_at"`
+	ExpiresAt   time.Time       `json:"expires_at"`
+	Attempt     int             `json:"attempt"`
+}
+
+// ReceiptStatus is the status a device reports for one command.
+type ReceiptStatus string
+
+const (
+	ReceiptReceived  ReceiptStatus = "received"
+	ReceiptExecuting ReceiptStatus = "executing"
+	ReceiptSucceeded ReceiptStatus = "succeeded"
+	ReceiptFailed    ReceiptStatus = "failed"
+	ReceiptRejected  ReceiptStatus = "rejected"
+	// ReceiptUnknown answers a query about a command the device never saw.
+	// It carries seq 0 and is never a device's latest receipt.
+	ReceiptUnknown ReceiptStatus = "unknown"
+)
+
+// Final reports whether s ends the command on the device.
+func (s ReceiptStatus) Final() bool {
+	return s == ReceiptSucceeded || s == ReceiptFailed || s == ReceiptRejected
+}
+
+// Valid reports whether s is one of the contract's receipt statuses.
+func (s ReceiptStatus) Valid() bool {
+	switch s {
+	case ReceiptReceived, ReceiptExecuting, ReceiptSucceeded, ReceiptFailed, ReceiptRejected, ReceiptUnknown:
+		return true
+	}
+	return false
+}
+
+// Receipt is what a device publishes to {root}/{d}/receipts.
+type Receipt struct {
+	CommandID   string          `json:"command_id"`
+	OperationID string          `json:"operation_id"`
+	Status      ReceiptStatus   `json:"status"`
+	Seq         int             `json:"seq"`
+	At          time.Time       `json:"at"`
+	Result      json.RawMessage `json:"result,omitempty"`
+	Error       string          `json:"error,omitempty"`
+	QueryID     string          `json:"query_id,omitempty"`
+}
+
+// Validate checks the fields every receipt must carry.
+func (r *Receipt) Validate() error {
+	switch {
+	case r.CommandID == "":
+		return errors.New("receipt: command_id missing")
+	case !r.Status.Valid():
+		return fmt.Errorf("receipt: unknown status %q", r.Status)
+	case r.Status == ReceiptUnknown && r.Seq != 0:
+		return errors.New("receipt: unknown carries seq 0")
+	case r.Status != ReceiptUnknown && r.Seq < 1:
+		return errors.New("receipt: seq counts from 1")
+	}
+	return nil
+}
+
+// Query is what the controller publishes to {root}/{d}/queries to ask about
+// one command_id (or, failing that, any command of the same operation_id).
+type Query struct {
+	QueryID     string `json:"query_id"`
+	CommandID   string `json:"command_id"`
+	OperationID string `json:"operation_id"`
+}
+
+// Capabilities say what a device can do for the controller.
+type Capabilities struct {
+	// Dedupe: the device never executes a repeated command_id, nor a second
+	// command of one operation_id.
+	Dedupe bool `json:"dedupe"`
+	// Query: the device answers Query messages.
+	Query bool `json:"query"`
+}
+
+// Presence is the retained message on {root}/{d}/presence: a device's birth,
+// its clean-shutdown offline, or the broker-published LWT.
+type Presence struct {
+	Online       bool          `json:"online"`
+	Session      int64         `json:"session"`
+	Capabilities *Capabilities `json:"capabilities,omitempty"`
+	At           *time.Time    `json:"at,omitempty"`
+}
+
+// Rank orders presence messages: by session, then offline above online.
+// Only a strictly higher rank than the stored one is applied.
+func (p Presence) Rank() int64 {
+	r := p.Session * 2
+	if !p.Online {
+		r++
+	}
+	return r
+}
+
+// Decode unmarshals a payload into v, refusing oversized payloads and
+// trailing data.
+func Decode(payload []byte, v any) error {
+	if len(payload) > MaxPayload {
+		return fmt.Errorf("payload of %d bytes exceeds %d", len(payload), MaxPayload)
+	}
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	if dec.More() {
+		return errors.New("decode: trailing data after JSON object")
+	}
+	return nil
+}
