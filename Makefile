@@ -1,0 +1,39 @@
+# Quick start: `make demo` runs the whole system once; `make test` runs every test.
+# Both install what they need (Mosquitto from Debian's packages) first.
+
+GO        ?= go
+MOSQUITTO ?= /usr/sbin/mosquitto
+BIN       := bin
+
+.PHONY: all deps build test test-short vet bench demo clean
+
+all: build
+
+# Mosquitto from Debian's packages when it is missing (needs root, as on CI).
+deps:
+	@if [ ! -x $(MOSQUITTO) ]; then \
+		echo "installing mosquitto (apt-get)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto >/dev/null; \
+	fi
+	@$(MOSQUITTO) -h 2>/dev/null | head -1 | grep -q 'mosquitto version 2' || { echo "need Mosquitto 2.x at $(MOSQUITTO)"; exit 1; }
+
+build:
+	$(GO) build -o $(BIN)/controller ./cmd/controller
+	$(GO) build -o $(BIN)/devicesim ./cmd/devicesim
+
+vet:
+	@unformatted=$$(gofmt -l cmd internal); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+test: deps vet
+	$(GO) test -count=1 -timeout 25m ./...
+
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchtime 200x -count 1 ./internal/e2e/ ./internal/failpoint/
+
+demo: deps build
+	$(GO) run ./cmd/demo --bin $(BIN)
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,143 @@
+// Package client is the Go client of the controller's HTTP API, used by the
+// `controller` client subcommands and by the tests.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/api"
+)
+
+// Client talks to one controller.
+type Client struct {
+	Server string // e.g. http://127.0.0.1:8080
+	Token  string
+	HTTP   *http.Client
+}
+
+// New returns a client for server with a 90 s request timeout (above the
+// API's 60 s wait cap).
+func New(server, token string) *Client {
+	return &Client{Server: strings.TrimRight(server, "/"), Token: token, HTTP: &http.Client{Timeout: 90 * time.Second}}
+}
+
+// Error is an error answer of the API.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message) }
+
+// Code returns the API error code of err, or "".
+func Code(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// Do sends one request; out (if not nil) receives a 2xx JSON body. It
+// returns the HTTP status.
+func (c *Client) Do(ctx context.Context, method, path string, header http.Header, body, out any) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return 0, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.Server+path, rd)
+	if err != nil {
+		return 0, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return resp.StatusCode, err
+	}
+	if resp.StatusCode >= 300 {
+		e := &Error{Status: resp.StatusCode}
+		var body api.Error
+		if json.Unmarshal(raw, &body) == nil && body.Code != "" {
+			e.Code, e.Message = body.Code, body.Message
+		} else {
+			e.Code, e.Message = "http_"+fmt.Sprint(resp.StatusCode), strings.TrimSpace(string(raw))
+		}
+		return resp.StatusCode, e
+	}
+	if out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			return resp.StatusCode, fmt.Errorf("decode %s %s answer: %w", method, path, err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// Submit posts an operation. key, if not empty, is sent as Idempotency-Key.
+func (c *Client) Submit(ctx context.Context, req api.SubmitRequest, key string) (api.Operation, int, error) {
+	var op api.Operation
+	h := http.Header{}
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+	}
+	status, err := c.Do(ctx, http.MethodPost, "/v1/operations", h, req, &op)
+	return op, status, err
+}
+
+// Operation reads an operation; wait > 0 blocks until it leaves started.
+func (c *Client) Operation(ctx context.Context, id string, wait time.Duration) (api.Operation, error) {
+	var op api.Operation
+	path := "/v1/operations/" + url.PathEscape(id)
+	if wait > 0 {
+		path += "?wait=" + wait.String()
+	}
+	_, err := c.Do(ctx, http.MethodGet, path, nil, nil, &op)
+	return op, err
+}
+
+// Command reads a command with its receipts and events.
+func (c *Client) Command(ctx context.Context, id string) (api.Command, error) {
+	var cmd api.Command
+	_, err := c.Do(ctx, http.MethodGet, "/v1/commands/"+url.PathEscape(id), nil, nil, &cmd)
+	return cmd, err
+}
+
+// Devices lists devices.
+func (c *Client) Devices(ctx context.Context) ([]api.Device, error) {
+	var out []api.Device
+	_, err := c.Do(ctx, http.MethodGet, "/v1/devices", nil, nil, &out)
+	return out, err
+}
+
+// Device reads one device.
+func (c *Client) Device(ctx context.Context, id string) (api.Device, error) {
+	var d api.Device
+	_, err := c.Do(ctx, http.MethodGet, "/v1/devices/"+url.PathEscape(id), nil, nil, &d)
+	return d, err
+}

@@ -1,0 +1,365 @@
+// Package demo runs `make demo`: a broker, a controller and a simulated
+// fleet on free loopback ports, a batch of operations through faults, and a
+// summary a person can read. It drives the system only through the
+// binaries, the HTTP API and the devices' witness files.
+package demo
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3"
+
+	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/client"
+	"github.com/fleetctl/fleetctl/internal/sim"
+)
+
+// Config configures a demo run.
+type Config struct {
+	Bin        string // directory with controller and devicesim
+	Dir        string // working directory for the run's files
+	Devices    int
+	Operations int
+	Out        io.Writer
+}
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (p *proc) stop() {
+	if p == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func start(name, logFile string, args []string, env ...string) (*proc, error) {
+	log, err := os.Create(logFile)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.Env = append(os.Environ(), env...)
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); log.Close(); close(p.done) }()
+	return p, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(what string, timeout time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
+}
+
+func fileContains(path, s string) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && strings.Contains(string(b), s)
+}
+
+// Run runs the demo and returns an error if any invariant it checks fails.
+func Run(ctx context.Context, cfg Config) error {
+	out := cfg.Out
+	step := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return err
+	}
+	brokerPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	httpPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	mqttURL := fmt.Sprintf("tcp://127.0.0.1:%d", brokerPort)
+	apiURL := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	stateDir := filepath.Join(cfg.Dir, "devices")
+	db := filepath.Join(cfg.Dir, "controller.db")
+
+	step("starting Mosquitto on 127.0.0.1:%d (files in %s)", brokerPort, cfg.Dir)
+	brokerDir := filepath.Join(cfg.Dir, "broker")
+	if b, err := exec.Command("mosquitto/broker.sh", "start", fmt.Sprint(brokerPort), brokerDir).CombinedOutput(); err != nil {
+		return fmt.Errorf("start broker: %v\n%s", err, b)
+	}
+	defer exec.Command("mosquitto/broker.sh", "stop", brokerDir).Run()
+
+	step("starting %d simulated devices (faults: 15%% of final receipts dropped, 10%% of receipts duplicated, 5%% of commands dropped)", cfg.Devices)
+	simLog := filepath.Join(cfg.Dir, "devicesim.log")
+	fleet, err := start("devicesim", simLog, []string{filepath.Join(cfg.Bin, "devicesim"), "run",
+		"--mqtt", mqttURL, "--devices", fmt.Sprint(cfg.Devices), "--state-dir", stateDir, "--seed", "7",
+		"--drop-receipt", "0.15", "--drop-receipt-status", "succeeded",
+		"--duplicate-receipt", "0.10", "--drop-command", "0.05"})
+	if err != nil {
+		return err
+	}
+	defer fleet.stop()
+	if err := waitFor("devices online", 30*time.Second, func() bool { return fileContains(simLog, "devices online") }); err != nil {
+		return err
+	}
+
+	step("starting the controller (API %s, database %s)", apiURL, db)
+	ctlLog := filepath.Join(cfg.Dir, "controller.log")
+	ctl, err := start("controller", ctlLog, []string{filepath.Join(cfg.Bin, "controller"), "serve",
+		"--db", db, "--mqtt", mqttURL, "--http", fmt.Sprintf("127.0.0.1:%d", httpPort),
+		"--instance-id", "demo-1", "--ack-timeout", "1s", "--sweep-interval", "200ms"})
+	if err != nil {
+		return err
+	}
+	defer ctl.stop()
+	if err := waitFor("controller healthy", 20*time.Second, func() bool {
+		resp, err := http.Get(apiURL + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}); err != nil {
+		return err
+	}
+	c := client.New(apiURL, "")
+
+	res, err := runBatch(ctx, c, cfg, out)
+	if err != nil {
+		return err
+	}
+	return summary(ctx, c, cfg, db, stateDir, res, out)
+}
+
+type batchResult struct {
+	ids              []string
+	created, retried int64
+	reused           int64
+	elapsed          time.Duration
+}
+
+// runBatch submits the operations with 8 callers, each retrying its
+// submission once (as a caller that lost the response would), and a few
+// submissions that reuse a key with other params.
+func runBatch(ctx context.Context, c *client.Client, cfg Config, out io.Writer) (batchResult, error) {
+	fmt.Fprintf(out, "==> submitting %d operations (each POSTed twice, as a caller retrying after a lost response)\n", cfg.Operations)
+	var res batchResult
+	res.ids = make([]string, cfg.Operations)
+	start := time.Now()
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				r := api.SubmitRequest{TaskID: fmt.Sprintf("demo-%03d", i), Step: "restart", Target: fmt.Sprintf("device-%d", i%cfg.Devices+1),
+					BusinessVersion: "v1", Action: "restart", Params: []byte(`{"reason":"demo"}`)}
+				if i%4 == 1 {
+					r.Step, r.Action, r.Params = "set-config", "set-config", []byte(fmt.Sprintf(`{"interval_s":%d}`, 10+i))
+				}
+				op, status, err := c.Submit(ctx, r, "")
+				if err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					continue
+				}
+				if status == 201 {
+					atomic.AddInt64(&res.created, 1)
+				}
+				res.ids[i] = op.OperationID
+				if _, status, err := c.Submit(ctx, r, ""); err == nil && status == 200 {
+					atomic.AddInt64(&res.retried, 1)
+				}
+				if i%20 == 0 { // the same key, other params: refused, changes nothing
+					r.Params = []byte(`{"reason":"something else"}`)
+					if _, _, err := c.Submit(ctx, r, ""); client.Code(err) == "idempotency_key_reused" {
+						atomic.AddInt64(&res.reused, 1)
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < cfg.Operations; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if err, ok := firstErr.Load().(error); ok && err != nil {
+		return res, fmt.Errorf("submit: %w", err)
+	}
+
+	// Progress until every operation is final.
+	lastFinal := -1
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		final := 0
+		for _, id := range res.ids {
+			op, err := c.Operation(ctx, id, 0)
+			if err == nil && op.Status != "started" {
+				final++
+			}
+		}
+		if final != lastFinal {
+			bar(out, final, len(res.ids))
+			lastFinal = final
+		}
+		if final == len(res.ids) {
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintln(out)
+			return res, fmt.Errorf("%d operations still started after 3 minutes", len(res.ids)-final)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	fmt.Fprintln(out)
+	res.elapsed = time.Since(start)
+	return res, nil
+}
+
+func bar(out io.Writer, done, total int) {
+	const width = 40
+	filled := done * width / max(total, 1)
+	fmt.Fprintf(out, "\r    [%s%s] %d/%d final", strings.Repeat("#", filled), strings.Repeat(".", width-filled), done, total)
+}
+
+func summary(ctx context.Context, c *client.Client, cfg Config, db, stateDir string, res batchResult, out io.Writer) error {
+	conn, err := sql.Open("sqlite3", "file:"+db+"?mode=ro&_busy_timeout=5000")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	count := func(q string) (map[string]int, error) {
+		rows, err := conn.QueryContext(ctx, q)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		m := map[string]int{}
+		for rows.Next() {
+			var k string
+			var n int
+			if err := rows.Scan(&k, &n); err != nil {
+				return nil, err
+			}
+			m[k] = n
+		}
+		return m, rows.Err()
+	}
+	ops, err := count(`SELECT status, COUNT(*) FROM operations GROUP BY status`)
+	if err != nil {
+		return err
+	}
+	cmds, err := count(`SELECT status, COUNT(*) FROM commands GROUP BY status`)
+	if err != nil {
+		return err
+	}
+	effects, err := count(`SELECT effect, COUNT(*) FROM receipts GROUP BY effect`)
+	if err != nil {
+		return err
+	}
+	sends, err := count(`SELECT 'publishes', COALESCE(SUM(attempt), 0) FROM commands UNION ALL SELECT 'queries', COALESCE(SUM(queries), 0) FROM commands UNION ALL SELECT 'resent', COUNT(*) FROM commands WHERE attempt > 1`)
+	if err != nil {
+		return err
+	}
+	execs, err := sim.ReadExecutions(stateDir)
+	if err != nil {
+		return err
+	}
+	perOp := map[string]int{}
+	for _, e := range execs {
+		perOp[e.OperationID]++
+	}
+	dupExec := 0
+	for _, n := range perOp {
+		if n > 1 {
+			dupExec++
+		}
+	}
+	fmt.Fprintf(out, "\n==> summary (%d operations over %d devices in %s)\n", len(res.ids), cfg.Devices, res.elapsed.Round(time.Millisecond))
+	fmt.Fprintf(out, "    operations by state:  %s\n", fmtCounts(ops))
+	fmt.Fprintf(out, "    commands by state:    %s\n", fmtCounts(cmds))
+	fmt.Fprintf(out, "    receipts by effect:   %s\n", fmtCounts(effects))
+	fmt.Fprintf(out, "    publishes:            %d commands (%d commands re-sent with the same command_id), %d queries\n",
+		sends["publishes"], sends["resent"], sends["queries"])
+	fmt.Fprintf(out, "    executions on devices: %d for %d operations; operations executed twice: %d\n", len(execs), len(perOp), dupExec)
+	fmt.Fprintf(out, "    duplicates prevented: %d retried POSTs answered 200 with the stored record, %d key reuses refused (422),\n",
+		res.retried, res.reused)
+	fmt.Fprintf(out, "                          %d duplicate receipts ignored, %d re-sends of a command_id (after a lost command or receipt)\n",
+		effects["duplicate"], max(sends["publishes"]-len(res.ids), 0))
+	var problems []string
+	if ops["started"] > 0 {
+		problems = append(problems, fmt.Sprintf("%d operations not final", ops["started"]))
+	}
+	if dupExec > 0 {
+		problems = append(problems, fmt.Sprintf("%d operations executed twice", dupExec))
+	}
+	if int(res.created) != len(res.ids) {
+		problems = append(problems, fmt.Sprintf("%d created of %d", res.created, len(res.ids)))
+	}
+	if len(problems) > 0 {
+		return errors.New(strings.Join(problems, "; "))
+	}
+	fmt.Fprintln(out, "    verdict: every operation final, none executed twice")
+	return nil
+}
+
+func fmtCounts(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,232 @@
+// Package mqttx is the controller's MQTT transport over paho.mqtt.golang.
+//
+// The rules it keeps: a stable client id (controller-{instance}); a
+// persistent session (CleanSession false) so the broker queues receipts while
+// the controller is away, though correctness never depends on it;
+// subscriptions made in the OnConnect handler, so every reconnect
+// resubscribes; a message handler that never blocks: it appends the message
+// to an unbounded in-memory queue and returns, so paho acknowledges it
+// (PUBACK) at once. A receipt is therefore acknowledged before it is
+// committed; its processing is idempotent on redelivery (the store's rank
+// guard), and one lost with a crashed process is found again by the
+// controller's queries after it restarts. Every token is waited on with
+// WaitTimeout.
+package mqttx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+)
+
+// Message is one message received on a subscribed topic.
+type Message struct {
+	Topic   string
+	Payload []byte
+	At      time.Time
+}
+
+// Config configures a Client.
+type Config struct {
+	URL      string
+	ClientID string
+	// Subscriptions: topic filter → QoS, made on every connect.
+	Subscriptions map[string]byte
+	// OnConnect runs (in its own goroutine) after every connect and
+	// reconnect, once the subscriptions are in place.
+	OnConnect func()
+	// Timeout bounds every connect, subscribe and publish wait.
+	Timeout      time.Duration
+	KeepAlive    time.Duration
+	Logger       *slog.Logger
+	CleanSession bool
+}
+
+// Client is a connected MQTT client with an inbound queue.
+type Client struct {
+	cfg   Config
+	c     mqtt.Client
+	inbox *queue
+	log   *slog.Logger
+}
+
+// ErrTimeout is returned when the broker does not answer within the timeout.
+var ErrTimeout = errors.New("mqtt: timed out waiting for the broker")
+
+// New builds a client; Start connects it.
+func New(cfg Config) *Client {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.KeepAlive <= 0 {
+		cfg.KeepAlive = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cl := &Client{cfg: cfg, inbox: newQueue(), log: cfg.Logger}
+	opts := mqtt.NewClientOptions().
+		AddBroker(cfg.URL).
+		SetClientID(cfg.ClientID).
+		SetCleanSession(cfg.CleanSession).
+		SetKeepAlive(cfg.KeepAlive).
+		SetPingTimeout(cfg.Timeout).
+		SetConnectTimeout(cfg.Timeout).
+		SetWriteTimeout(cfg.Timeout).
+		SetAutoReconnect(true).
+		SetConnectRetry(true).
+		SetConnectRetryInterval(500 * time.Millisecond).
+		SetMaxReconnectInterval(2 * time.Second).
+		SetDefaultPublishHandler(cl.handle).
+		SetOnConnectHandler(cl.onConnect).
+		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
+			cl.log.Warn("mqtt connection lost", "err", err)
+		})
+	cl.c = mqtt.NewClient(opts)
+	return cl
+}
+
+// Start connects, waiting at most until ctx ends; with connect-retry on,
+// paho keeps trying in the background until it reaches the broker.
+func (cl *Client) Start(ctx context.Context) error {
+	tok := cl.c.Connect()
+	for {
+		if tok.WaitTimeout(200 * time.Millisecond) {
+			return tok.Error()
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("mqtt connect %s: %w", cl.cfg.URL, err)
+		}
+	}
+}
+
+// handle never blocks: it queues the message and returns.
+func (cl *Client) handle(_ mqtt.Client, m mqtt.Message) {
+	cl.inbox.push(Message{Topic: m.Topic(), Payload: append([]byte(nil), m.Payload()...), At: time.Now()})
+}
+
+func (cl *Client) onConnect(c mqtt.Client) {
+	cl.log.Info("mqtt connected", "client_id", cl.cfg.ClientID)
+	// Subscribing waits on the broker; paho calls this handler in its own
+	// goroutine, but the wait must still be bounded.
+	go func() {
+		if len(cl.cfg.Subscriptions) > 0 {
+			tok := c.SubscribeMultiple(cl.cfg.Subscriptions, cl.handle)
+			if !tok.WaitTimeout(cl.cfg.Timeout) {
+				cl.log.Error("mqtt subscribe timed out; dropping the connection to retry")
+				c.Disconnect(0)
+				return
+			}
+			if err := tok.Error(); err != nil {
+				cl.log.Error("mqtt subscribe failed", "err", err)
+				return
+			}
+		}
+		if cl.cfg.OnConnect != nil {
+			cl.cfg.OnConnect()
+		}
+	}()
+}
+
+// Publish sends one message and waits for the broker's acknowledgement
+// (QoS 1) or the write (QoS 0), at most the configured timeout.
+func (cl *Client) Publish(ctx context.Context, topic string, qos byte, retained bool, payload []byte) error {
+	tok := cl.c.Publish(topic, qos, retained, payload)
+	timeout := cl.cfg.Timeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = time.Until(dl)
+	}
+	if !tok.WaitTimeout(timeout) {
+		return fmt.Errorf("publish %s: %w", topic, ErrTimeout)
+	}
+	if err := tok.Error(); err != nil {
+		return fmt.Errorf("publish %s: %w", topic, err)
+	}
+	return nil
+}
+
+// Next returns the next received message, blocking until one arrives or ctx ends.
+func (cl *Client) Next(ctx context.Context) (Message, error) { return cl.inbox.pop(ctx) }
+
+// Backlog is how many received messages wait to be processed.
+func (cl *Client) Backlog() int { return cl.inbox.len() }
+
+// Connected reports whether the client is connected now.
+func (cl *Client) Connected() bool { return cl.c.IsConnectionOpen() }
+
+// Stop disconnects cleanly, waiting up to 250 ms for in-flight work.
+func (cl *Client) Stop() {
+	cl.c.Disconnect(250)
+	cl.inbox.close()
+}
+
+// queue is an unbounded FIFO: the MQTT handler must never wait on the
+// consumer. Its size is bounded by what the broker delivers.
+type queue struct {
+	mu     sync.Mutex
+	items  []Message
+	signal chan struct{}
+	closed bool
+}
+
+func newQueue() *queue { return &queue{signal: make(chan struct{}, 1)} }
+
+func (q *queue) push(m Message) {
+	q.mu.Lock()
+	q.items = append(q.items, m)
+	q.mu.Unlock()
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (q *queue) pop(ctx context.Context) (Message, error) {
+	for {
+		q.mu.Lock()
+		if len(q.items) > 0 {
+			m := q.items[0]
+			q.items[0] = Message{}
+			q.items = q.items[1:]
+			if len(q.items) > 0 {
+				select {
+				case q.signal <- struct{}{}:
+				default:
+				}
+			}
+			q.mu.Unlock()
+			return m, nil
+		}
+		closed := q.closed
+		q.mu.Unlock()
+		if closed {
+			return Message{}, errors.New("mqtt: client stopped")
+		}
+		select {
+		case <-q.signal:
+		case <-ctx.Done():
+			return Message{}, ctx.Err()
+		}
+	}
+}
+
+func (q *queue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items)
+}
+
+func (q *queue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,432 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
+)
+
+// Command is the controller's record of one command_id.
+type Command struct {
+	CommandID    string
+	OperationID  string
+	DeviceID     string
+	Action       string
+	Params       json.RawMessage
+	IssuedAt     time.Time
+	ExpiresAt    time.Time
+	Status       fsm.CommandState
+	StatusRank   int
+	Attempt      int // committed publish decisions
+	Queries      int // committed query decisions
+	QoS          int
+	Version      int64
+	Reason       string
+	Result       json.RawMessage
+	LastSeq      int
+	ExecutedAs   string
+	ResolvedBy   string
+	LateOutcome  string
+	LateResult   json.RawMessage
+	LateConflict bool
+	LastQueryID  string
+	LastAnswer   string
+	NextCheckAt  time.Time
+	LastSentAt   *time.Time
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+}
+
+const commandColumns = `command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
+	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at`
+
+func scanCommand(row interface{ Scan(...any) error }) (Command, error) {
+	var (
+		c                             Command
+		params, result, lateResult    sql.NullString
+		issued, expires, next, cr, up int64
+		lastSent                      sql.NullInt64
+	)
+	err := row.Scan(&c.CommandID, &c.OperationID, &c.DeviceID, &c.Action, &params, &issued, &expires, &c.Status,
+		&c.StatusRank, &c.Attempt, &c.Queries, &c.QoS, &c.Version, &c.Reason, &result, &c.LastSeq, &c.ExecutedAs,
+		&c.ResolvedBy, &c.LateOutcome, &lateResult, &c.LateConflict, &c.LastQueryID, &c.LastAnswer, &next, &lastSent,
+		&cr, &up)
+	if err != nil {
+		return Command{}, err
+	}
+	c.Params = json.RawMessage(params.String)
+	if result.Valid {
+		c.Result = json.RawMessage(result.String)
+	}
+	if lateResult.Valid {
+		c.LateResult = json.RawMessage(lateResult.String)
+	}
+	c.IssuedAt, c.ExpiresAt, c.NextCheckAt = fromMS(issued), fromMS(expires), fromMS(next)
+	c.CreatedAt, c.UpdatedAt, c.LastSentAt = fromMS(cr), fromMS(up), fromNullMS(lastSent)
+	return c, nil
+}
+
+func getCommand(ctx context.Context, q queryer, id string) (Command, error) {
+	c, err := scanCommand(q.QueryRowContext(ctx, `SELECT `+commandColumns+` FROM commands WHERE command_id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Command{}, fmt.Errorf("command %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Command{}, fmt.Errorf("get command %s: %w", id, err)
+	}
+	return c, nil
+}
+
+// GetCommand reads one command.
+func (s *Store) GetCommand(ctx context.Context, id string) (Command, error) {
+	return getCommand(ctx, s.r, id)
+}
+
+// ReceiptRecord is one line of a command's receipt log.
+type ReceiptRecord struct {
+	CommandID  string
+	SentAs     string
+	DeviceID   string
+	Status     string
+	Seq        int
+	At         string
+	ReceivedAt time.Time
+	QueryID    string
+	Effect     string
+	Error      string
+	Result     json.RawMessage
+	Instance   string
+}
+
+// Event is one line of the events log.
+type Event struct {
+	ID           int64
+	At           time.Time
+	Machine      string
+	EntityID     string
+	From, To     string
+	Reason       string
+	Instance     string
+	FencingToken int64
+	Refused      bool
+}
+
+// Receipts lists the receipt log of one command, oldest first.
+func (s *Store) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT command_id, sent_as, device_id, status, seq, at, received_at, query_id,
+		effect, error, result, instance FROM receipts WHERE command_id = ? ORDER BY id`, commandID)
+	if err != nil {
+		return nil, fmt.Errorf("list receipts of %s: %w", commandID, err)
+	}
+	defer rows.Close()
+	out := []ReceiptRecord{}
+	for rows.Next() {
+		var (
+			r      ReceiptRecord
+			recv   int64
+			result sql.NullString
+		)
+		if err := rows.Scan(&r.CommandID, &r.SentAs, &r.DeviceID, &r.Status, &r.Seq, &r.At, &recv, &r.QueryID,
+			&r.Effect, &r.Error, &result, &r.Instance); err != nil {
+			return nil, err
+		}
+		r.ReceivedAt = fromMS(recv)
+		if result.Valid {
+			r.Result = json.RawMessage(result.String)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Events lists the events log of one entity (operation or command id), oldest first.
+func (s *Store) Events(ctx context.Context, entityID string) ([]Event, error) {
+	return s.events(ctx, `WHERE entity_id = ?`, entityID)
+}
+
+// AllEvents lists the whole events log, oldest first (for verification).
+func (s *Store) AllEvents(ctx context.Context) ([]Event, error) { return s.events(ctx, ``) }
+
+func (s *Store) events(ctx context.Context, where string, args ...any) ([]Event, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
+		fencing_token, refused FROM events `+where+` ORDER BY id`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
+	defer rows.Close()
+	out := []Event{}
+	for rows.Next() {
+		var (
+			e  Event
+			at int64
+		)
+		if err := rows.Scan(&e.ID, &at, &e.Machine, &e.EntityID, &e.From, &e.To, &e.Reason, &e.Instance,
+			&e.FencingToken, &e.Refused); err != nil {
+			return nil, err
+		}
+		e.At = fromMS(at)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// fenceCondition is the part of every decision's WHERE clause that checks
+// the lease: the caller's owner and token on the command's operation, with a
+// lease that has not run out by this transaction's clock.
+const fenceCondition = `EXISTS (SELECT 1 FROM operations o WHERE o.operation_id = commands.operation_id
+	AND o.owner = ? AND o.fencing_token = ? AND o.lease_expires_at > ?)`
+
+// Decision is a committed decision: the command as the write left it and
+// the lease expiry the write checked, for the trust-window check the holder
+// makes right before acting.
+type Decision struct {
+	Command        Command
+	LeaseExpiresAt time.Time
+}
+
+// explainRefusal reads why a conditional decision matched no row and records
+// the refusal.
+func (t *tx) explainRefusal(ctx context.Context, commandID, to string, f Fence) error {
+	c, err := getCommand(ctx, t.Tx, commandID)
+	if err != nil {
+		return err
+	}
+	var owner string
+	var token, lease int64
+	if err := t.QueryRowContext(ctx, `SELECT owner, fencing_token, lease_expires_at FROM operations WHERE operation_id = ?`,
+		c.OperationID).Scan(&owner, &token, &lease); err != nil {
+		return fmt.Errorf("read lease of %s: %w", c.OperationID, err)
+	}
+	reason := ReasonStale
+	if owner != f.Owner || token != f.Token || lease <= ms(t.now) {
+		reason = ReasonFenced
+	}
+	return t.refuse("command", commandID, string(c.Status), to, reason, f.Token)
+}
+
+func (t *tx) lease(ctx context.Context, operationID string) (time.Time, error) {
+	var lease int64
+	if err := t.QueryRowContext(ctx, `SELECT lease_expires_at FROM operations WHERE operation_id = ?`, operationID).Scan(&lease); err != nil {
+		return time.Time{}, fmt.Errorf("read lease of %s: %w", operationID, err)
+	}
+	return fromMS(lease), nil
+}
+
+// ClaimSend commits the decision to publish a command: pending or
+// waiting_device → sent with attempt 0 → 1, or a re-send of a command in
+// expect with attempt n → n+1. Only one caller can win a given (state,
+// attempt); the others get a *RefusedError. nextCheck is when the sweeper
+// looks at the command again if no final receipt arrives.
+func (s *Store) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, f Fence, nextCheck time.Time) (Decision, error) {
+	var d Decision
+	err := s.write(ctx, func(t *tx) error {
+		to := expect
+		if expect == fsm.CmdPending || expect == fsm.CmdWaitingDevice {
+			to = fsm.CmdSent
+		}
+		if expect != to {
+			if err := fsm.Command.Transition(expect, to); err != nil {
+				return t.refuse("command", commandID, string(expect), string(to), ReasonIllegal, f.Token)
+			}
+		}
+		now := ms(t.now)
+		r, err := t.Exec(`UPDATE commands SET status = ?, attempt = attempt + 1, version = version + 1,
+				next_check_at = ?, last_sent_at = ?, last_query_id = '', last_answer = '', updated_at = ?
+			WHERE command_id = ? AND status = ? AND attempt = ? AND `+fenceCondition,
+			to, ms(nextCheck), now, now, commandID, expect, expectAttempt, f.Owner, f.Token, now)
+		if err != nil {
+			return fmt.Errorf("claim send %s: %w", commandID, err)
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return t.explainRefusal(ctx, commandID, string(to), f)
+		}
+		reason := fmt.Sprintf("publish attempt %d", expectAttempt+1)
+		if err := t.event("command", commandID, string(expect), string(to), reason, f.Token); err != nil {
+			return err
+		}
+		if d.Command, err = getCommand(ctx, t.Tx, commandID); err != nil {
+			return err
+		}
+		d.LeaseExpiresAt, err = t.lease(ctx, d.Command.OperationID)
+		return err
+	})
+	return d, err
+}
+
+// ClaimQuery commits the decision to ask the device about a command: the
+// query row and the command's query count, fenced like every decision and
+// conditioned on the command still being in the state the caller saw.
+func (s *Store) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, f Fence, nextCheck time.Time) (Decision, error) {
+	var d Decision
+	err := s.write(ctx, func(t *tx) error {
+		now := ms(t.now)
+		r, err := t.Exec(`UPDATE commands SET queries = queries + 1, last_query_id = ?, last_answer = '',
+				next_check_at = ?, updated_at = ?
+			WHERE command_id = ? AND status = ? AND queries = ? AND `+fenceCondition,
+			queryID, ms(nextCheck), now, commandID, expect, expectQueries, f.Owner, f.Token, now)
+		if err != nil {
+			return fmt.Errorf("claim query %s: %w", commandID, err)
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return t.explainRefusal(ctx, commandID, string(expect), f)
+		}
+		if _, err := t.Exec(`INSERT INTO queries (query_id, command_id, instance, fencing_token, sent_at) VALUES (?, ?, ?, ?, ?)`,
+			queryID, commandID, t.instance, f.Token, now); err != nil {
+			return fmt.Errorf("insert query %s: %w", queryID, err)
+		}
+		if d.Command, err = getCommand(ctx, t.Tx, commandID); err != nil {
+			return err
+		}
+		d.LeaseExpiresAt, err = t.lease(ctx, d.Command.OperationID)
+		return err
+	})
+	return d, err
+}
+
+// Postpone moves a command's next check without any other change (nothing to
+// do yet). It is fenced like a decision.
+func (s *Store) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
+	return s.write(ctx, func(t *tx) error {
+		now := ms(t.now)
+		r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ? AND version = ? AND `+fenceCondition,
+			ms(next), commandID, expectVersion, f.Owner, f.Token, now)
+		if err != nil {
+			return fmt.Errorf("postpone %s: %w", commandID, err)
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return &RefusedError{Machine: "command", ID: commandID, Reason: ReasonStale}
+		}
+		return nil
+	})
+}
+
+// Finish commits a decision that ends a command without a device's word:
+// timeout (expires_at passed), failed by policy (device_offline), cancelled,
+// needs_attention. It names the state and version the caller saw, and the
+// fence; the operation follows the contract's outcome mapping.
+func (s *Store) Finish(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence) (Command, error) {
+	var out Command
+	err := s.write(ctx, func(t *tx) error {
+		if err := fsm.Command.Transition(from, to); err != nil {
+			return t.refuse("command", commandID, string(from), string(to), ReasonIllegal, f.Token)
+		}
+		now := ms(t.now)
+		r, err := t.Exec(`UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
+			WHERE command_id = ? AND status = ? AND version = ? AND `+fenceCondition,
+			to, reason, now, commandID, from, expectVersion, f.Owner, f.Token, now)
+		if err != nil {
+			return fmt.Errorf("finish command %s: %w", commandID, err)
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return t.explainRefusal(ctx, commandID, string(to), f)
+		}
+		if err := t.event("command", commandID, string(from), string(to), reason, f.Token); err != nil {
+			return err
+		}
+		c, err := getCommand(ctx, t.Tx, commandID)
+		if err != nil {
+			return err
+		}
+		out = c
+		return t.finishOperation(ctx, c, to, reason, nil)
+	})
+	return out, err
+}
+
+// OpenCommand is a non-terminal command with the lease of its operation,
+// for the sweeper and for reconciliation.
+type OpenCommand struct {
+	Command
+	Fence          Fence
+	LeaseExpiresAt time.Time
+}
+
+// DueCommands lists up to limit non-terminal commands whose operation owner
+// holds a live lease and whose next check (or expiry) has come by now. With
+// all set it lists every open command of owner regardless of time (the
+// ask-after-reconnect).
+func (s *Store) DueCommands(ctx context.Context, owner string, now time.Time, all bool, limit int) ([]OpenCommand, error) {
+	where := `o.owner = ? AND o.lease_expires_at > ?`
+	args := []any{owner, ms(now)}
+	if !all {
+		where += ` AND (c.next_check_at <= ? OR c.expires_at <= ?)`
+		args = append(args, ms(now), ms(now))
+	}
+	return s.openCommands(ctx, where+` ORDER BY c.next_check_at LIMIT ?`, append(args, limit)...)
+}
+
+// OpenCommand reads one non-terminal command of a started operation with
+// its operation's lease; ErrNotFound if it is terminal or unknown.
+func (s *Store) OpenCommand(ctx context.Context, commandID string) (OpenCommand, error) {
+	out, err := s.openCommands(ctx, `c.command_id = ?`, commandID)
+	if err != nil {
+		return OpenCommand{}, err
+	}
+	if len(out) == 0 {
+		return OpenCommand{}, fmt.Errorf("open command %s: %w", commandID, ErrNotFound)
+	}
+	return out[0], nil
+}
+
+var prefixedCommandColumns = func() string {
+	out := ""
+	for i, c := range splitColumns(commandColumns) {
+		if i > 0 {
+			out += ", "
+		}
+		out += "c." + c
+	}
+	return out
+}()
+
+func (s *Store) openCommands(ctx context.Context, where string, args ...any) ([]OpenCommand, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+prefixedCommandColumns+`, o.owner, o.fencing_token, o.lease_expires_at
+		FROM commands c JOIN operations o ON o.operation_id = c.operation_id
+		WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started' AND `+where, args...)
+	if err != nil {
+		return nil, fmt.Errorf("open commands: %w", err)
+	}
+	defer rows.Close()
+	var out []OpenCommand
+	for rows.Next() {
+		var (
+			oc    OpenCommand
+			lease int64
+		)
+		oc.Command, err = scanCommand(scanFunc(func(dest ...any) error {
+			return rows.Scan(append(dest, &oc.Fence.Owner, &oc.Fence.Token, &lease)...)
+		}))
+		if err != nil {
+			return nil, err
+		}
+		oc.LeaseExpiresAt = fromMS(lease)
+		out = append(out, oc)
+	}
+	return out, rows.Err()
+}
+
+type scanFunc func(dest ...any) error
+
+func (f scanFunc) Scan(dest ...any) error { return f(dest...) }
+
+func splitColumns(cols string) []string {
+	var out []string
+	cur := ""
+	for _, r := range cols {
+		switch r {
+		case ',':
+			out = append(out, cur)
+			cur = ""
+		case ' ', '\n', '\t':
+		default:
+			cur += string(r)
+		}
+	}
+	return append(out, cur)
+}

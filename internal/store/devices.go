@@ -1,0 +1,157 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/wire"
+)
+
+// Device is what the controller knows of one device's presence.
+type Device struct {
+	DeviceID     string
+	Online       bool
+	Confirmed    bool // spoke since the controller's last connect to the broker
+	Seen         bool // a birth was ever applied
+	Session      int64
+	PresenceRank int64
+	Capabilities wire.Capabilities
+	ClockSkew    time.Duration // device clock minus controller clock, from its birth
+	LastSeenAt   *time.Time
+	UpdatedAt    time.Time
+}
+
+// UnseenDevice is a device never seen: offline, and assumed unable to
+// deduplicate or answer queries until its first birth.
+func UnseenDevice(id string) Device { return Device{DeviceID: id} }
+
+const deviceColumns = `device_id, online, confirmed, seen, session, presence_rank, dedupe, query, clock_skew_ms, last_seen_at, updated_at`
+
+func scanDevice(row interface{ Scan(...any) error }) (Device, error) {
+	var (
+		d        Device
+		skew, up int64
+		last     sql.NullInt64
+	)
+	if err := row.Scan(&d.DeviceID, &d.Online, &d.Confirmed, &d.Seen, &d.Session, &d.PresenceRank,
+		&d.Capabilities.Dedupe, &d.Capabilities.Query, &skew, &last, &up); err != nil {
+		return Device{}, err
+	}
+	d.ClockSkew, d.LastSeenAt, d.UpdatedAt = time.Duration(skew)*time.Millisecond, fromNullMS(last), fromMS(up)
+	return d, nil
+}
+
+// GetDevice reads one device; a device never seen is ErrNotFound.
+func (s *Store) GetDevice(ctx context.Context, id string) (Device, error) {
+	d, err := scanDevice(s.r.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Device{}, fmt.Errorf("device %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Device{}, fmt.Errorf("get device %s: %w", id, err)
+	}
+	return d, nil
+}
+
+// ListDevices lists every device the controller has heard of, by id.
+func (s *Store) ListDevices(ctx context.Context) ([]Device, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+deviceColumns+` FROM devices ORDER BY device_id`)
+	if err != nil {
+		return nil, fmt.Errorf("list devices: %w", err)
+	}
+	defer rows.Close()
+	out := []Device{}
+	for rows.Next() {
+		d, err := scanDevice(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// PresenceOutcome says whether a presence message was applied.
+type PresenceOutcome struct {
+	Applied    bool
+	Device     Device // after the message
+	WentOnline bool   // offline (or never seen) → online
+}
+
+// ApplyPresence applies a birth, a clean offline or an LWT, guarded by rank:
+// only a strictly higher rank than the stored one is applied (a delayed LWT
+// of an old connection, or a stale retained birth, changes nothing).
+func (s *Store) ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error) {
+	var out PresenceOutcome
+	err := s.write(ctx, func(t *tx) error {
+		now := ms(t.now)
+		if _, err := t.Exec(`INSERT INTO devices (device_id, updated_at) VALUES (?, ?) ON CONFLICT (device_id) DO NOTHING`,
+			device, now); err != nil {
+			return fmt.Errorf("insert device %s: %w", device, err)
+		}
+		before, err := scanDevice(t.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, device))
+		if err != nil {
+			return fmt.Errorf("read device %s: %w", device, err)
+		}
+		rank := p.Rank()
+		if rank <= before.PresenceRank {
+			out.Device = before
+			return nil
+		}
+		caps, seen, skew := before.Capabilities, before.Seen, before.ClockSkew.Milliseconds()
+		if p.Online {
+			seen = true
+			if p.Capabilities != nil {
+				caps = *p.Capabilities
+			}
+			if p.At != nil {
+				skew = p.At.Sub(t.now).Milliseconds()
+			}
+		}
+		if _, err := t.Exec(`UPDATE devices SET online = ?, confirmed = 1, seen = ?, session = ?, presence_rank = ?,
+				dedupe = ?, query = ?, clock_skew_ms = ?, last_seen_at = ?, updated_at = ?
+			WHERE device_id = ? AND presence_rank < ?`,
+			p.Online, seen, p.Session, rank, caps.Dedupe, caps.Query, skew, now, now, device, rank); err != nil {
+			return fmt.Errorf("apply presence of %s: %w", device, err)
+		}
+		from, to := onlineWord(before.Online), onlineWord(p.Online)
+		if err := t.event("device", device, from, to, fmt.Sprintf("presence session %d", p.Session), 0); err != nil {
+			return err
+		}
+		out.Applied, out.WentOnline = true, p.Online && !before.Online
+		out.Device, err = scanDevice(t.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, device))
+		return err
+	})
+	return out, err
+}
+
+func onlineWord(online bool) string {
+	if online {
+		return "online"
+	}
+	return "offline"
+}
+
+// touchDevice records that a device spoke (a receipt): it is confirmed and
+// its last-seen time moves. Presence itself only changes by rank.
+func (t *tx) touchDevice(device string) error {
+	now := ms(t.now)
+	if _, err := t.Exec(`UPDATE devices SET confirmed = 1, last_seen_at = ?, updated_at = ? WHERE device_id = ?`,
+		now, now, device); err != nil {
+		return fmt.Errorf("touch device %s: %w", device, err)
+	}
+	return nil
+}
+
+// UnconfirmAll marks every device unconfirmed, after the controller
+// (re)connects to a broker that may have lost its sessions: presence is a
+// hint until each device speaks again.
+func (s *Store) UnconfirmAll(ctx context.Context) error {
+	return s.write(ctx, func(t *tx) error {
+		_, err := t.Exec(`UPDATE devices SET confirmed = 0`)
+		return err
+	})
+}

@@ -1,0 +1,256 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
+)
+
+// Operation is the idempotency record of one business intent.
+type Operation struct {
+	OperationID     string
+	Action          string
+	Target          string
+	Params          json.RawMessage
+	RequestHash     string
+	Status          fsm.OperationState
+	Result          json.RawMessage
+	Reason          string
+	Attempt         int
+	CommandID       string
+	CommandIDs      []string
+	Version         int64
+	Owner           string
+	LeaseExpiresAt  time.Time
+	FencingToken    int64
+	TaskID          string
+	Step            string
+	BusinessVersion string
+	Compensates     string
+	Compensations   []string
+	StartedAt       time.Time
+	UpdatedAt       time.Time
+}
+
+// Fence is the lease holder's claim that a decision is made under: the
+// owner and the fencing token it holds on the operation.
+type Fence struct {
+	Owner string
+	Token int64
+}
+
+// NewOperation is a first submission: the operation and its first command,
+// inserted together before anything is published (the outbox).
+type NewOperation struct {
+	OperationID     string
+	Action          string
+	Target          string
+	Params          json.RawMessage // canonical JSON object
+	RequestHash     string
+	TaskID          string
+	Step            string
+	BusinessVersion string
+	Compensates     string
+	CommandID       string // minted by the caller, used only if the operation is new
+	CommandTTL      time.Duration
+	QoS             int
+	Owner           string
+	LeaseTTL        time.Duration
+}
+
+// SubmitResult says what Submit found or made.
+type SubmitResult struct {
+	Operation Operation
+	Created   bool // a new operation and command were inserted
+}
+
+// Submit inserts the operation and its first command in one transaction, or
+// returns the stored record when the operation_id exists with the same
+// request_hash (ErrKeyReused with another). beforeCommit runs inside the
+// transaction, last (the submit-before-commit failpoint); an error from it
+// rolls everything back.
+func (s *Store) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
+	var res SubmitResult
+	err := s.write(ctx, func(t *tx) error {
+		existing, err := getOperation(ctx, t.Tx, n.OperationID)
+		switch {
+		case err == nil:
+			if existing.RequestHash != n.RequestHash {
+				return ErrKeyReused
+			}
+			res.Operation = existing
+			return nil
+		case !errors.Is(err, ErrNotFound):
+			return err
+		}
+		now := ms(t.now)
+		r, err := t.Exec(`INSERT INTO operations (operation_id, action, target, params, request_hash, status,
+				attempt, command_id, version, owner, lease_expires_at, fencing_token,
+				task_id, step, business_version, compensates, started_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, 'started', 1, ?, 1, ?, ?, 1, ?, ?, ?, NULLIF(?, ''), ?, ?)
+			ON CONFLICT (operation_id) DO NOTHING`,
+			n.OperationID, n.Action, n.Target, string(n.Params), n.RequestHash, n.CommandID,
+			n.Owner, ms(t.now.Add(n.LeaseTTL)), n.TaskID, n.Step, n.BusinessVersion, n.Compensates, now, now)
+		if err != nil {
+			return fmt.Errorf("insert operation %s: %w", n.OperationID, err)
+		}
+		if rows, _ := r.RowsAffected(); rows == 0 {
+			// Lost the race for the UNIQUE key (another process's writer): read the winner.
+			existing, err := getOperation(ctx, t.Tx, n.OperationID)
+			if err != nil {
+				return err
+			}
+			if existing.RequestHash != n.RequestHash {
+				return ErrKeyReused
+			}
+			res.Operation = existing
+			return nil
+		}
+		if err := insertCommand(t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS); err != nil {
+			return err
+		}
+		if err := t.event("operation", n.OperationID, "", string(fsm.OpStarted), "submitted", 1); err != nil {
+			return err
+		}
+		if beforeCommit != nil {
+			if err := beforeCommit(); err != nil {
+				return err
+			}
+		}
+		op, err := getOperation(ctx, t.Tx, n.OperationID)
+		if err != nil {
+			return err
+		}
+		res = SubmitResult{Operation: op, Created: true}
+		return nil
+	})
+	return res, err
+}
+
+func insertCommand(t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int) error {
+	now := ms(t.now)
+	_, err := t.Exec(`INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
+			status, qos, version, next_check_at, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, 1, ?, ?, ?)`,
+		commandID, operationID, device, action, string(params), now, ms(t.now.Add(ttl)), qos, now, now, now)
+	if err != nil {
+		return fmt.Errorf("insert command %s: %w", commandID, err)
+	}
+	return t.event("command", commandID, "", string(fsm.CmdPending), "submitted", 0)
+}
+
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+const operationColumns = `operation_id, action, target, params, request_hash, status, result, reason, attempt,
+	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
+	COALESCE(compensates, ''), started_at, updated_at`
+
+func scanOperation(row interface{ Scan(...any) error }) (Operation, error) {
+	var (
+		op             Operation
+		params, result sql.NullString
+		lease, st, up  int64
+	)
+	err := row.Scan(&op.OperationID, &op.Action, &op.Target, &params, &op.RequestHash, &op.Status, &result,
+		&op.Reason, &op.Attempt, &op.CommandID, &op.Version, &op.Owner, &lease, &op.FencingToken,
+		&op.TaskID, &op.Step, &op.BusinessVersion, &op.Compensates, &st, &up)
+	if err != nil {
+		return Operation{}, err
+	}
+	op.Params = json.RawMessage(params.String)
+	if result.Valid {
+		op.Result = json.RawMessage(result.String)
+	}
+	op.LeaseExpiresAt, op.StartedAt, op.UpdatedAt = fromMS(lease), fromMS(st), fromMS(up)
+	return op, nil
+}
+
+func getOperation(ctx context.Context, q queryer, id string) (Operation, error) {
+	op, err := scanOperation(q.QueryRowContext(ctx, `SELECT `+operationColumns+` FROM operations WHERE operation_id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Operation{}, fmt.Errorf("operation %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Operation{}, fmt.Errorf("get operation %s: %w", id, err)
+	}
+	op.CommandIDs, err = queryStrings(ctx, q, `SELECT command_id FROM commands WHERE operation_id = ? ORDER BY created_at, rowid`, id)
+	if err != nil {
+		return Operation{}, err
+	}
+	op.Compensations, err = queryStrings(ctx, q, `SELECT operation_id FROM operations WHERE compensates = ? ORDER BY started_at`, id)
+	if err != nil {
+		return Operation{}, err
+	}
+	return op, nil
+}
+
+func queryStrings(ctx context.Context, q queryer, query string, args ...any) ([]string, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []string{}
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// GetOperation reads one operation with its command ids and links.
+func (s *Store) GetOperation(ctx context.Context, id string) (Operation, error) {
+	return getOperation(ctx, s.r, id)
+}
+
+// finishOperation applies a command's terminal outcome to its operation, if
+// the command is the operation's current one (or the operation is
+// failed_retryable, where a late final receipt of any of its commands
+// decides it). The update names the state and version it read.
+func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.CommandState, reason string, result json.RawMessage) error {
+	to, ok := fsm.OperationOutcome(state, reason)
+	if !ok {
+		return nil
+	}
+	op, err := getOperation(ctx, t.Tx, cmd.OperationID)
+	if err != nil {
+		return err
+	}
+	switch {
+	case op.Status == fsm.OpStarted && op.CommandID == cmd.CommandID:
+	case op.Status == fsm.OpFailedRetryable && (state == fsm.CmdSucceeded || state == fsm.CmdFailed) &&
+		to != fsm.OpFailedRetryable:
+	default:
+		return nil
+	}
+	if err := fsm.Operation.Transition(op.Status, to); err != nil {
+		t.refuse("operation", op.OperationID, string(op.Status), string(to), ReasonIllegal, op.FencingToken)
+		return nil
+	}
+	var res any
+	if result != nil {
+		res = string(result)
+	}
+	r, err := t.Exec(`UPDATE operations SET status = ?, result = ?, reason = ?, version = version + 1, updated_at = ?
+		WHERE operation_id = ? AND status = ? AND version = ?`,
+		to, res, reason, ms(t.now), op.OperationID, op.Status, op.Version)
+	if err != nil {
+		return fmt.Errorf("finish operation %s: %w", op.OperationID, err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		t.refuse("operation", op.OperationID, string(op.Status), string(to), ReasonStale, op.FencingToken)
+		return nil
+	}
+	return t.event("operation", op.OperationID, string(op.Status), string(to), "command "+cmd.CommandID+" "+string(state), op.FencingToken)
+}

@@ -1,0 +1,239 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/wire"
+)
+
+// Receipt effects, as recorded in the receipt log and counted in
+// controller_receipts_total{effect}.
+const (
+	EffectApplied        = "applied"
+	EffectDuplicate      = "duplicate"
+	EffectStale          = "stale"
+	EffectLate           = "late"
+	EffectMismatch       = "mismatch"
+	EffectUnknownCommand = "unknown_command"
+)
+
+// ReceiptOutcome says what one receipt did.
+type ReceiptOutcome struct {
+	Effect      string
+	CommandID   string // the command it was applied to ("" if unknown)
+	OperationID string
+	From, To    fsm.CommandState // equal when the state did not change
+	// Unknown: the device answered a query with "unknown" (it never saw the
+	// command); the lease holder may re-send or mint anew.
+	Unknown  bool
+	Terminal bool // the command is terminal after this receipt
+}
+
+// ApplyReceipt applies a fact reported by a device, in one transaction
+// guarded by the receipt's rank: a receipt moves a command forward only
+// (jumps allowed); an equal or lower rank is a duplicate or stale receipt; a
+// final receipt after a terminal state is kept as the late outcome. Any
+// instance may apply it. device is the device id from the topic.
+// beforeCommit runs last inside the transaction (the before-receipt-commit
+// failpoint); an error from it records nothing.
+func (s *Store) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
+	var out ReceiptOutcome
+	err := s.write(ctx, func(t *tx) error {
+		var err error
+		out, err = t.applyReceipt(ctx, device, r)
+		if err != nil {
+			return err
+		}
+		if err := t.touchDevice(device); err != nil {
+			return err
+		}
+		if beforeCommit != nil {
+			return beforeCommit()
+		}
+		return nil
+	})
+	if err == nil {
+		s.obs.Receipt(out.Effect)
+	}
+	return out, err
+}
+
+func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (ReceiptOutcome, error) {
+	// A query's answer applies to the command that was asked about, which
+	// may differ from the command that ran (executed_as).
+	target := r.CommandID
+	if r.QueryID != "" {
+		var asked string
+		err := t.QueryRowContext(ctx, `SELECT command_id FROM queries WHERE query_id = ?`, r.QueryID).Scan(&asked)
+		switch {
+		case err == nil:
+			target = asked
+			if _, err := t.Exec(`UPDATE queries SET answered_at = ?, answer = ? WHERE query_id = ? AND answered_at IS NULL`,
+				ms(t.now), r.Status, r.QueryID); err != nil {
+				return ReceiptOutcome{}, fmt.Errorf("answer query %s: %w", r.QueryID, err)
+			}
+		case !errors.Is(err, sql.ErrNoRows):
+			return ReceiptOutcome{}, fmt.Errorf("read query %s: %w", r.QueryID, err)
+		}
+	}
+	out := ReceiptOutcome{CommandID: target, OperationID: r.OperationID}
+	c, err := getCommand(ctx, t.Tx, target)
+	if errors.Is(err, ErrNotFound) {
+		out.Effect, out.CommandID = EffectUnknownCommand, ""
+		return out, t.logReceipt(target, "", device, r, out.Effect)
+	}
+	if err != nil {
+		return out, err
+	}
+	out.OperationID, out.From, out.To, out.Terminal = c.OperationID, c.Status, c.Status, c.Status.Terminal()
+	sentAs := ""
+	if r.CommandID != target {
+		sentAs = r.CommandID
+	}
+	if c.DeviceID != device || (r.OperationID != "" && r.OperationID != c.OperationID) ||
+		(sentAs != "" && r.OperationID != c.OperationID) {
+		out.Effect = EffectMismatch
+		return out, t.logReceipt(target, sentAs, device, r, out.Effect)
+	}
+	if r.QueryID != "" && r.QueryID == c.LastQueryID {
+		if _, err := t.Exec(`UPDATE commands SET last_answer = ? WHERE command_id = ?`, r.Status, target); err != nil {
+			return out, fmt.Errorf("record answer of %s: %w", target, err)
+		}
+	}
+
+	rank := fsm.ReceiptRank(r.Status)
+	switch {
+	case r.Status == wire.ReceiptUnknown:
+		out.Effect = EffectApplied
+		out.Unknown = !c.Status.Terminal()
+		if c.Status.Terminal() || c.StatusRank > fsm.RankNone {
+			// The device said more than "unknown" before: an old or stray answer.
+			out.Effect, out.Unknown = EffectStale, false
+		}
+	case c.Status.Terminal():
+		out.Effect, err = t.lateReceipt(ctx, c, r, sentAs)
+		if err != nil {
+			return out, err
+		}
+	case rank <= c.StatusRank:
+		out.Effect = EffectStale
+		if rank == c.StatusRank {
+			out.Effect = EffectDuplicate
+		}
+	default:
+		out.Effect, out.To, err = t.advance(ctx, c, r, rank, sentAs)
+		if err != nil {
+			return out, err
+		}
+		out.Terminal = out.To.Terminal()
+	}
+	return out, t.logReceipt(target, sentAs, device, r, out.Effect)
+}
+
+// advance moves a non-terminal command forward to the receipt's state,
+// guarded by rank, and ends the operation when the command ends.
+func (t *tx) advance(ctx context.Context, c Command, r wire.Receipt, rank int, sentAs string) (string, fsm.CommandState, error) {
+	to, _ := fsm.CommandStateForReceipt(r.Status)
+	if !fsm.Command.Can(c.Status, to) {
+		// needs_attention learns of progress but only a final receipt moves it.
+		to = c.Status
+	}
+	reason := ""
+	if to == fsm.CmdFailed {
+		reason = r.Error
+		if reason == "" {
+			reason = string(r.Status)
+		}
+	}
+	var result any
+	if r.Status.Final() && len(r.Result) > 0 {
+		result = string(r.Result)
+	}
+	executedAs := c.ExecutedAs
+	if sentAs != "" {
+		executedAs = sentAs
+	}
+	res, err := t.Exec(`UPDATE commands SET status = ?, status_rank = ?, last_seq = ?, reason = ?,
+			result = COALESCE(?, result), executed_as = ?, version = version + 1, updated_at = ?
+		WHERE command_id = ? AND status = ? AND status_rank < ?`,
+		to, rank, r.Seq, reason, result, executedAs, ms(t.now), c.CommandID, c.Status, rank)
+	if err != nil {
+		return "", "", fmt.Errorf("apply receipt to %s: %w", c.CommandID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		t.refuse("command", c.CommandID, string(c.Status), string(to), ReasonStale, 0)
+		return EffectStale, c.Status, nil
+	}
+	why := "receipt " + string(r.Status)
+	if r.QueryID != "" {
+		why += " (query " + r.QueryID + ")"
+	}
+	if err := t.event("command", c.CommandID, string(c.Status), string(to), why, 0); err != nil {
+		return "", "", err
+	}
+	if to.Terminal() {
+		c.Status = to
+		if err := t.finishOperation(ctx, c, to, reason, r.Result); err != nil {
+			return "", "", err
+		}
+	}
+	return EffectApplied, to, nil
+}
+
+// lateReceipt keeps a receipt that arrives after a terminal state: a final
+// one becomes the late outcome (once; the terminal state is never
+// rewritten), and decides a failed_retryable operation.
+func (t *tx) lateReceipt(ctx context.Context, c Command, r wire.Receipt, sentAs string) (string, error) {
+	if !r.Status.Final() {
+		return EffectStale, nil
+	}
+	deviceState, _ := fsm.CommandStateForReceipt(r.Status)
+	fromDevice := (c.Status == fsm.CmdSucceeded || c.Status == fsm.CmdFailed) && c.ResolvedBy == "" && c.StatusRank == fsm.RankFinal
+	if fromDevice || c.LateOutcome != "" {
+		return EffectDuplicate, nil
+	}
+	conflict := c.ResolvedBy != "" && deviceState != c.Status
+	var result any
+	if len(r.Result) > 0 {
+		result = string(r.Result)
+	}
+	if _, err := t.Exec(`UPDATE commands SET late_outcome = ?, late_result = ?, late_conflict = ?, status_rank = ?,
+			updated_at = ? WHERE command_id = ? AND late_outcome = ''`,
+		r.Status, result, conflict, fsm.RankFinal, ms(t.now), c.CommandID); err != nil {
+		return "", fmt.Errorf("record late outcome of %s: %w", c.CommandID, err)
+	}
+	if err := t.event("command", c.CommandID, string(c.Status), string(c.Status), "late "+string(r.Status), 0); err != nil {
+		return "", err
+	}
+	reason := ""
+	if deviceState == fsm.CmdFailed {
+		reason = r.Error
+	}
+	if err := t.finishOperation(ctx, c, deviceState, reason, r.Result); err != nil {
+		return "", err
+	}
+	return EffectLate, nil
+}
+
+func (t *tx) logReceipt(commandID, sentAs, device string, r wire.Receipt, effect string) error {
+	var result any
+	if len(r.Result) > 0 {
+		result = string(r.Result)
+	}
+	at := ""
+	if !r.At.IsZero() {
+		at = r.At.UTC().Format(time.RFC3339Nano)
+	}
+	_, err := t.Exec(`INSERT INTO receipts (command_id, sent_as, device_id, operation_id, status, seq, at, received_at,
+			query_id, effect, error, result, instance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		commandID, sentAs, device, r.OperationID, r.Status, r.Seq, at, ms(t.now), r.QueryID, effect, r.Error, result, t.instance)
+	if err != nil {
+		return fmt.Errorf("log receipt: %w", err)
+	}
+	return nil
+}

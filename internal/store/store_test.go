@@ -1,0 +1,386 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/wire"
+)
+
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+type countingObserver struct {
+	mu                   sync.Mutex
+	transitions, refused map[string]int
+	receipts             map[string]int
+	fenced               int
+}
+
+func newObserver() *countingObserver {
+	return &countingObserver{transitions: map[string]int{}, refused: map[string]int{}, receipts: map[string]int{}}
+}
+func (o *countingObserver) Transition(m, f, t string) {
+	o.mu.Lock()
+	o.transitions[m+":"+f+"→"+t]++
+	o.mu.Unlock()
+}
+func (o *countingObserver) Refused(m, r string) { o.mu.Lock(); o.refused[m+":"+r]++; o.mu.Unlock() }
+func (o *countingObserver) Receipt(e string)    { o.mu.Lock(); o.receipts[e]++; o.mu.Unlock() }
+func (o *countingObserver) Fenced()             { o.mu.Lock(); o.fenced++; o.mu.Unlock() }
+
+type testBundle struct {
+	s   *Store
+	clk *clock
+	obs *countingObserver
+	ctx context.Context
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	clk := &clock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
+	obs := newObserver()
+	s, err := Open(context.Background(), Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now, Observer: obs})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return &testBundle{s: s, clk: clk, obs: obs, ctx: context.Background()}
+}
+
+func newOp(id, cmd string) NewOperation {
+	return NewOperation{OperationID: id, Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`),
+		RequestHash: "h1", CommandID: cmd, CommandTTL: time.Minute, QoS: 1, Owner: "i1", LeaseTTL: 10 * time.Second}
+}
+
+var fence = Fence{Owner: "i1", Token: 1}
+
+func TestSubmitIsIdempotent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r1, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	require.True(t, r1.Created)
+	require.Equal(t, fsm.OpStarted, r1.Operation.Status)
+	require.Equal(t, []string{"c-1"}, r1.Operation.CommandIDs)
+
+	r2, err := b.s.Submit(b.ctx, newOp("op-1", "c-2"), nil)
+	require.NoError(t, err)
+	require.False(t, r2.Created)
+	require.Equal(t, "c-1", r2.Operation.CommandID, "the stored record, not the new command id")
+
+	other := newOp("op-1", "c-3")
+	other.RequestHash = "h2"
+	_, err = b.s.Submit(b.ctx, other, nil)
+	require.ErrorIs(t, err, ErrKeyReused)
+
+	_, err = b.s.GetCommand(b.ctx, "c-2")
+	require.ErrorIs(t, err, ErrNotFound)
+}
+
+func TestSubmitBeforeCommitErrorRollsBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	boom := errors.New("boom")
+	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), func() error { return boom })
+	require.ErrorIs(t, err, boom)
+	_, err = b.s.GetOperation(b.ctx, "op-1")
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = b.s.GetCommand(b.ctx, "c-1")
+	require.ErrorIs(t, err, ErrNotFound)
+}
+
+func TestConcurrentSubmitsOneRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	created := 0
+	for i := 0; i < 50; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := b.s.Submit(b.ctx, newOp("op-1", "c-"+string(rune('a'+i%26))+string(rune('a'+i/26))), nil)
+			require.NoError(t, err)
+			if r.Created {
+				mu.Lock()
+				created++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, 1, created)
+	op, err := b.s.GetOperation(b.ctx, "op-1")
+	require.NoError(t, err)
+	require.Len(t, op.CommandIDs, 1)
+}
+
+func TestClaimSendOnlyOneWinner(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	d, err := b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, fence, b.clk.Now().Add(time.Second))
+	require.NoError(t, err)
+	require.Equal(t, fsm.CmdSent, d.Command.Status)
+	require.Equal(t, 1, d.Command.Attempt)
+	require.Equal(t, b.clk.Now().Add(10*time.Second), d.LeaseExpiresAt)
+
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, fence, b.clk.Now())
+	var re *RefusedError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, ReasonStale, re.Reason)
+	require.False(t, errors.Is(err, ErrFenced))
+
+	// A re-send is attempt n → n+1 on the same state.
+	d, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdSent, 1, fence, b.clk.Now())
+	require.NoError(t, err)
+	require.Equal(t, 2, d.Command.Attempt)
+	require.Equal(t, 1, b.obs.refused["command:stale"])
+
+	evs, err := b.s.Events(b.ctx, "c-1")
+	require.NoError(t, err)
+	refused := 0
+	for _, e := range evs {
+		if e.Refused {
+			refused++
+		}
+	}
+	require.Equal(t, 1, refused, "the refusal is on record")
+}
+
+func TestDecisionsAreFenced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+	require.ErrorIs(t, err, ErrFenced, "wrong token")
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, Fence{Owner: "i2", Token: 1}, b.clk.Now())
+	require.ErrorIs(t, err, ErrFenced, "wrong owner")
+
+	// The restarted instance takes over its own operations with a new token.
+	n, err := b.s.ReclaimOwn(b.ctx, "i1", 10*time.Second)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, fence, b.clk.Now())
+	require.ErrorIs(t, err, ErrFenced, "the old token is stale after the takeover")
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+	require.NoError(t, err)
+
+	// A lease that ran out fences its holder too, and a heartbeat cannot revive it.
+	b.clk.Advance(11 * time.Second)
+	_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+	require.ErrorIs(t, err, ErrFenced)
+	renewed, _, err := b.s.RenewLeases(b.ctx, "i1", 10*time.Second)
+	require.NoError(t, err)
+	require.Zero(t, renewed)
+	require.Equal(t, 4, b.obs.fenced)
+	c, err := b.s.GetCommand(b.ctx, "c-1")
+	require.NoError(t, err)
+	require.Equal(t, 0, c.Queries, "nothing a fenced decision tried was applied")
+}
+
+func TestHeartbeatExtendsWithoutBumpingVersion(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	b.clk.Advance(5 * time.Second)
+	n, until, err := b.s.RenewLeases(b.ctx, "i1", 10*time.Second)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	op, _ := b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, until, op.LeaseExpiresAt)
+	require.Equal(t, r.Operation.Version, op.Version)
+	require.Equal(t, r.Operation.FencingToken, op.FencingToken)
+}
+
+func receipt(cmd string, st wire.ReceiptStatus, seq int) wire.Receipt {
+	return wire.Receipt{CommandID: cmd, OperationID: "op-1", Status: st, Seq: seq, At: time.Now()}
+}
+
+func sentCommand(t *testing.T, b *testBundle) {
+	t.Helper()
+	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, fence, b.clk.Now().Add(time.Second))
+	require.NoError(t, err)
+}
+
+func TestReceiptsMoveForwardOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sentCommand(t, b)
+	apply := func(r wire.Receipt) ReceiptOutcome {
+		out, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+		require.NoError(t, err)
+		return out
+	}
+	require.Equal(t, EffectApplied, apply(receipt("c-1", wire.ReceiptExecuting, 2)).Effect, "a jump over received")
+	require.Equal(t, EffectStale, apply(receipt("c-1", wire.ReceiptReceived, 1)).Effect)
+	require.Equal(t, EffectDuplicate, apply(receipt("c-1", wire.ReceiptExecuting, 2)).Effect)
+	r := receipt("c-1", wire.ReceiptSucceeded, 3)
+	r.Result = json.RawMessage(`{"ok":true}`)
+	out := apply(r)
+	require.Equal(t, EffectApplied, out.Effect)
+	require.Equal(t, fsm.CmdSucceeded, out.To)
+	require.Equal(t, EffectDuplicate, apply(r).Effect)
+	require.Equal(t, EffectStale, apply(receipt("c-1", wire.ReceiptExecuting, 2)).Effect, "executing after succeeded")
+	require.Equal(t, EffectUnknownCommand, apply(receipt("c-9", wire.ReceiptSucceeded, 3)).Effect)
+	wrong := receipt("c-1", wire.ReceiptFailed, 3)
+	wrong.OperationID = "op-2"
+	require.Equal(t, EffectMismatch, apply(wrong).Effect)
+	out, err := b.s.ApplyReceipt(b.ctx, "device-2", receipt("c-1", wire.ReceiptFailed, 3), nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectMismatch, out.Effect, "topic device differs")
+
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	require.Equal(t, fsm.CmdSucceeded, c.Status)
+	require.Empty(t, c.LateOutcome)
+	op, _ := b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, fsm.OpSucceeded, op.Status)
+	require.JSONEq(t, `{"ok":true}`, string(op.Result))
+	recs, _ := b.s.Receipts(b.ctx, "c-1")
+	require.Len(t, recs, 8)
+}
+
+func TestBeforeReceiptCommitErrorRecordsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sentCommand(t, b)
+	boom := errors.New("boom")
+	_, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptSucceeded, 3), func() error { return boom })
+	require.ErrorIs(t, err, boom)
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	require.Equal(t, fsm.CmdSent, c.Status)
+	recs, _ := b.s.Receipts(b.ctx, "c-1")
+	require.Empty(t, recs)
+}
+
+func TestLateReceiptAfterTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sentCommand(t, b)
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	c2, err := b.s.Finish(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdTimeout, fsm.ReasonTimeout, fence)
+	require.NoError(t, err)
+	require.Equal(t, fsm.CmdTimeout, c2.Status)
+	op, _ := b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, fsm.OpFailedRetryable, op.Status)
+
+	r := receipt("c-1", wire.ReceiptSucceeded, 3)
+	r.Result = json.RawMessage(`{"late":1}`)
+	out, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectLate, out.Effect)
+	c, _ = b.s.GetCommand(b.ctx, "c-1")
+	require.Equal(t, fsm.CmdTimeout, c.Status, "a terminal state is never rewritten")
+	require.Equal(t, "succeeded", c.LateOutcome)
+	require.JSONEq(t, `{"late":1}`, string(c.LateResult))
+	op, _ = b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, fsm.OpSucceeded, op.Status, "a late success decides the failed_retryable operation")
+
+	out, err = b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectDuplicate, out.Effect)
+}
+
+func TestQueryAnswerForAnotherCommandOfTheOperation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sentCommand(t, b)
+	_, err := b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, fence, b.clk.Now().Add(time.Second))
+	require.NoError(t, err)
+	r := receipt("c-0", wire.ReceiptSucceeded, 3) // the device ran another command of op-1
+	r.QueryID = "q-1"
+	out, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectApplied, out.Effect)
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	require.Equal(t, fsm.CmdSucceeded, c.Status)
+	require.Equal(t, "c-0", c.ExecutedAs)
+
+	// An unknown answer to a query is information, not a state change.
+	_, err = b.s.Submit(b.ctx, NewOperation{OperationID: "op-2", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`),
+		RequestHash: "h", CommandID: "c-2", CommandTTL: time.Minute, Owner: "i1", LeaseTTL: 10 * time.Second, QoS: 1}, nil)
+	require.NoError(t, err)
+	_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, fence, b.clk.Now())
+	require.NoError(t, err)
+	_, err = b.s.ClaimQuery(b.ctx, "c-2", "q-2", fsm.CmdSent, 0, fence, b.clk.Now())
+	require.NoError(t, err)
+	out, err = b.s.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: "c-2", OperationID: "op-2", Status: wire.ReceiptUnknown, QueryID: "q-2"}, nil)
+	require.NoError(t, err)
+	require.True(t, out.Unknown)
+	c, _ = b.s.GetCommand(b.ctx, "c-2")
+	require.Equal(t, fsm.CmdSent, c.Status)
+	require.Equal(t, "unknown", c.LastAnswer)
+}
+
+func TestPresenceByRank(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	at := b.clk.Now().Add(1500 * time.Millisecond)
+	caps := &wire.Capabilities{Dedupe: true, Query: true}
+	out, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 2, Capabilities: caps, At: &at})
+	require.NoError(t, err)
+	require.True(t, out.Applied)
+	require.True(t, out.WentOnline)
+	require.Equal(t, 1500*time.Millisecond, out.Device.ClockSkew)
+
+	out, err = b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: false, Session: 1})
+	require.NoError(t, err)
+	require.False(t, out.Applied, "a delayed LWT of an older session")
+	out, err = b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: false, Session: 2})
+	require.NoError(t, err)
+	require.True(t, out.Applied)
+	out, err = b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 2, Capabilities: caps})
+	require.NoError(t, err)
+	require.False(t, out.Applied, "a stale online of the same session after its offline")
+	d, _ := b.s.GetDevice(b.ctx, "device-1")
+	require.False(t, d.Online)
+	require.True(t, d.Capabilities.Dedupe)
+}
+
+func TestEventsAreAppendOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sentCommand(t, b)
+	_, err := b.s.w.Exec(`UPDATE events SET reason = 'x'`)
+	require.ErrorContains(t, err, "append-only")
+	_, err = b.s.w.Exec(`DELETE FROM events`)
+	require.ErrorContains(t, err, "append-only")
+	_, err = b.s.w.Exec(`UPDATE commands SET status = 'bogus'`)
+	require.ErrorContains(t, err, "CHECK")
+}
+
+func TestIllegalFinishRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sentCommand(t, b)
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	_, err := b.s.Finish(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdCancelled, "cancelled", fence)
+	require.ErrorIs(t, err, ErrRefused)
+	var re *RefusedError
+	require.ErrorAs(t, err, &re)
+	require.Equal(t, ReasonIllegal, re.Reason)
+	c2, _ := b.s.GetCommand(b.ctx, "c-1")
+	require.Equal(t, c, c2)
+}
