@@ -65,6 +65,8 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("POST /v1/operations", s.handleSubmit)
 	s.mux.HandleFunc("GET /v1/operations/{id}", s.handleGetOperation)
 	s.mux.HandleFunc("GET /v1/commands/{id}", s.handleGetCommand)
+	s.mux.HandleFunc("POST /v1/commands/{id}/cancel", s.handleCancel)
+	s.mux.HandleFunc("POST /v1/commands/{id}/resolve", s.handleResolve)
 	s.mux.HandleFunc("GET /v1/devices", s.handleListDevices)
 	s.mux.HandleFunc("GET /v1/devices/{id}", s.handleGetDevice)
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -155,6 +157,10 @@ func (s *Server) Submit(ctx context.Context, req SubmitRequest, key string, rese
 		return store.Operation{}, false, err
 	}
 	pol := s.cfg.Policy(req.Action)
+	if pol.Approval == command.ApprovalRequired && !reservedOK {
+		return store.Operation{}, false, apiErr(http.StatusForbidden, "approval_required",
+			"action "+req.Action+" needs an approved task (POST /v1/tasks)")
+	}
 	qos := 1
 	if dev, err := s.cfg.Store.GetDevice(ctx, req.Target); err == nil && dev.Seen && !dev.Capabilities.Dedupe {
 		qos = 0 // a device that cannot deduplicate gets each command at most once
@@ -168,7 +174,7 @@ func (s *Server) Submit(ctx context.Context, req SubmitRequest, key string, rese
 	if err != nil {
 		return store.Operation{}, false, err
 	}
-	if res.Created {
+	if res.Created || res.Retried {
 		s.cfg.Submitted(res.Operation.CommandID)
 	}
 	return res.Operation, res.Created, nil
@@ -249,7 +255,10 @@ func (s *Server) waitOperation(ctx context.Context, id string, wait time.Duratio
 }
 
 func (s *Server) handleGetCommand(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	s.writeCommand(w, r, r.PathValue("id"))
+}
+
+func (s *Server) writeCommand(w http.ResponseWriter, r *http.Request, id string) {
 	c, err := s.cfg.Store.GetCommand(r.Context(), id)
 	if err != nil {
 		writeError(w, s.cfg.Logger, err)
@@ -266,6 +275,67 @@ func (s *Server) handleGetCommand(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, commandView(c, receipts, events))
+}
+
+func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
+	if err := decodeOptionalBody(r, &struct{}{}); err != nil {
+		writeError(w, s.cfg.Logger, err)
+		return
+	}
+	c, err := s.cfg.Store.Cancel(r.Context(), r.PathValue("id"), principal(r))
+	if err != nil {
+		writeError(w, s.cfg.Logger, err)
+		return
+	}
+	s.Changed(c.OperationID)
+	s.writeCommand(w, r, c.CommandID)
+}
+
+// ResolveRequest is the body of POST /v1/commands/{id}/resolve.
+type ResolveRequest struct {
+	Outcome string `json:"outcome"`
+	Note    string `json:"note"`
+}
+
+func (s *Server) handleResolve(w http.ResponseWriter, r *http.Request) {
+	var req ResolveRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, s.cfg.Logger, err)
+		return
+	}
+	if req.Outcome != string(fsm.CmdSucceeded) && req.Outcome != string(fsm.CmdFailed) {
+		writeError(w, s.cfg.Logger, fmt.Errorf("%w: outcome must be succeeded or failed", opid.ErrInvalid))
+		return
+	}
+	out, err := s.cfg.Store.Resolve(r.Context(), r.PathValue("id"), fsm.CommandState(req.Outcome), req.Note, principal(r))
+	if err != nil {
+		writeError(w, s.cfg.Logger, err)
+		return
+	}
+	if out.Lost {
+		writeError(w, s.cfg.Logger, apiErr(http.StatusConflict, "illegal_state",
+			"a final receipt settled this command first ("+string(out.Command.Status)+"); your resolve is kept as its late outcome"))
+		return
+	}
+	s.Changed(out.Command.OperationID)
+	s.writeCommand(w, r, out.Command.CommandID)
+}
+
+// principal names the caller in events; auth (issue 5) fills it from the token.
+func principal(r *http.Request) string {
+	if p, ok := r.Context().Value(principalKey{}).(string); ok {
+		return p
+	}
+	return "anonymous"
+}
+
+type principalKey struct{}
+
+func decodeOptionalBody(r *http.Request, v any) error {
+	if r.ContentLength == 0 {
+		return nil
+	}
+	return decodeBody(r, v)
 }
 
 func (s *Server) handleListDevices(w http.ResponseWriter, r *http.Request) {

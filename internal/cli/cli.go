@@ -194,7 +194,7 @@ func opCmd(cf *clientFlags) *cobra.Command {
 }
 
 func cmdCmd(cf *clientFlags) *cobra.Command {
-	c := &cobra.Command{Use: "cmd", Short: "Read commands"}
+	c := &cobra.Command{Use: "cmd", Short: "Read, cancel and resolve commands"}
 	get := &cobra.Command{
 		Use:   "get COMMAND_ID",
 		Short: "Show a command with its receipts and events",
@@ -210,7 +210,40 @@ func cmdCmd(cf *clientFlags) *cobra.Command {
 			return printCommand(cmd.OutOrStdout(), out)
 		},
 	}
-	c.AddCommand(get)
+	cancel := &cobra.Command{
+		Use:   "cancel COMMAND_ID",
+		Short: "Cancel a command that was never published (else 409 already_published)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			out, err := client.New(cf.server, cf.token).Cancel(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if cf.json {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			return printCommand(cmd.OutOrStdout(), out)
+		},
+	}
+	var outcome, note string
+	resolve := &cobra.Command{
+		Use:   "resolve COMMAND_ID --outcome succeeded|failed --note TEXT",
+		Short: "Record what really happened to a needs_attention command; finishes its operation",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			out, err := client.New(cf.server, cf.token).Resolve(cmd.Context(), args[0], outcome, note)
+			if err != nil {
+				return err
+			}
+			if cf.json {
+				return printJSON(cmd.OutOrStdout(), out)
+			}
+			return printCommand(cmd.OutOrStdout(), out)
+		},
+	}
+	resolve.Flags().StringVar(&outcome, "outcome", "", "succeeded or failed")
+	resolve.Flags().StringVar(&note, "note", "", "what you found")
+	c.AddCommand(get, cancel, resolve)
 	return c
 }
 

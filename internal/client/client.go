@@ -141,3 +141,18 @@ func (c *Client) Device(ctx context.Context, id string) (api.Device, error) {
 	_, err := c.Do(ctx, http.MethodGet, "/v1/devices/"+url.PathEscape(id), nil, nil, &d)
 	return d, err
 }
+
+// Cancel cancels a command that was never published.
+func (c *Client) Cancel(ctx context.Context, id string) (api.Command, error) {
+	var cmd api.Command
+	_, err := c.Do(ctx, http.MethodPost, "/v1/commands/"+url.PathEscape(id)+"/cancel", nil, nil, &cmd)
+	return cmd, err
+}
+
+// Resolve records a person's outcome for a needs_attention command.
+func (c *Client) Resolve(ctx context.Context, id, outcome, note string) (api.Command, error) {
+	var cmd api.Command
+	_, err := c.Do(ctx, http.MethodPost, "/v1/commands/"+url.PathEscape(id)+"/resolve", nil,
+		api.ResolveRequest{Outcome: outcome, Note: note}, &cmd)
+	return cmd, err
+}

@@ -137,24 +137,6 @@ func (d *Dispatcher) Run(ctx context.Context) {
 	}
 }
 
-// Reconcile asks about every open command this instance holds, whatever its
-// state: after a broker (re)connect a final receipt may have been lost.
-func (d *Dispatcher) Reconcile(ctx context.Context) {
-	d.cfg.Metrics.Reconciles.Inc()
-	open, err := d.cfg.Store.DueCommands(ctx, d.cfg.Instance, d.cfg.Now(), true, 1<<30)
-	if err != nil {
-		d.cfg.Logger.Error("reconcile: list open commands", "err", err)
-		return
-	}
-	d.cfg.Logger.Info("reconcile: asking about open commands", "count", len(open))
-	for _, oc := range open {
-		if ctx.Err() != nil {
-			return
-		}
-		d.ask(ctx, oc, true)
-	}
-}
-
 func (d *Dispatcher) sweep(ctx context.Context, all bool) {
 	due, err := d.cfg.Store.DueCommands(ctx, d.cfg.Instance, d.cfg.Now(), all, 1000)
 	if err != nil {
@@ -166,13 +148,37 @@ func (d *Dispatcher) sweep(ctx context.Context, all bool) {
 	for _, oc := range due {
 		d.Kick(oc.CommandID)
 	}
+	retrying, err := d.cfg.Store.RetryingCommands(ctx, d.cfg.Instance, 1000)
+	if err != nil {
+		if ctx.Err() == nil {
+			d.cfg.Logger.Error("sweep: list retrying operations", "err", err)
+		}
+		return
+	}
+	for _, id := range retrying {
+		d.Kick(id)
+	}
+}
+
+// DeviceChanged is told when a device's presence changed: its open
+// commands are looked at now (sent when it is back, parked when it left).
+func (d *Dispatcher) DeviceChanged(ctx context.Context, device string) {
+	ids, err := d.cfg.Store.Wake(ctx, device)
+	if err != nil {
+		d.cfg.Logger.Error("wake device commands", "device", device, "err", err)
+		return
+	}
+	for _, id := range ids {
+		d.Kick(id)
+	}
 }
 
 // step reads a command fresh and makes the one decision it needs now.
 func (d *Dispatcher) step(ctx context.Context, commandID string) {
 	oc, err := d.cfg.Store.OpenCommand(ctx, commandID)
 	if errors.Is(err, store.ErrNotFound) {
-		return // terminal, or its operation is no longer started
+		d.retryStep(ctx, commandID) // terminal: maybe the last command of a retry
+		return
 	}
 	if err != nil {
 		d.cfg.Logger.Error("read command", "command_id", commandID, "err", err)
@@ -183,23 +189,61 @@ func (d *Dispatcher) step(ctx context.Context, commandID string) {
 	}
 	now := d.cfg.Now()
 	c := oc.Command
-	if !now.Before(c.ExpiresAt) && c.Status != fsm.CmdNeedsAttention {
-		d.finish(ctx, oc, fsm.CmdTimeout, fsm.ReasonTimeout)
+	dev := d.device(ctx, c.DeviceID)
+	pol := d.cfg.Policy(c.Action)
+	if !now.Before(c.ExpiresAt) {
+		switch {
+		case c.Status == fsm.CmdNeedsAttention:
+		case c.Attempt > 0 && !canResend(dev, pol):
+			d.move(ctx, oc, fsm.CmdNeedsAttention, "expired with the outcome unproven (device cannot deduplicate)", c.ExpiresAt)
+		default:
+			d.move(ctx, oc, fsm.CmdTimeout, fsm.ReasonTimeout, c.ExpiresAt)
+		}
 		return
 	}
-	if now.Before(c.NextCheckAt) {
+	// A waiting command is looked at whenever it is kicked: a presence change
+	// may race its move to waiting_device, and must not be lost to the schedule.
+	waitingOnline := c.Status == fsm.CmdWaitingDevice && dev.Online
+	if now.Before(c.NextCheckAt) && !waitingOnline {
 		return
 	}
 	switch c.Status {
 	case fsm.CmdPending:
-		d.send(ctx, oc)
+		switch {
+		case dev.Online:
+			d.send(ctx, oc, dev)
+		case pol.Offline == OfflineFail:
+			d.move(ctx, oc, fsm.CmdFailed, fsm.ReasonDeviceOffline, c.ExpiresAt)
+		default:
+			d.move(ctx, oc, fsm.CmdWaitingDevice, "device offline", c.ExpiresAt)
+		}
+	case fsm.CmdWaitingDevice:
+		switch {
+		case !dev.Online:
+			d.postpone(ctx, oc, c.ExpiresAt)
+		case c.Attempt == 0:
+			d.send(ctx, oc, dev) // never published: send it
+		default:
+			d.check(ctx, oc, dev, pol) // published before: ask first
+		}
 	case fsm.CmdSent, fsm.CmdReceived, fsm.CmdExecuting:
-		d.check(ctx, oc)
+		if !dev.Online && dev.Capabilities.Dedupe {
+			d.move(ctx, oc, fsm.CmdWaitingDevice, "device offline before a final receipt", c.ExpiresAt)
+			return
+		}
+		d.check(ctx, oc, dev, pol)
+	case fsm.CmdNeedsAttention:
+		d.postpone(ctx, oc, c.ExpiresAt.Add(24*time.Hour))
 	}
 }
 
-// device returns what the controller knows of a device; one never seen
-// cannot deduplicate or answer queries.
+// canResend: the device deduplicates, or the caller accepts a duplicate.
+func canResend(dev store.Device, pol Policy) bool {
+	return dev.Capabilities.Dedupe || pol.OnUnknown == UnknownResend
+}
+
+// device returns what the controller knows of a device; one never seen is
+// offline and cannot deduplicate or answer queries.
 func (d *Dispatcher) device(ctx context.Context, id string) store.Device {
 	dev, err := d.cfg.Store.GetDevice(ctx, id)
 	if err != nil {
@@ -208,24 +252,31 @@ func (d *Dispatcher) device(ctx context.Context, id string) store.Device {
 	return dev
 }
 
-// check runs after the ack timeout (and each backoff) with no final receipt.
-func (d *Dispatcher) check(ctx context.Context, oc store.OpenCommand) {
+// check runs after the ack timeout (and each backoff) with no final
+// receipt: ask, or re-send the same command after an unanswered question,
+// or, for a device that cannot deduplicate, park the command for a person
+// once its asks are used up.
+func (d *Dispatcher) check(ctx context.Context, oc store.OpenCommand, dev store.Device, pol Policy) {
 	c := oc.Command
-	dev := d.device(ctx, c.DeviceID)
-	pol := d.cfg.Policy(c.Action)
 	unanswered := c.LastQueryID != "" && c.LastAnswer == ""
-	resend := dev.Capabilities.Dedupe && c.Status == fsm.CmdSent && c.Attempt < pol.MaxAttempts &&
-		(c.LastAnswer == string(wire.ReceiptUnknown) || unanswered || !dev.Capabilities.Query)
+	unknown := c.LastAnswer == string(wire.ReceiptUnknown)
+	resend := canResend(dev, pol) && (c.Status == fsm.CmdSent || c.Status == fsm.CmdWaitingDevice) &&
+		c.Attempt < pol.MaxAttempts && (unknown || unanswered || !dev.Capabilities.Query)
 	switch {
 	case resend:
-		d.send(ctx, oc)
+		d.send(ctx, oc, dev)
 	case dev.Capabilities.Query && c.Queries < pol.MaxAttempts:
-		d.ask(ctx, oc, false)
+		d.ask(ctx, oc.Command, oc.Fence, dev, pol)
+	case !canResend(dev, pol) && c.Attempt > 0:
+		d.move(ctx, oc, fsm.CmdNeedsAttention, "asks used up, outcome unproven (device cannot deduplicate)", c.ExpiresAt)
 	default:
-		// Asks and sends used up: wait for the expiry.
-		if err := d.cfg.Store.Postpone(ctx, c.CommandID, c.Version, oc.Fence, c.ExpiresAt); err != nil && !errors.Is(err, store.ErrRefused) {
-			d.cfg.Logger.Error("postpone", "command_id", c.CommandID, "err", err)
-		}
+		d.postpone(ctx, oc, c.ExpiresAt) // sends and asks used up: wait for the expiry
+	}
+}
+
+func (d *Dispatcher) postpone(ctx context.Context, oc store.OpenCommand, until time.Time) {
+	if err := d.cfg.Store.Postpone(ctx, oc.CommandID, oc.Version, oc.Fence, until); err != nil && !errors.Is(err, store.ErrRefused) {
+		d.cfg.Logger.Error("postpone", "command_id", oc.CommandID, "err", err)
 	}
 }
 
@@ -238,13 +289,22 @@ func (d *Dispatcher) trusted(lease time.Time) bool {
 	return false
 }
 
-// send commits a publish decision (pending → sent, or attempt n → n+1) and
-// then publishes the command, unchanged but for attempt.
-func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand) {
+// send commits a publish decision (pending|waiting_device → sent, or
+// attempt n → n+1) and then publishes the command, unchanged but for
+// attempt. A device that cannot deduplicate gets it at QoS 0 and only once,
+// unless its policy accepts duplicates.
+func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand, dev store.Device) {
 	c := oc.Command
 	pol := d.cfg.Policy(c.Action)
+	if c.Attempt > 0 && !canResend(dev, pol) {
+		return
+	}
+	qos := 1
+	if !dev.Capabilities.Dedupe {
+		qos = 0
+	}
 	next := d.cfg.Now().Add(pol.Backoff(c.Attempt))
-	dec, err := d.cfg.Store.ClaimSend(ctx, c.CommandID, c.Status, c.Attempt, oc.Fence, next)
+	dec, err := d.cfg.Store.ClaimSend(ctx, c.CommandID, c.Status, c.Attempt, qos, oc.Fence, next)
 	if err != nil {
 		if !errors.Is(err, store.ErrRefused) {
 			d.cfg.Logger.Error("claim send", "command_id", c.CommandID, "err", err)
@@ -266,24 +326,14 @@ func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand) {
 	d.publish(ctx, "command", wire.Topic(d.cfg.TopicRoot, c.DeviceID, wire.KindCommands), byte(c.QoS), payload, c.CommandID)
 }
 
-// ask commits a query decision and publishes the Query.
-func (d *Dispatcher) ask(ctx context.Context, oc store.OpenCommand, reconcile bool) {
-	c := oc.Command
-	if c.Status == fsm.CmdPending {
-		d.Kick(c.CommandID) // never published: send it
-		return
-	}
-	dev := d.device(ctx, c.DeviceID)
+// ask commits a query decision about c and publishes the Query.
+func (d *Dispatcher) ask(ctx context.Context, c store.Command, f store.Fence, dev store.Device, pol Policy) {
 	if !dev.Capabilities.Query {
-		if reconcile {
-			d.Kick(c.CommandID)
-		}
 		return
 	}
-	pol := d.cfg.Policy(c.Action)
 	qid := NewQueryID(d.cfg.Now())
 	next := d.cfg.Now().Add(pol.Backoff(c.Queries))
-	dec, err := d.cfg.Store.ClaimQuery(ctx, c.CommandID, qid, c.Status, c.Queries, oc.Fence, next)
+	dec, err := d.cfg.Store.ClaimQuery(ctx, c.CommandID, qid, c.Status, c.Queries, f, next)
 	if err != nil {
 		if !errors.Is(err, store.ErrRefused) {
 			d.cfg.Logger.Error("claim query", "command_id", c.CommandID, "err", err)
@@ -295,6 +345,84 @@ func (d *Dispatcher) ask(ctx context.Context, oc store.OpenCommand, reconcile bo
 	}
 	payload, _ := json.Marshal(wire.Query{QueryID: qid, CommandID: c.CommandID, OperationID: c.OperationID})
 	d.publish(ctx, "query", wire.Topic(d.cfg.TopicRoot, c.DeviceID, wire.KindQueries), 1, payload, c.CommandID)
+}
+
+// Reconcile asks about every open command this instance holds, whatever its
+// state: after a broker (re)connect a final receipt may have been lost.
+func (d *Dispatcher) Reconcile(ctx context.Context) {
+	d.cfg.Metrics.Reconciles.Inc()
+	open, err := d.cfg.Store.DueCommands(ctx, d.cfg.Instance, d.cfg.Now(), true, 1<<30)
+	if err != nil {
+		d.cfg.Logger.Error("reconcile: list open commands", "err", err)
+		return
+	}
+	d.cfg.Logger.Info("reconcile: asking about open commands", "count", len(open))
+	for _, oc := range open {
+		if ctx.Err() != nil {
+			return
+		}
+		dev := d.device(ctx, oc.DeviceID)
+		switch {
+		case oc.Status == fsm.CmdPending || (oc.Status == fsm.CmdWaitingDevice && dev.Online):
+			d.Kick(oc.CommandID)
+		case oc.Status == fsm.CmdWaitingDevice:
+		case dev.Capabilities.Query:
+			d.ask(ctx, oc.Command, oc.Fence, dev, d.cfg.Policy(oc.Action))
+		default:
+			d.Kick(oc.CommandID)
+		}
+	}
+}
+
+// retryStep drives a retry of a failed_retryable operation: ask about its
+// last command (bounded by the ttl); succeeded or executing → adopt it (its
+// final receipt decides the operation); unknown or rejected, or never
+// published → a new command_id; no answer in time → back to failed_retryable.
+func (d *Dispatcher) retryStep(ctx context.Context, commandID string) {
+	r, err := d.cfg.Store.RetryingOf(ctx, commandID, d.cfg.Instance)
+	if err != nil {
+		return
+	}
+	op, last := r.Operation, r.Last
+	f := store.Fence{Owner: op.Owner, Token: op.FencingToken}
+	now := d.cfg.Now()
+	dev := d.device(ctx, last.DeviceID)
+	pol := d.cfg.Policy(op.Action)
+	nothingRan := last.Attempt == 0 || (last.Status == fsm.CmdFailed && last.Reason == fsm.ReasonExpired)
+	answer := wire.ReceiptStatus(last.LastAnswer)
+	switch {
+	case nothingRan || answer == wire.ReceiptUnknown || answer == wire.ReceiptRejected:
+		d.mint(ctx, r, f, dev, pol)
+	case !now.Before(r.RetryUntil):
+		if err := d.cfg.Store.AbandonRetry(ctx, r, f, "retry: no answer about "+last.CommandID+" within the ttl"); err != nil && !errors.Is(err, store.ErrRefused) {
+			d.cfg.Logger.Error("abandon retry", "operation_id", op.OperationID, "err", err)
+		}
+		d.cfg.Changed(op.OperationID)
+	case !dev.Capabilities.Query:
+		if dev.Capabilities.Dedupe {
+			d.mint(ctx, r, f, dev, pol) // its operation_id rule keeps a late copy of the old one harmless
+		} else if err := d.cfg.Store.AbandonRetry(ctx, r, f, "retry: cannot ask a device without query about "+last.CommandID); err == nil {
+			d.cfg.Changed(op.OperationID)
+		}
+	case now.Before(last.NextCheckAt):
+	default:
+		d.ask(ctx, last, f, dev, pol) // received/executing answers: adopt it, ask again later
+	}
+}
+
+func (d *Dispatcher) mint(ctx context.Context, r store.Retrying, f store.Fence, dev store.Device, pol Policy) {
+	id := NewCommandID(d.cfg.Now())
+	qos := 1
+	if !dev.Capabilities.Dedupe {
+		qos = 0
+	}
+	if err := d.cfg.Store.MintCommand(ctx, r, f, id, pol.TTL, qos); err != nil {
+		if !errors.Is(err, store.ErrRefused) {
+			d.cfg.Logger.Error("mint command", "operation_id", r.Operation.OperationID, "err", err)
+		}
+		return
+	}
+	d.Kick(id)
 }
 
 func (d *Dispatcher) publish(ctx context.Context, kind, topic string, qos byte, payload []byte, commandID string) {
@@ -311,12 +439,12 @@ func (d *Dispatcher) publish(ctx context.Context, kind, topic string, qos byte, 
 	d.cfg.Metrics.Publishes.WithLabelValues(kind).Inc()
 }
 
-// finish commits a decision that ends a command without the device's word.
-func (d *Dispatcher) finish(ctx context.Context, oc store.OpenCommand, to fsm.CommandState, reason string) {
+// move commits a decision that changes a command's state without the device's word.
+func (d *Dispatcher) move(ctx context.Context, oc store.OpenCommand, to fsm.CommandState, reason string, next time.Time) {
 	c := oc.Command
-	if _, err := d.cfg.Store.Finish(ctx, c.CommandID, c.Status, c.Version, to, reason, oc.Fence); err != nil {
+	if _, err := d.cfg.Store.Move(ctx, c.CommandID, c.Status, c.Version, to, reason, oc.Fence, next); err != nil {
 		if !errors.Is(err, store.ErrRefused) {
-			d.cfg.Logger.Error("finish command", "command_id", c.CommandID, "to", to, "err", err)
+			d.cfg.Logger.Error("move command", "command_id", c.CommandID, "to", to, "err", err)
 		}
 		return
 	}

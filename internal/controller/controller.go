@@ -69,7 +69,13 @@ func (c Config) Validate() error {
 	case c.LeaseTTL < time.Second:
 		return fmt.Errorf("--lease-ttl %s: at least 1s", c.LeaseTTL)
 	}
-	return command.Policy{AckTimeout: c.AckTimeout, MaxAttempts: c.MaxAttempts, TTL: c.CommandTTL}.Validate()
+	return c.basePolicy().Validate()
+}
+
+// basePolicy is the policy the flags give every action.
+func (c Config) basePolicy() command.Policy {
+	return command.Policy{AckTimeout: c.AckTimeout, MaxAttempts: c.MaxAttempts, TTL: c.CommandTTL, Offline: c.Offline,
+		OnUnknown: command.UnknownNeedsAttention, Approval: command.ApprovalNone}
 }
 
 var instancePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -139,9 +145,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (*
 		log.Info("reclaimed operations held before restart", "count", n)
 	}
 
-	policy := func(string) command.Policy {
-		return command.Policy{AckTimeout: cfg.AckTimeout, MaxAttempts: cfg.MaxAttempts, TTL: cfg.CommandTTL}
+	policies, err := command.LoadPolicies(cfg.PolicyFile, cfg.basePolicy())
+	if err != nil {
+		c.Close()
+		return nil, err
 	}
+	policy := policies.For
 	c.mqtt = mqttx.New(mqttx.Config{
 		URL: cfg.MQTT, ClientID: "controller-" + cfg.InstanceID, Logger: log,
 		Subscriptions: map[string]byte{
@@ -223,6 +232,7 @@ func (c *Controller) Run(ctx context.Context) error {
 				c.disp.Kick(out.CommandID) // the device never saw it: the holder decides what follows
 			}
 		},
+		OnPresence: func(out store.PresenceOutcome) { c.disp.DeviceChanged(ctx, out.Device.DeviceID) },
 	})
 	run := func(f func()) {
 		wg.Add(1)

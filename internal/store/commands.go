@@ -223,7 +223,7 @@ func (t *tx) lease(ctx context.Context, operationID string) (time.Time, error) {
 // expect with attempt n → n+1. Only one caller can win a given (state,
 // attempt); the others get a *RefusedError. nextCheck is when the sweeper
 // looks at the command again if no final receipt arrives.
-func (s *Store) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, f Fence, nextCheck time.Time) (Decision, error) {
+func (s *Store) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
 	err := s.write(ctx, func(t *tx) error {
 		to := expect
@@ -236,10 +236,10 @@ func (s *Store) ClaimSend(ctx context.Context, commandID string, expect fsm.Comm
 			}
 		}
 		now := ms(t.now)
-		r, err := t.Exec(`UPDATE commands SET status = ?, attempt = attempt + 1, version = version + 1,
+		r, err := t.Exec(`UPDATE commands SET status = ?, attempt = attempt + 1, version = version + 1, qos = ?,
 				next_check_at = ?, last_sent_at = ?, last_query_id = '', last_answer = '', updated_at = ?
 			WHERE command_id = ? AND status = ? AND attempt = ? AND `+fenceCondition,
-			to, ms(nextCheck), now, now, commandID, expect, expectAttempt, f.Owner, f.Token, now)
+			to, qos, ms(nextCheck), now, now, commandID, expect, expectAttempt, f.Owner, f.Token, now)
 		if err != nil {
 			return fmt.Errorf("claim send %s: %w", commandID, err)
 		}
@@ -306,22 +306,28 @@ func (s *Store) Postpone(ctx context.Context, commandID string, expectVersion in
 	})
 }
 
-// Finish commits a decision that ends a command without a device's word:
-// timeout (expires_at passed), failed by policy (device_offline), cancelled,
-// needs_attention. It names the state and version the caller saw, and the
-// fence; the operation follows the contract's outcome mapping.
-func (s *Store) Finish(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence) (Command, error) {
+// Move commits a decision that changes a command's state without a
+// device's word: timeout (expires_at passed), failed by policy
+// (device_offline), waiting_device, needs_attention. It names the state and
+// version the caller saw, and the fence; a terminal state ends the
+// operation by the contract's outcome mapping. nextCheck is when the
+// sweeper looks again (ignored for terminal states).
+func (s *Store) Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error) {
 	var out Command
 	err := s.write(ctx, func(t *tx) error {
 		if err := fsm.Command.Transition(from, to); err != nil {
 			return t.refuse("command", commandID, string(from), string(to), ReasonIllegal, f.Token)
 		}
 		now := ms(t.now)
-		r, err := t.Exec(`UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
+		// Going to waiting_device forgets the last question: when the device
+		// is back, a command published before is asked about afresh.
+		r, err := t.Exec(`UPDATE commands SET status = ?, reason = ?, version = version + 1, next_check_at = ?, updated_at = ?,
+				last_query_id = CASE WHEN ?1 = 'waiting_device' THEN '' ELSE last_query_id END,
+				last_answer = CASE WHEN ?1 = 'waiting_device' THEN '' ELSE last_answer END
 			WHERE command_id = ? AND status = ? AND version = ? AND `+fenceCondition,
-			to, reason, now, commandID, from, expectVersion, f.Owner, f.Token, now)
+			to, reason, ms(nextCheck), now, commandID, from, expectVersion, f.Owner, f.Token, now)
 		if err != nil {
-			return fmt.Errorf("finish command %s: %w", commandID, err)
+			return fmt.Errorf("move command %s: %w", commandID, err)
 		}
 		if n, _ := r.RowsAffected(); n == 0 {
 			return t.explainRefusal(ctx, commandID, string(to), f)
@@ -334,9 +340,22 @@ func (s *Store) Finish(ctx context.Context, commandID string, from fsm.CommandSt
 			return err
 		}
 		out = c
-		return t.finishOperation(ctx, c, to, reason, nil)
+		return t.finishOperation(ctx, c, to, reason, nil, false)
 	})
 	return out, err
+}
+
+// Wake makes a device's open commands due now (a presence change): only a
+// scheduling hint, no state changes.
+func (s *Store) Wake(ctx context.Context, device string) ([]string, error) {
+	var ids []string
+	err := s.write(ctx, func(t *tx) error {
+		var err error
+		ids, err = queryStrings(ctx, t.Tx, `UPDATE commands SET next_check_at = ? WHERE device_id = ?
+			AND status NOT IN ('succeeded','failed','timeout','cancelled') RETURNING command_id`, ms(t.now), device)
+		return err
+	})
+	return ids, err
 }
 
 // OpenCommand is a non-terminal command with the lease of its operation,

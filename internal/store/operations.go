@@ -67,6 +67,7 @@ type NewOperation struct {
 type SubmitResult struct {
 	Operation Operation
 	Created   bool // a new operation and command were inserted
+	Retried   bool // a failed_retryable operation was started again (its retry)
 }
 
 // Submit inserts the operation and its first command in one transaction, or
@@ -83,8 +84,15 @@ func (s *Store) Submit(ctx context.Context, n NewOperation, beforeCommit func() 
 			if existing.RequestHash != n.RequestHash {
 				return ErrKeyReused
 			}
+			if existing.Status == fsm.OpFailedRetryable {
+				if err := t.startRetry(ctx, existing, n.Owner, n.LeaseTTL, n.CommandTTL); err != nil {
+					return err
+				}
+				res.Retried = true
+				existing, err = getOperation(ctx, t.Tx, n.OperationID)
+			}
 			res.Operation = existing
-			return nil
+			return err
 		case !errors.Is(err, ErrNotFound):
 			return err
 		}
@@ -218,9 +226,13 @@ func (s *Store) GetOperation(ctx context.Context, id string) (Operation, error) 
 // the command is the operation's current one (or the operation is
 // failed_retryable, where a late final receipt of any of its commands
 // decides it). The update names the state and version it read.
-func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.CommandState, reason string, result json.RawMessage) error {
+//
+// late marks an outcome learned after the command was already terminal (a
+// late receipt): it decides the operation only if it is final (succeeded or
+// a device failure), never to make it retryable again.
+func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.CommandState, reason string, result json.RawMessage, late bool) error {
 	to, ok := fsm.OperationOutcome(state, reason)
-	if !ok {
+	if !ok || (late && to == fsm.OpFailedRetryable) {
 		return nil
 	}
 	op, err := getOperation(ctx, t.Tx, cmd.OperationID)
@@ -242,7 +254,7 @@ func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.Command
 	if result != nil {
 		res = string(result)
 	}
-	r, err := t.Exec(`UPDATE operations SET status = ?, result = ?, reason = ?, version = version + 1, updated_at = ?
+	r, err := t.Exec(`UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
 		WHERE operation_id = ? AND status = ? AND version = ?`,
 		to, res, reason, ms(t.now), op.OperationID, op.Status, op.Version)
 	if err != nil {

@@ -109,11 +109,15 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 	rank := fsm.ReceiptRank(r.Status)
 	switch {
 	case r.Status == wire.ReceiptUnknown:
-		out.Effect = EffectApplied
-		out.Unknown = !c.Status.Terminal()
-		if c.Status.Terminal() || c.StatusRank > fsm.RankNone {
+		// The device never saw the command (nor another of its operation):
+		// information for the lease holder, not a state change. It also
+		// answers a retry's question about a terminal command.
+		out.Effect, out.Unknown = EffectApplied, true
+		if c.StatusRank > fsm.RankNone {
 			// The device said more than "unknown" before: an old or stray answer.
 			out.Effect, out.Unknown = EffectStale, false
+		} else if _, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ?`, ms(t.now), target); err != nil {
+			return out, fmt.Errorf("wake %s: %w", target, err)
 		}
 	case c.Status.Terminal():
 		out.Effect, err = t.lateReceipt(ctx, c, r, sentAs)
@@ -178,7 +182,7 @@ func (t *tx) advance(ctx context.Context, c Command, r wire.Receipt, rank int, s
 	}
 	if to.Terminal() {
 		c.Status = to
-		if err := t.finishOperation(ctx, c, to, reason, r.Result); err != nil {
+		if err := t.finishOperation(ctx, c, to, reason, r.Result, false); err != nil {
 			return "", "", err
 		}
 	}
@@ -214,7 +218,7 @@ func (t *tx) lateReceipt(ctx context.Context, c Command, r wire.Receipt, sentAs 
 	if deviceState == fsm.CmdFailed {
 		reason = r.Error
 	}
-	if err := t.finishOperation(ctx, c, deviceState, reason, r.Result); err != nil {
+	if err := t.finishOperation(ctx, c, deviceState, reason, r.Result, true); err != nil {
 		return "", err
 	}
 	return EffectLate, nil

@@ -136,20 +136,20 @@ func TestClaimSendOnlyOneWinner(t *testing.T) {
 	b := setup(t)
 	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
 	require.NoError(t, err)
-	d, err := b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, fence, b.clk.Now().Add(time.Second))
+	d, err := b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now().Add(time.Second))
 	require.NoError(t, err)
 	require.Equal(t, fsm.CmdSent, d.Command.Status)
 	require.Equal(t, 1, d.Command.Attempt)
 	require.Equal(t, b.clk.Now().Add(10*time.Second), d.LeaseExpiresAt)
 
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, fence, b.clk.Now())
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
 	var re *RefusedError
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, ReasonStale, re.Reason)
 	require.False(t, errors.Is(err, ErrFenced))
 
 	// A re-send is attempt n → n+1 on the same state.
-	d, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdSent, 1, fence, b.clk.Now())
+	d, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdSent, 1, 1, fence, b.clk.Now())
 	require.NoError(t, err)
 	require.Equal(t, 2, d.Command.Attempt)
 	require.Equal(t, 1, b.obs.refused["command:stale"])
@@ -171,18 +171,18 @@ func TestDecisionsAreFenced(t *testing.T) {
 	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
 	require.NoError(t, err)
 
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 2}, b.clk.Now())
 	require.ErrorIs(t, err, ErrFenced, "wrong token")
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, Fence{Owner: "i2", Token: 1}, b.clk.Now())
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i2", Token: 1}, b.clk.Now())
 	require.ErrorIs(t, err, ErrFenced, "wrong owner")
 
 	// The restarted instance takes over its own operations with a new token.
 	n, err := b.s.ReclaimOwn(b.ctx, "i1", 10*time.Second)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, fence, b.clk.Now())
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
 	require.ErrorIs(t, err, ErrFenced, "the old token is stale after the takeover")
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 2}, b.clk.Now())
 	require.NoError(t, err)
 
 	// A lease that ran out fences its holder too, and a heartbeat cannot revive it.
@@ -221,7 +221,7 @@ func sentCommand(t *testing.T, b *testBundle) {
 	t.Helper()
 	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
 	require.NoError(t, err)
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, fence, b.clk.Now().Add(time.Second))
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now().Add(time.Second))
 	require.NoError(t, err)
 }
 
@@ -280,7 +280,7 @@ func TestLateReceiptAfterTimeout(t *testing.T) {
 	b := setup(t)
 	sentCommand(t, b)
 	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	c2, err := b.s.Finish(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdTimeout, fsm.ReasonTimeout, fence)
+	c2, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdTimeout, fsm.ReasonTimeout, fence, b.clk.Now())
 	require.NoError(t, err)
 	require.Equal(t, fsm.CmdTimeout, c2.Status)
 	op, _ := b.s.GetOperation(b.ctx, "op-1")
@@ -322,7 +322,7 @@ func TestQueryAnswerForAnotherCommandOfTheOperation(t *testing.T) {
 	_, err = b.s.Submit(b.ctx, NewOperation{OperationID: "op-2", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`),
 		RequestHash: "h", CommandID: "c-2", CommandTTL: time.Minute, Owner: "i1", LeaseTTL: 10 * time.Second, QoS: 1}, nil)
 	require.NoError(t, err)
-	_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, fence, b.clk.Now())
+	_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
 	require.NoError(t, err)
 	_, err = b.s.ClaimQuery(b.ctx, "c-2", "q-2", fsm.CmdSent, 0, fence, b.clk.Now())
 	require.NoError(t, err)
@@ -376,11 +376,108 @@ func TestIllegalFinishRefused(t *testing.T) {
 	b := setup(t)
 	sentCommand(t, b)
 	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	_, err := b.s.Finish(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdCancelled, "cancelled", fence)
+	_, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdCancelled, "cancelled", fence, b.clk.Now())
 	require.ErrorIs(t, err, ErrRefused)
 	var re *RefusedError
 	require.ErrorAs(t, err, &re)
 	require.Equal(t, ReasonIllegal, re.Reason)
 	c2, _ := b.s.GetCommand(b.ctx, "c-1")
 	require.Equal(t, c, c2)
+}
+
+func needsAttention(t *testing.T, b *testBundle) {
+	t.Helper()
+	sentCommand(t, b)
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	_, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdNeedsAttention, "asks used up", fence, b.clk.Now())
+	require.NoError(t, err)
+}
+
+func TestResolveThenLateReceiptConflict(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	needsAttention(t, b)
+	out, err := b.s.Resolve(b.ctx, "c-1", fsm.CmdSucceeded, "looked at it", "alice")
+	require.NoError(t, err)
+	require.False(t, out.Lost)
+	op, _ := b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, fsm.OpSucceeded, op.Status)
+
+	r, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptFailed, 3), nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectLate, r.Effect)
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	require.Equal(t, fsm.CmdSucceeded, c.Status, "the resolve won; never rewritten")
+	require.Equal(t, "failed", c.LateOutcome)
+	require.True(t, c.LateConflict)
+	op, _ = b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, fsm.OpSucceeded, op.Status)
+}
+
+func TestFinalReceiptThenResolveIsKeptAsLate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	needsAttention(t, b)
+	r, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptSucceeded, 3), nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectApplied, r.Effect, "a final receipt settles needs_attention")
+	out, err := b.s.Resolve(b.ctx, "c-1", fsm.CmdFailed, "thought it failed", "alice")
+	require.NoError(t, err)
+	require.True(t, out.Lost)
+	require.Equal(t, fsm.CmdSucceeded, out.Command.Status)
+	require.True(t, out.Command.LateConflict)
+	_, err = b.s.Resolve(b.ctx, "c-1", "maybe", "", "alice")
+	require.ErrorIs(t, err, ErrIllegalState)
+}
+
+func TestCancelRacesTheClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	c, err := b.s.Cancel(b.ctx, "c-1", "bob")
+	require.NoError(t, err)
+	require.Equal(t, fsm.CmdCancelled, c.Status)
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
+	require.ErrorIs(t, err, ErrRefused, "a cancelled command is never published")
+	op, _ := b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, fsm.OpFailedFinal, op.Status)
+
+	_, err = b.s.Submit(b.ctx, newOp("op-2", "c-2"), nil)
+	require.NoError(t, err)
+	_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
+	require.NoError(t, err)
+	_, err = b.s.Cancel(b.ctx, "c-2", "bob")
+	require.ErrorIs(t, err, ErrAlreadyPublished)
+}
+
+func TestRetryAsksThenMints(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sentCommand(t, b)
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	_, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdTimeout, fsm.ReasonTimeout, fence, b.clk.Now())
+	require.NoError(t, err)
+	res, err := b.s.Submit(b.ctx, newOp("op-1", "c-x"), nil)
+	require.NoError(t, err)
+	require.True(t, res.Retried)
+	require.Equal(t, fsm.OpStarted, res.Operation.Status)
+	require.EqualValues(t, 2, res.Operation.FencingToken, "the retry takes the lease with a new token")
+	r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
+	require.NoError(t, err)
+	f := Fence{Owner: "i1", Token: 2}
+	_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-r", fsm.CmdTimeout, r.Last.Queries, f, b.clk.Now())
+	require.NoError(t, err)
+	_, err = b.s.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptUnknown, QueryID: "q-r"}, nil)
+	require.NoError(t, err)
+	r, err = b.s.RetryingOf(b.ctx, "c-1", "i1")
+	require.NoError(t, err)
+	require.Equal(t, "unknown", r.Last.LastAnswer)
+	require.ErrorIs(t, b.s.MintCommand(b.ctx, r, fence, "c-2", time.Minute, 1), ErrFenced, "the old token cannot mint")
+	require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1))
+	op, _ := b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, []string{"c-1", "c-2"}, op.CommandIDs)
+	require.Equal(t, 2, op.Attempt)
+	_, err = b.s.RetryingOf(b.ctx, "c-1", "i1")
+	require.ErrorIs(t, err, ErrNotFound)
 }

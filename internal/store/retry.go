@@ -1,0 +1,235 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
+)
+
+// ErrAlreadyPublished: a cancel of a command that was ever published.
+var ErrAlreadyPublished = errors.New("command already published")
+
+// ErrIllegalState: the request does not fit the entity's state.
+var ErrIllegalState = errors.New("illegal state")
+
+// startRetry turns a failed_retryable operation back to started under the
+// retrying instance's lease (a new token), with retry_until bounding the
+// question about its last command.
+func (t *tx) startRetry(ctx context.Context, op Operation, owner string, leaseTTL, retryFor time.Duration) error {
+	now := ms(t.now)
+	r, err := t.Exec(`UPDATE operations SET status = 'started', reason = '', owner = ?, fencing_token = fencing_token + 1,
+			lease_expires_at = ?, retry_until = ?, version = version + 1, updated_at = ?
+		WHERE operation_id = ? AND status = 'failed_retryable' AND version = ?`,
+		owner, ms(t.now.Add(leaseTTL)), ms(t.now.Add(retryFor)), now, op.OperationID, op.Version)
+	if err != nil {
+		return fmt.Errorf("retry operation %s: %w", op.OperationID, err)
+	}
+	if n, _ := r.RowsAffected(); n == 0 {
+		return t.refuse("operation", op.OperationID, string(op.Status), string(fsm.OpStarted), ReasonStale, op.FencingToken)
+	}
+	// The retry asks afresh: what the device said before does not count.
+	if _, err := t.Exec(`UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = ? WHERE command_id = ?`,
+		now, op.CommandID); err != nil {
+		return fmt.Errorf("retry operation %s: %w", op.OperationID, err)
+	}
+	return t.event("operation", op.OperationID, string(fsm.OpFailedRetryable), string(fsm.OpStarted),
+		"retry: asking about "+op.CommandID, op.FencingToken+1)
+}
+
+// Retrying is an operation whose retry is asking about its last command.
+type Retrying struct {
+	Operation  Operation
+	RetryUntil time.Time
+	Last       Command
+}
+
+// RetryingOf returns the retrying operation whose current command is
+// commandID, owned by owner; ErrNotFound if there is none.
+func (s *Store) RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error) {
+	var opID string
+	var until int64
+	err := s.r.QueryRowContext(ctx, `SELECT operation_id, retry_until FROM operations
+		WHERE command_id = ? AND owner = ? AND status = 'started' AND retry_until IS NOT NULL`, commandID, owner).Scan(&opID, &until)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Retrying{}, fmt.Errorf("retrying operation of %s: %w", commandID, ErrNotFound)
+	}
+	if err != nil {
+		return Retrying{}, fmt.Errorf("retrying operation of %s: %w", commandID, err)
+	}
+	op, err := getOperation(ctx, s.r, opID)
+	if err != nil {
+		return Retrying{}, err
+	}
+	last, err := getCommand(ctx, s.r, commandID)
+	if err != nil {
+		return Retrying{}, err
+	}
+	return Retrying{Operation: op, RetryUntil: fromMS(until), Last: last}, nil
+}
+
+// RetryingCommands lists the current command ids of owner's retrying operations.
+func (s *Store) RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error) {
+	return queryStrings(ctx, s.r, `SELECT command_id FROM operations
+		WHERE owner = ? AND status = 'started' AND retry_until IS NOT NULL LIMIT ?`, owner, limit)
+}
+
+const opFence = `owner = ? AND fencing_token = ? AND lease_expires_at > ?`
+
+// MintCommand gives a retrying operation a new command_id (the last one is
+// known not to run: the device answered unknown or rejected, or it was never
+// published). Fenced like every decision.
+func (s *Store) MintCommand(ctx context.Context, r Retrying, f Fence, commandID string, ttl time.Duration, qos int) error {
+	return s.write(ctx, func(t *tx) error {
+		op := r.Operation
+		res, err := t.Exec(`UPDATE operations SET command_id = ?, attempt = attempt + 1, retry_until = NULL,
+				version = version + 1, updated_at = ?
+			WHERE operation_id = ? AND status = 'started' AND version = ? AND `+opFence,
+			commandID, ms(t.now), op.OperationID, op.Version, f.Owner, f.Token, ms(t.now))
+		if err != nil {
+			return fmt.Errorf("mint command for %s: %w", op.OperationID, err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return t.refuse("operation", op.OperationID, string(op.Status), string(op.Status), ReasonFenced, f.Token)
+		}
+		if err := t.event("operation", op.OperationID, string(fsm.OpStarted), string(fsm.OpStarted),
+			fmt.Sprintf("retry: new command %s (last %s answered %q)", commandID, r.Last.CommandID, r.Last.LastAnswer), f.Token); err != nil {
+			return err
+		}
+		return insertCommand(t, commandID, op.OperationID, op.Target, op.Action, op.Params, ttl, qos)
+	})
+}
+
+// AbandonRetry puts a retrying operation back to failed_retryable (no
+// answer about its last command within the retry window). Fenced.
+func (s *Store) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason string) error {
+	return s.write(ctx, func(t *tx) error {
+		op := r.Operation
+		res, err := t.Exec(`UPDATE operations SET status = 'failed_retryable', reason = ?, retry_until = NULL,
+				version = version + 1, updated_at = ?
+			WHERE operation_id = ? AND status = 'started' AND version = ? AND `+opFence,
+			reason, ms(t.now), op.OperationID, op.Version, f.Owner, f.Token, ms(t.now))
+		if err != nil {
+			return fmt.Errorf("abandon retry of %s: %w", op.OperationID, err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return t.refuse("operation", op.OperationID, string(fsm.OpStarted), string(fsm.OpFailedRetryable), ReasonFenced, f.Token)
+		}
+		return t.event("operation", op.OperationID, string(fsm.OpStarted), string(fsm.OpFailedRetryable), reason, f.Token)
+	})
+}
+
+// Cancel cancels a command that was never published (pending or
+// waiting_device with attempt 0); its operation fails final. A command ever
+// published gets ErrAlreadyPublished; a cancel of a cancelled command is a
+// replay (no error). Not fenced: an operator's decision from any instance,
+// decided by the same conditional write the publisher's claim races.
+func (s *Store) Cancel(ctx context.Context, commandID, who string) (Command, error) {
+	var out Command
+	err := s.write(ctx, func(t *tx) error {
+		c, err := getCommand(ctx, t.Tx, commandID)
+		if err != nil {
+			return err
+		}
+		switch {
+		case c.Status == fsm.CmdCancelled:
+			out = c
+			return nil
+		case c.Attempt > 0:
+			t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), "already_published", 0)
+			return fmt.Errorf("cancel %s (%s, %d publishes): %w", commandID, c.Status, c.Attempt, ErrAlreadyPublished)
+		case !fsm.Command.Can(c.Status, fsm.CmdCancelled):
+			t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), ReasonIllegal, 0)
+			return fmt.Errorf("cancel %s in state %s: %w", commandID, c.Status, ErrIllegalState)
+		}
+		r, err := t.Exec(`UPDATE commands SET status = 'cancelled', reason = 'cancelled', version = version + 1, updated_at = ?
+			WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0`, ms(t.now), commandID, c.Status, c.Version)
+		if err != nil {
+			return fmt.Errorf("cancel %s: %w", commandID, err)
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), ReasonStale, 0)
+		}
+		if err := t.event("command", commandID, string(c.Status), string(fsm.CmdCancelled), "cancelled by "+who, 0); err != nil {
+			return err
+		}
+		if out, err = getCommand(ctx, t.Tx, commandID); err != nil {
+			return err
+		}
+		return t.finishOperation(ctx, out, fsm.CmdCancelled, fsm.ReasonCancelled, nil, false)
+	})
+	return out, err
+}
+
+// ResolveOutcome says what a resolve did.
+type ResolveOutcome struct {
+	Command Command
+	Replay  bool // the same resolve again
+	Lost    bool // a final receipt settled it first: kept as its late outcome
+}
+
+// Resolve records a person's resolution of a needs_attention command
+// (succeeded or failed, with a note), which finishes the operation. A resolve
+// that races a final receipt: the first wins; a resolve that lost is kept as
+// the late outcome, with late_conflict when the two disagree.
+func (s *Store) Resolve(ctx context.Context, commandID string, outcome fsm.CommandState, note, who string) (ResolveOutcome, error) {
+	var out ResolveOutcome
+	if outcome != fsm.CmdSucceeded && outcome != fsm.CmdFailed {
+		return out, fmt.Errorf("resolve outcome %q: want succeeded or failed: %w", outcome, ErrIllegalState)
+	}
+	err := s.write(ctx, func(t *tx) error {
+		c, err := getCommand(ctx, t.Tx, commandID)
+		if err != nil {
+			return err
+		}
+		switch {
+		case c.ResolvedBy != "" && c.Status == outcome:
+			out = ResolveOutcome{Command: c, Replay: true}
+			return nil
+		case (c.Status == fsm.CmdSucceeded || c.Status == fsm.CmdFailed) && c.ResolvedBy == "" && c.LateOutcome == "":
+			// The device's final receipt won the race.
+			if _, err := t.Exec(`UPDATE commands SET late_outcome = ?, late_conflict = ?, updated_at = ? WHERE command_id = ?`,
+				"resolved "+string(outcome), outcome != c.Status, ms(t.now), commandID); err != nil {
+				return fmt.Errorf("record lost resolve of %s: %w", commandID, err)
+			}
+			if err := t.event("command", commandID, string(c.Status), string(c.Status), "late resolve "+string(outcome)+" by "+who, 0); err != nil {
+				return err
+			}
+			out.Lost = true
+			out.Command, err = getCommand(ctx, t.Tx, commandID)
+			return err
+		case c.Status != fsm.CmdNeedsAttention:
+			t.refuse("command", commandID, string(c.Status), string(outcome), ReasonIllegal, 0)
+			return fmt.Errorf("resolve %s in state %s: %w", commandID, c.Status, ErrIllegalState)
+		}
+		r, err := t.Exec(`UPDATE commands SET status = ?, reason = ?, resolved_by = ?, version = version + 1, updated_at = ?
+			WHERE command_id = ? AND status = 'needs_attention' AND version = ?`,
+			outcome, note, who, ms(t.now), commandID, c.Version)
+		if err != nil {
+			return fmt.Errorf("resolve %s: %w", commandID, err)
+		}
+		if n, _ := r.RowsAffected(); n == 0 {
+			return t.refuse("command", commandID, string(c.Status), string(outcome), ReasonStale, 0)
+		}
+		if err := t.event("command", commandID, string(c.Status), string(outcome), "resolved by "+who+": "+note, 0); err != nil {
+			return err
+		}
+		if out.Command, err = getCommand(ctx, t.Tx, commandID); err != nil {
+			return err
+		}
+		var result json.RawMessage
+		if outcome == fsm.CmdSucceeded {
+			result, _ = json.Marshal(map[string]string{"resolved_by": who, "note": note})
+		}
+		reason := ""
+		if outcome == fsm.CmdFailed {
+			reason = "resolved: " + note
+		}
+		return t.finishOperation(ctx, out.Command, outcome, reason, result, false)
+	})
+	return out, err
+}
