@@ -265,7 +265,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
-// heartbeat extends this instance's leases every third of the ttl.
+// heartbeat extends this instance's leases every third of the ttl, and
+// takes over the operations of peers whose leases ran out.
 func (c *Controller) heartbeat(ctx context.Context) {
 	t := time.NewTicker(c.cfg.LeaseTTL / 3)
 	defer t.Stop()
@@ -281,6 +282,17 @@ func (c *Controller) heartbeat(ctx context.Context) {
 		}
 		if _, _, err := c.store.RenewLeases(ctx, c.cfg.InstanceID, c.cfg.LeaseTTL); err != nil && ctx.Err() == nil {
 			c.log.Error("renew leases", "err", err)
+		}
+		taken, err := c.store.TakeOver(ctx, c.cfg.InstanceID, c.cfg.LeaseTTL, 1000)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Error("take over expired leases", "err", err)
+			}
+			continue
+		}
+		if len(taken) > 0 {
+			c.met.Takeovers.Add(float64(len(taken)))
+			c.log.Info("took over operations whose lease ran out", "count", len(taken))
 		}
 	}
 }

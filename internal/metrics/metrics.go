@@ -24,6 +24,7 @@ type Metrics struct {
 	LateOutcomes       prometheus.Counter
 	Presence           *prometheus.CounterVec
 	Reconciles         prometheus.Counter
+	Takeovers          prometheus.Counter
 }
 
 // New registers the contract's metrics (and the Go runtime's) in a fresh registry.
@@ -61,9 +62,12 @@ func New() *Metrics {
 		Reconciles: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "controller_reconciles_total", Help: "Ask-about-every-open-command passes after a broker (re)connect.",
 		}),
+		Takeovers: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "controller_takeovers_total", Help: "Operations taken over from a peer whose lease ran out.",
+		}),
 	}
 	r.MustRegister(m.Transitions, m.TransitionsRefused, m.Receipts, m.Publishes, m.PublishFailures,
-		m.FencingRefused, m.FailpointHits, m.LateOutcomes, m.Presence, m.Reconciles,
+		m.FencingRefused, m.FailpointHits, m.LateOutcomes, m.Presence, m.Reconciles, m.Takeovers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Make the fencing counter and the common receipt effects visible at 0.
 	for _, e := range []string{"applied", "duplicate", "stale", "late", "mismatch", "unknown_command", "malformed"} {

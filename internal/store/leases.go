@@ -34,16 +34,80 @@ func (s *Store) RenewLeases(ctx context.Context, owner string, ttl time.Duration
 func (s *Store) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (int64, error) {
 	var n int64
 	err := s.write(ctx, func(t *tx) error {
-		r, err := t.Exec(`UPDATE operations SET fencing_token = fencing_token + 1, lease_expires_at = ?
-			WHERE owner = ? AND status = 'started'`, ms(t.now.Add(ttl)), owner)
+		ids, err := queryStrings(ctx, t.Tx, `UPDATE operations SET fencing_token = fencing_token + 1, lease_expires_at = ?
+			WHERE owner = ? AND status = 'started' RETURNING operation_id`, ms(t.now.Add(ttl)), owner)
 		if err != nil {
 			return fmt.Errorf("reclaim leases of %s: %w", owner, err)
 		}
-		n, _ = r.RowsAffected()
+		for _, id := range ids {
+			if err := t.forgetQuestions(id); err != nil {
+				return err
+			}
+		}
+		n = int64(len(ids))
 		if n > 0 {
 			return t.event("lease", owner, "", "reclaimed", fmt.Sprintf("%d operations after restart", n), 0)
 		}
 		return nil
 	})
 	return n, err
+}
+
+// TakeOver claims, for owner, the started operations whose lease has run
+// out (their holder stalled or died), each with a new fencing token, and
+// makes their open commands due with the last question forgotten: the new
+// holder asks each device about its in-doubt command_id before any re-send
+// or new command_id. It returns the operation ids taken.
+func (s *Store) TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error) {
+	var ids []string
+	err := s.write(ctx, func(t *tx) error {
+		rows, err := t.QueryContext(ctx, `UPDATE operations SET owner = ?, fencing_token = fencing_token + 1,
+				lease_expires_at = ?, updated_at = ?
+			WHERE operation_id IN (SELECT operation_id FROM operations
+				WHERE status = 'started' AND lease_expires_at <= ? AND owner != ? LIMIT ?)
+			RETURNING operation_id, fencing_token`,
+			owner, ms(t.now.Add(ttl)), ms(t.now), ms(t.now), owner, limit)
+		if err != nil {
+			return fmt.Errorf("take over expired leases: %w", err)
+		}
+		type taken struct {
+			id    string
+			token int64
+		}
+		var all []taken
+		for rows.Next() {
+			var tk taken
+			if err := rows.Scan(&tk.id, &tk.token); err != nil {
+				rows.Close()
+				return err
+			}
+			all = append(all, tk)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, tk := range all {
+			ids = append(ids, tk.id)
+			if err := t.forgetQuestions(tk.id); err != nil {
+				return err
+			}
+			if err := t.event("lease", tk.id, "", owner, "takeover of an expired lease", tk.token); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return ids, err
+}
+
+// forgetQuestions makes an operation's open commands due now with no
+// question outstanding, so that their new holder asks first.
+func (t *tx) forgetQuestions(operationID string) error {
+	_, err := t.Exec(`UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = ?
+		WHERE operation_id = ? AND status NOT IN ('succeeded','failed','timeout','cancelled')`, ms(t.now), operationID)
+	if err != nil {
+		return fmt.Errorf("forget questions of %s: %w", operationID, err)
+	}
+	return nil
 }

@@ -1,0 +1,140 @@
+package e2e
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/client"
+)
+
+func TestFailpointSubmitBeforeCommitError(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=submit-before-commit=1*error"}})
+	require.Contains(t, b.ctl.Output(), "failpoint armed: submit-before-commit=1*error")
+	_, status, err := b.client.Submit(b.ctx(), req("task-fp1", "device-1"), "")
+	require.Equal(t, http.StatusServiceUnavailable, status)
+	require.Equal(t, "unavailable", client.Code(err))
+	_, err = b.client.Operation(b.ctx(), "task-fp1:restart:device-1:v1", 0)
+	require.Equal(t, "not_found", client.Code(err), "nothing stored")
+	require.Equal(t, []string{"0|0"}, b.rows(`SELECT (SELECT COUNT(*) FROM operations), (SELECT COUNT(*) FROM commands)`))
+
+	op, status, err := b.client.Submit(b.ctx(), req("task-fp1", "device-1"), "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, status, "the retry succeeds, once")
+	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
+	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+	require.Equal(t, 1.0, b.metric(`controller_failpoint_hits_total{name="submit-before-commit"}`))
+}
+
+func TestFailpointSubmitAfterCommitCrash(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=submit-after-commit=1*crash"}})
+	_, _, err := b.client.Submit(b.ctx(), req("task-fp2", "device-2"), "")
+	require.Error(t, err, "the caller sees the connection fail")
+	require.Empty(t, client.Code(err), "no HTTP answer at all: %v", err)
+	require.Equal(t, 137, b.ctl.ExitCode())
+
+	b.ctl.Restart() // no failpoints
+	op, status, err := b.client.Submit(b.ctx(), req("task-fp2", "device-2"), "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status, "the commit stood: the retry finds it")
+	cmds := b.rows(`SELECT command_id FROM commands`)
+	require.Equal(t, []string{op.CommandID}, cmds, "the same command_id, no second one")
+	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
+	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+}
+
+func TestFailpointSubmitAfterCommitError(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=submit-after-commit=1*error"}})
+	_, status, err := b.client.Submit(b.ctx(), req("task-fp2e", "device-2"), "")
+	require.Equal(t, http.StatusServiceUnavailable, status)
+	require.Error(t, err)
+	op, status, err := b.client.Submit(b.ctx(), req("task-fp2e", "device-2"), "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, []string{op.CommandID}, b.rows(`SELECT command_id FROM commands`))
+	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
+	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+}
+
+func TestFailpointBeforePublishCrash(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-publish=1*crash"}})
+	// The dispatcher may crash the process before or after the 201 is
+	// written: the caller may see either, and retries when it saw nothing.
+	_, status, err := b.client.Submit(b.ctx(), req("task-fp3", "device-3"), "")
+	if err == nil {
+		require.Equal(t, http.StatusCreated, status)
+	}
+	require.Equal(t, 137, b.ctl.ExitCode(), "crashed after the pending → sent commit")
+	require.Equal(t, []string{"sent|1"}, b.rows(`SELECT status, attempt FROM commands`))
+	require.Empty(t, b.executions(), "nothing reached the device")
+
+	b.ctl.Restart()
+	op, status, err := b.client.Submit(b.ctx(), req("task-fp3", "device-3"), "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status)
+	final := b.waitFinal(op.OperationID)
+	require.Equal(t, "succeeded", final.Status)
+	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+	cmd, err := b.client.Command(b.ctx(), op.CommandID)
+	require.NoError(t, err)
+	require.Equal(t, []string{op.CommandID}, final.CommandIDs, "no new command_id")
+	require.Equal(t, 2, cmd.Attempt, "asked first, then published the committed command once")
+	require.GreaterOrEqual(t, cmd.Queries, 1)
+}
+
+func TestFailpointAfterPublishError(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=after-publish=1*error"}})
+	op, _, err := b.client.Submit(b.ctx(), req("task-fp4", "device-1"), "")
+	require.NoError(t, err)
+	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
+	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+	require.Equal(t, 1.0, b.metric(`controller_publish_failures_total{kind="command"}`), "counted as unconfirmed")
+}
+
+func TestFailpointBeforeReceiptCommit(t *testing.T) {
+	t.Parallel()
+	// The process dies with the first receipt uncommitted (already
+	// acknowledged to the broker): the restarted controller still learns the
+	// outcome, from the receipts queued for its session or by asking.
+	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-receipt-commit=1*crash"}})
+	_, _, _ = b.client.Submit(b.ctx(), req("task-fp5", "device-2"), "") // the crash may beat the answer
+	require.Equal(t, 137, b.ctl.ExitCode())
+	b.ctl.Restart()
+	op, status, err := b.client.Submit(b.ctx(), req("task-fp5", "device-2"), "")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status, "committed before the crash")
+	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
+	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+}
+
+func TestUnknownFailpointRefusesToStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	b.ctl.Kill()
+	for _, spec := range []string{"no-such-point=crash", "before-publish=explode"} {
+		c := startRaw(t, b, "CONTROLLER_FAILPOINTS="+spec)
+		require.Equal(t, 1, c.ExitCode(), spec)
+		require.True(t, strings.Contains(c.Output(), "failpoint"), c.Output())
+	}
+}
+
+func TestSecondInstanceWithSameIDRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	c := startRaw(t, b)
+	require.Equal(t, 1, c.ExitCode())
+	require.Contains(t, c.Output(), "already running")
+	// After a kill -9 of the first, a restart starts at once.
+	b.ctl.Kill()
+	start := time.Now()
+	b.ctl.Restart()
+	require.Less(t, time.Since(start), 10*time.Second)
+}

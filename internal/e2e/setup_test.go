@@ -1,0 +1,178 @@
+// Package e2e tests the controller binary end to end, against a real
+// Mosquitto, a real SQLite file and the device simulator.
+package e2e
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	_ "github.com/mattn/go-sqlite3"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/client"
+	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	// paho leaves a goroutine behind for up to its reconnect back-off when a
+	// client is disconnected while reconnecting; it ends by itself.
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*client).reconnect"),
+		goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*connectionStatus).Disconnecting"))
+}
+
+// bundle is one test's running system.
+type bundle struct {
+	t        testing.TB
+	broker   *testenv.Broker
+	fleet    *sim.Fleet
+	ctl      *testenv.Controller
+	client   *client.Client
+	db       string
+	stateDir string
+}
+
+type setupOpts struct {
+	devices int
+	env     []string
+	args    []string
+	faults  sim.Profile
+}
+
+func setup(t testing.TB, o setupOpts) *bundle {
+	t.Helper()
+	if o.devices == 0 {
+		o.devices = 3
+	}
+	b := &bundle{t: t, broker: testenv.StartBroker(t), stateDir: t.TempDir()}
+	b.db = filepath.Join(t.TempDir(), "controller.db")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	fleet, err := sim.Start(context.Background(), sim.Config{
+		MQTT: b.broker.URL(), Devices: o.devices, StateDir: b.stateDir, Faults: o.faults,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	require.NoError(t, err)
+	t.Cleanup(fleet.Stop)
+	require.NoError(t, fleet.WaitOnline(ctx))
+	b.fleet = fleet
+	b.ctl = testenv.StartController(t, testenv.ControllerOpts{
+		DB: b.db, MQTT: b.broker.URL(), Env: o.env,
+		Args: append([]string{"--ack-timeout", "1s", "--sweep-interval", "100ms"}, o.args...),
+	})
+	b.client = client.New(b.ctl.URL, "")
+	return b
+}
+
+func (b *bundle) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	b.t.Cleanup(cancel)
+	return ctx
+}
+
+func req(task, target string) api.SubmitRequest {
+	return api.SubmitRequest{TaskID: task, Step: "restart", Target: target, BusinessVersion: "v1", Action: "restart",
+		Params: []byte(`{"reason":"stuck"}`)}
+}
+
+// waitFinal waits until the operation leaves started.
+func (b *bundle) waitFinal(id string) api.Operation {
+	b.t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for time.Now().Before(deadline) {
+		op, err := b.client.Operation(b.ctx(), id, 10*time.Second)
+		if err == nil && op.Status != "started" {
+			return op
+		}
+	}
+	b.t.Fatalf("operation %s still started after 45s\n%s", id, b.ctl.Output())
+	return api.Operation{}
+}
+
+// executions counts the device witness lines per operation_id.
+func (b *bundle) executions() map[string]int {
+	b.t.Helper()
+	ex, err := sim.ReadExecutions(b.stateDir)
+	require.NoError(b.t, err)
+	out := map[string]int{}
+	for _, e := range ex {
+		out[e.OperationID]++
+	}
+	return out
+}
+
+// rows reads the database directly (read-only), as a witness independent of the API.
+func (b *bundle) rows(query string, args ...any) []string {
+	b.t.Helper()
+	db, err := sql.Open("sqlite3", "file:"+b.db+"?mode=ro&_busy_timeout=5000")
+	require.NoError(b.t, err)
+	defer db.Close()
+	rs, err := db.Query(query, args...)
+	require.NoError(b.t, err)
+	defer rs.Close()
+	cols, _ := rs.Columns()
+	var out []string
+	for rs.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		require.NoError(b.t, rs.Scan(ptrs...))
+		parts := make([]string, len(vals))
+		for i, v := range vals {
+			if bs, ok := v.([]byte); ok {
+				v = string(bs)
+			}
+			parts[i] = fmt.Sprint(v)
+		}
+		out = append(out, strings.Join(parts, "|"))
+	}
+	require.NoError(b.t, rs.Err())
+	return out
+}
+
+// metric returns the value of one sample line of /metrics, or 0.
+func (b *bundle) metric(name string) float64 {
+	b.t.Helper()
+	resp, err := http.Get(b.ctl.URL + "/metrics")
+	require.NoError(b.t, err)
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, name+" ") {
+			var v float64
+			fmt.Sscan(strings.TrimPrefix(line, name+" "), &v)
+			return v
+		}
+	}
+	return 0
+}
+
+// eventually waits for cond with a deadline.
+func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		<-time.After(20 * time.Millisecond) // poll interval of a deadline-bounded wait
+	}
+}
+
+// startRaw starts a second controller process on b's database, same instance id, without waiting.
+func startRaw(t *testing.T, b *bundle, env ...string) *testenv.Controller {
+	return testenv.StartControllerNoWait(t, testenv.ControllerOpts{DB: b.db, MQTT: b.broker.URL(), Env: env})
+}

@@ -1,0 +1,414 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/fleetctl/fleetctl/internal/wire"
+)
+
+// Actions the simulated devices support.
+const (
+	// ActionRestart bumps the durable boot counter; result
+	// {"restarted":true,"boots":N}. The device does not reconnect.
+	ActionRestart = "restart"
+	// ActionSetConfig merges its params (an object) into the durable config
+	// as a JSON merge patch (a null value removes the key); result
+	// {"config":{...after},"previous":{...before}}.
+	ActionSetConfig = "set-config"
+)
+
+// Error strings of the receipts a device makes itself.
+const (
+	ErrExpired           = "expired"
+	ErrUnsupportedAction = "unsupported_action"
+	ErrInvalidParams     = "invalid_params"
+	ErrInterrupted       = "interrupted"
+	ErrSimulatedFailure  = "simulated_failure"
+	ErrSimulatedReject   = "simulated_rejection"
+)
+
+// job asks the executor to run one accepted command.
+type job struct {
+	id     string
+	legacy bool // a dedupe:false device runs every delivery
+}
+
+func (inc *incarnation) work() {
+	for {
+		m, ok := inc.inbox.pop(inc.done)
+		if !ok {
+			return
+		}
+		switch m.Topic() {
+		case inc.d.topics.commands:
+			inc.handleCommand(m)
+		case inc.d.topics.queries:
+			inc.handleQuery(m)
+		default:
+			m.Ack()
+		}
+	}
+}
+
+// handleCommand applies the contract's order: dedupe (command_id, then
+// operation_id), then expiry, then the device's own checks; an accepted
+// command is recorded "received" before its receipt is published and before
+// it is acknowledged to the broker.
+func (inc *incarnation) handleCommand(m mqtt.Message) {
+	d := inc.d
+	var cmd wire.Command
+	if err := wire.Decode(m.Payload(), &cmd); err != nil || cmd.CommandID == "" {
+		d.log.Warn("ignoring malformed command", "err", err)
+		m.Ack()
+		return
+	}
+	d.mu.Lock()
+	if inc.killed || inc.stopping {
+		d.mu.Unlock()
+		return // not acknowledged: the broker redelivers it
+	}
+	d.stats.CommandsSeen++
+	if d.fireLocked("drop_command", d.faults.DropCommand) {
+		d.stats.CommandsDropped++
+		d.mu.Unlock()
+		m.Ack()
+		return
+	}
+	if inc.crashAtLocked(PointCommand) {
+		d.mu.Unlock()
+		return
+	}
+	inc.dropAtLocked(PointCommand)
+
+	st, caps, now := d.st, d.capsLocked(), d.nowLocked()
+	if caps.Dedupe {
+		if r, ok := dedupeAnswer(st, cmd.CommandID, cmd.OperationID); ok {
+			d.stats.DuplicatesSuppressed++
+			d.mu.Unlock()
+			m.Ack()
+			inc.emit(r)
+			return
+		}
+	}
+	rec := st.Commands[cmd.CommandID]
+	if rec == nil {
+		rec = &record{Command: cmd, SeenAt: now}
+		st.Commands[cmd.CommandID] = rec
+	}
+	seq := rec.Latest.Seq + 1
+	reject := func(e string) {
+		rec.Latest = newReceipt(cmd, wire.ReceiptRejected, seq, now, nil, e)
+		d.stats.Rejected++
+	}
+	accepted := false
+	switch rf := d.faults.Reject; {
+	case expired(cmd, now):
+		reject(ErrExpired)
+		d.stats.Expired++
+	case cmd.Action != ActionRestart && cmd.Action != ActionSetConfig:
+		reject(ErrUnsupportedAction)
+	case cmd.Action == ActionSetConfig && !paramsObject(cmd.Params):
+		reject(ErrInvalidParams)
+	case rf.matches(cmd.Action) && d.fireLocked("reject", rf.Trigger):
+		reject(or(rf.Error, ErrSimulatedReject))
+	default:
+		accepted = true
+		rec.Latest = newReceipt(cmd, wire.ReceiptReceived, seq, now, nil, "")
+		if caps.Dedupe && cmd.OperationID != "" {
+			st.Operations[cmd.OperationID] = cmd.CommandID
+		}
+	}
+	if !inc.saveLocked() {
+		d.mu.Unlock()
+		return
+	}
+	if accepted {
+		if inc.crashAtLocked(PointReceived) {
+			d.mu.Unlock()
+			return
+		}
+		inc.dropAtLocked(PointReceived)
+	}
+	r := rec.Latest
+	d.mu.Unlock()
+	m.Ack()
+	inc.emit(r)
+	if accepted {
+		inc.jobs.push(job{id: cmd.CommandID, legacy: !caps.Dedupe})
+	}
+}
+
+// dedupeAnswer is the latest receipt for a command_id, or else for the
+// command that took the operation_id.
+func dedupeAnswer(st *durableState, commandID, operationID string) (wire.Receipt, bool) {
+	if rec := st.Commands[commandID]; commandID != "" && rec != nil {
+		return rec.Latest, true
+	}
+	if operationID != "" {
+		if other := st.Operations[operationID]; other != "" {
+			if rec := st.Commands[other]; rec != nil {
+				return rec.Latest, true
+			}
+		}
+	}
+	return wire.Receipt{}, false
+}
+
+func (inc *incarnation) handleQuery(m mqtt.Message) {
+	d := inc.d
+	var q wire.Query
+	if err := wire.Decode(m.Payload(), &q); err != nil || q.QueryID == "" {
+		d.log.Warn("ignoring malformed query", "err", err)
+		m.Ack()
+		return
+	}
+	m.Ack()
+	d.mu.Lock()
+	if inc.killed || inc.stopping {
+		d.mu.Unlock()
+		return
+	}
+	d.stats.QueriesSeen++
+	if !d.capsLocked().Query || d.fireLocked("ignore_queries", d.faults.IgnoreQueries) {
+		d.stats.QueriesIgnored++
+		d.mu.Unlock()
+		return
+	}
+	r, ok := dedupeAnswer(d.st, q.CommandID, q.OperationID)
+	if !ok {
+		r = wire.Receipt{CommandID: q.CommandID, OperationID: q.OperationID, Status: wire.ReceiptUnknown, Seq: 0, At: d.nowLocked()}
+	}
+	r.QueryID = q.QueryID
+	d.stats.QueriesAnswered++
+	d.mu.Unlock()
+	inc.emit(r)
+}
+
+func (inc *incarnation) executeLoop() {
+	for {
+		j, ok := inc.jobs.pop(inc.done)
+		if !ok {
+			return
+		}
+		inc.execute(j)
+	}
+}
+
+// execute runs one accepted command, persisting before acting:
+// "executing" with the planned outcome, then the action (its line in
+// executions.jsonl is the execution), then the final receipt with the
+// action's effect on the durable state.
+func (inc *incarnation) execute(j job) {
+	d := inc.d
+	d.mu.Lock()
+	if inc.killed || inc.stopping {
+		d.mu.Unlock()
+		return
+	}
+	st := d.st
+	rec := st.Commands[j.id]
+	if rec == nil || (!j.legacy && rec.Latest.Status != wire.ReceiptReceived) {
+		d.mu.Unlock()
+		return
+	}
+	cmd, now := rec.Command, d.nowLocked()
+	if expired(cmd, now) {
+		rec.Latest = newReceipt(cmd, wire.ReceiptRejected, rec.Latest.Seq+1, now, nil, ErrExpired)
+		releaseOp(st, cmd)
+		d.stats.Rejected++
+		d.stats.Expired++
+		inc.finishLocked(rec)
+		return
+	}
+	p := d.planLocked(st, cmd)
+	rec.Latest = newReceipt(cmd, wire.ReceiptExecuting, rec.Latest.Seq+1, now, nil, "")
+	rec.Plan = p
+	if !inc.saveLocked() || inc.crashAtLocked(PointExecuting) {
+		d.mu.Unlock()
+		return
+	}
+	inc.dropAtLocked(PointExecuting)
+	var delay time.Duration
+	if sf := d.faults.SlowExecution; sf.matches(cmd.Action) && d.fireLocked("slow_execution", sf.Trigger) {
+		delay = sf.Delay.D()
+	}
+	r := rec.Latest
+	d.mu.Unlock()
+	inc.emit(r)
+
+	interrupted := false
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-inc.done:
+			t.Stop()
+			interrupted = true
+		}
+	}
+
+	d.mu.Lock()
+	if inc.killed {
+		d.mu.Unlock()
+		return
+	}
+	now = d.nowLocked()
+	if interrupted { // a clean stop cut the action short: it did not run
+		rec.Latest = newReceipt(cmd, wire.ReceiptFailed, rec.Latest.Seq+1, now, nil, ErrInterrupted)
+		rec.Plan = nil
+		releaseOp(st, cmd)
+		d.stats.Failed++
+		inc.finishLocked(rec)
+		return
+	}
+	err := d.f.wit.execution(Execution{DeviceID: d.id, CommandID: cmd.CommandID, OperationID: cmd.OperationID, Action: cmd.Action, At: now})
+	if err != nil {
+		d.log.Error("cannot write the execution witness; crashing", "err", err)
+		d.crashLocked(time.Second, true)
+		d.mu.Unlock()
+		return
+	}
+	rec.Executions++
+	d.stats.Executions++
+	if inc.crashAtLocked(PointExecuted) {
+		d.mu.Unlock()
+		return
+	}
+	inc.dropAtLocked(PointExecuted)
+	d.applyLocked(st, rec, p, now)
+	if !inc.saveLocked() || inc.crashAtLocked(PointFinal) {
+		d.mu.Unlock()
+		return
+	}
+	inc.dropAtLocked(PointFinal)
+	r = rec.Latest
+	d.mu.Unlock()
+	inc.emit(r)
+}
+
+// finishLocked saves a final outcome decided without running, unlocks and
+// publishes it.
+func (inc *incarnation) finishLocked(rec *record) {
+	if !inc.saveLocked() {
+		inc.d.mu.Unlock()
+		return
+	}
+	r := rec.Latest
+	inc.d.mu.Unlock()
+	inc.emit(r)
+}
+
+// planLocked decides the outcome of an execution before it starts.
+func (d *Device) planLocked(st *durableState, cmd wire.Command) *plan {
+	if ff := d.faults.Fail; ff.matches(cmd.Action) && d.fireLocked("fail", ff.Trigger) {
+		return &plan{Status: wire.ReceiptFailed, Error: or(ff.Error, ErrSimulatedFailure)}
+	}
+	switch cmd.Action {
+	case ActionRestart:
+		res, _ := json.Marshal(map[string]any{"restarted": true, "boots": st.Boots + 1})
+		return &plan{Status: wire.ReceiptSucceeded, Result: res, Boot: true}
+	default: // ActionSetConfig; params were checked on arrival
+		prev := copyConfig(st.Config)
+		next := copyConfig(st.Config)
+		var patch map[string]json.RawMessage
+		_ = json.Unmarshal(cmd.Params, &patch)
+		for k, v := range patch {
+			if bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+				delete(next, k)
+			} else {
+				next[k] = v
+			}
+		}
+		res, _ := json.Marshal(map[string]any{"config": next, "previous": prev})
+		return &plan{Status: wire.ReceiptSucceeded, Result: res, SetConfig: true, Config: next}
+	}
+}
+
+// applyLocked applies an executed plan: its effect and its final receipt.
+func (d *Device) applyLocked(st *durableState, rec *record, p *plan, now time.Time) {
+	if p.Boot {
+		st.Boots++
+	}
+	if p.SetConfig {
+		st.Config = copyConfig(p.Config)
+	}
+	rec.Latest = newReceipt(rec.Command, p.Status, rec.Latest.Seq+1, now, p.Result, p.Error)
+	rec.Plan = nil
+	if p.Status == wire.ReceiptSucceeded {
+		d.stats.Succeeded++
+	} else {
+		d.stats.Failed++
+	}
+}
+
+// saveLocked persists the state; a device that cannot write its state
+// crashes (and restarts from the last good file) rather than act on
+// something it could not record.
+func (inc *incarnation) saveLocked() bool {
+	d := inc.d
+	d.st.prune(d.nowLocked(), d.f.cfg.Retention)
+	if err := d.st.save(d.f.cfg.StateDir); err != nil {
+		d.log.Error("cannot save state; crashing", "err", err)
+		d.crashLocked(time.Second, true)
+		return false
+	}
+	return true
+}
+
+// crashAtLocked fires the crash fault at a point; true if the device died.
+func (inc *incarnation) crashAtLocked(p Point) bool {
+	d := inc.d
+	f := d.faults.Crash
+	if f.Every > 0 || f.at() != p || !d.fireLocked("crash", f.Trigger) {
+		return false
+	}
+	d.crashLocked(f.For.D(), true)
+	return true
+}
+
+// dropAtLocked fires the drop_connection fault at a point.
+func (inc *incarnation) dropAtLocked(p Point) {
+	d := inc.d
+	f := d.faults.DropConnection
+	if f.Every > 0 || f.at() != p || !inc.connectedLocked() || !d.fireLocked("drop_connection", f.Trigger) {
+		return
+	}
+	d.dropForLocked(f.For.D())
+}
+
+func releaseOp(st *durableState, cmd wire.Command) {
+	if op := cmd.OperationID; op != "" && st.Operations[op] == cmd.CommandID {
+		delete(st.Operations, op)
+	}
+}
+
+func newReceipt(cmd wire.Command, s wire.ReceiptStatus, seq int, at time.Time, result json.RawMessage, errStr string) wire.Receipt {
+	return wire.Receipt{CommandID: cmd.CommandID, OperationID: cmd.OperationID, Status: s, Seq: seq, At: at, Result: result, Error: errStr}
+}
+
+// expired: expires_at has passed by the device's clock (a command without
+// expires_at never expires).
+func expired(cmd wire.Command, now time.Time) bool {
+	return !cmd.ExpiresAt.IsZero() && now.After(cmd.ExpiresAt)
+}
+
+// paramsObject: params absent, null or a JSON object.
+func paramsObject(p json.RawMessage) bool {
+	t := bytes.TrimSpace(p)
+	if len(t) == 0 || string(t) == "null" {
+		return true
+	}
+	var m map[string]json.RawMessage
+	return t[0] == '{' && json.Unmarshal(t, &m) == nil
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
