@@ -21,6 +21,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/command"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
+	"github.com/fleetctl/fleetctl/internal/lease"
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/mqttx"
 	"github.com/fleetctl/fleetctl/internal/receipt"
@@ -166,7 +167,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (*
 	})
 	c.disp = command.New(command.Config{
 		Store: c.store, Publisher: c.mqtt, Instance: cfg.InstanceID, TopicRoot: cfg.TopicRoot, Policy: policy,
-		TrustMargin: trustMargin(cfg.LeaseTTL), SweepInterval: cfg.SweepInterval, Failpoints: fp, Metrics: c.met,
+		TrustMargin: lease.TrustMargin(cfg.LeaseTTL), SweepInterval: cfg.SweepInterval, Failpoints: fp, Metrics: c.met,
 		Logger: log, Changed: func(id string) { c.api.Changed(id) },
 	})
 	c.api = api.New(api.Config{
@@ -179,12 +180,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (*
 		return nil, fmt.Errorf("listen %s: %w", cfg.HTTP, err)
 	}
 	return c, nil
-}
-
-// trustMargin is how far before its expiry a lease stops being trusted for
-// acting: a fifth of the ttl, at most 2 s.
-func trustMargin(ttl time.Duration) time.Duration {
-	return min(ttl/5, 2*time.Second)
 }
 
 func loopback(addr string) bool {
@@ -240,7 +235,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	run(func() { ing.Run(ctx) })
 	run(func() { c.disp.Run(ctx) })
-	run(func() { c.heartbeat(ctx) })
+	keeper := lease.New(lease.Config{Store: c.store, Instance: c.cfg.InstanceID, TTL: c.cfg.LeaseTTL,
+		Failpoints: c.fp, Metrics: c.met, Logger: c.log})
+	run(func() { keeper.Run(ctx) })
 	run(func() {
 		for {
 			select {
@@ -263,38 +260,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	wg.Wait()
 	c.log.Info("controller stopped")
 	return nil
-}
-
-// heartbeat extends this instance's leases every third of the ttl, and
-// takes over the operations of peers whose leases ran out.
-func (c *Controller) heartbeat(ctx context.Context) {
-	t := time.NewTicker(c.cfg.LeaseTTL / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := c.fp.HitContext(ctx, failpoint.BeforeLeaseRenew); err != nil {
-			c.log.Warn("lease renewal skipped", "err", err)
-			continue
-		}
-		if _, _, err := c.store.RenewLeases(ctx, c.cfg.InstanceID, c.cfg.LeaseTTL); err != nil && ctx.Err() == nil {
-			c.log.Error("renew leases", "err", err)
-		}
-		taken, err := c.store.TakeOver(ctx, c.cfg.InstanceID, c.cfg.LeaseTTL, 1000)
-		if err != nil {
-			if ctx.Err() == nil {
-				c.log.Error("take over expired leases", "err", err)
-			}
-			continue
-		}
-		if len(taken) > 0 {
-			c.met.Takeovers.Add(float64(len(taken)))
-			c.log.Info("took over operations whose lease ran out", "count", len(taken))
-		}
-	}
 }
 
 // Close releases the store and the instance lock.
