@@ -40,6 +40,10 @@ func toAPIError(err error) *APIError {
 			"this operation_id exists with other action, target or params; use a new operation_id for a new intent")
 	case errors.Is(err, failpoint.ErrInjected):
 		return apiErr(http.StatusServiceUnavailable, "unavailable", err.Error()+"; retry with the same operation_id")
+	case errors.Is(err, store.ErrStaleVersion):
+		return apiErr(http.StatusConflict, "stale_version", err.Error())
+	case errors.Is(err, store.ErrFourEyes):
+		return apiErr(http.StatusForbidden, "four_eyes", err.Error())
 	case errors.Is(err, store.ErrAlreadyPublished):
 		return apiErr(http.StatusConflict, "already_published", err.Error())
 	case errors.Is(err, store.ErrIllegalState):

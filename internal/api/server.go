@@ -41,6 +41,8 @@ type Config struct {
 	// Submitted is told of each new command (the dispatcher's kick).
 	Submitted func(commandID string)
 	Metrics   http.Handler
+	Auth      *Auth // nil: auth off
+	FourEyes  bool
 }
 
 // Server serves the API.
@@ -62,13 +64,22 @@ func New(cfg Config) *Server {
 		cfg.Submitted = func(string) {}
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), hub: NewHub()}
-	s.mux.HandleFunc("POST /v1/operations", s.handleSubmit)
-	s.mux.HandleFunc("GET /v1/operations/{id}", s.handleGetOperation)
-	s.mux.HandleFunc("GET /v1/commands/{id}", s.handleGetCommand)
-	s.mux.HandleFunc("POST /v1/commands/{id}/cancel", s.handleCancel)
-	s.mux.HandleFunc("POST /v1/commands/{id}/resolve", s.handleResolve)
-	s.mux.HandleFunc("GET /v1/devices", s.handleListDevices)
-	s.mux.HandleFunc("GET /v1/devices/{id}", s.handleGetDevice)
+	s.mux.HandleFunc("POST /v1/operations", s.need(RoleOperator, s.handleSubmit))
+	s.mux.HandleFunc("GET /v1/operations/{id}", s.need("", s.handleGetOperation))
+	s.mux.HandleFunc("POST /v1/operations/{id}/compensations", s.need(RoleOperator, s.handleCompensate))
+	s.mux.HandleFunc("GET /v1/commands/{id}", s.need("", s.handleGetCommand))
+	s.mux.HandleFunc("POST /v1/commands/{id}/cancel", s.need(RoleOperator, s.handleCancel))
+	s.mux.HandleFunc("POST /v1/commands/{id}/resolve", s.need(RoleOperator, s.handleResolve))
+	s.mux.HandleFunc("GET /v1/devices", s.need("", s.handleListDevices))
+	s.mux.HandleFunc("GET /v1/devices/{id}", s.need("", s.handleGetDevice))
+	s.mux.HandleFunc("POST /v1/tasks", s.need(RoleOperator, s.handleCreateTask))
+	s.mux.HandleFunc("GET /v1/tasks/{id}", s.need("", s.handleGetTask))
+	s.mux.HandleFunc("PUT /v1/tasks/{id}/plan", s.need(RoleOperator, s.handlePlan))
+	s.mux.HandleFunc("POST /v1/tasks/{id}/approvals", s.need(RoleApprover, s.handleApprove))
+	s.mux.HandleFunc("POST /v1/tasks/{id}/rejections", s.need(RoleApprover, s.handleReject))
+	s.mux.HandleFunc("POST /v1/grants", s.need(RoleAdmin, s.handleCreateGrant))
+	s.mux.HandleFunc("GET /v1/grants", s.need("", s.handleListGrants))
+	s.mux.HandleFunc("DELETE /v1/grants/{id}", s.need(RoleAdmin, s.handleRevokeGrant))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance": cfg.Instance})
 	})
@@ -114,7 +125,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.cfg.Logger, err)
 		return
 	}
-	op, created, err := s.Submit(r.Context(), req, r.Header.Get("Idempotency-Key"), false)
+	op, created, err := s.submit(r.Context(), req, r.Header.Get("Idempotency-Key"), principal(r))
 	if err != nil {
 		writeError(w, s.cfg.Logger, err)
 		return
@@ -130,47 +141,33 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, operationView(op))
 }
 
-// Submit validates a submission and inserts it, or returns the stored
-// record. key is the Idempotency-Key header ("" if absent); reservedOK lets
-// the task runner use the reserved ":approval-v<N>" ids.
-func (s *Server) Submit(ctx context.Context, req SubmitRequest, key string, reservedOK bool) (store.Operation, bool, error) {
+// submit validates a direct submission and inserts it, or returns the
+// stored record. key is the Idempotency-Key header ("" if absent).
+func (s *Server) submit(ctx context.Context, req SubmitRequest, key, who string) (store.Operation, bool, error) {
 	id, err := operationID(req, key)
 	if err != nil {
 		return store.Operation{}, false, err
 	}
-	if opid.Reserved(id) && !reservedOK {
+	if opid.Reserved(id) {
 		return store.Operation{}, false, apiErr(http.StatusForbidden, "reserved_operation_id",
 			"operation ids ending in :approval-v<N> belong to approved tasks")
 	}
-	if !wire.ValidDeviceID(req.Target) {
-		return store.Operation{}, false, fmt.Errorf("%w: target %q is not a device id ([A-Za-z0-9._-]{1,64}, not controller-*)", opid.ErrInvalid, req.Target)
-	}
-	if err := opid.ValidateAction(req.Action); err != nil {
-		return store.Operation{}, false, err
-	}
-	params, err := opid.CanonicalParams(req.Params)
+	n, err := s.NewOperation(ctx, id, req)
 	if err != nil {
 		return store.Operation{}, false, err
 	}
-	hash, err := opid.RequestHash(req.Action, req.Target, params)
-	if err != nil {
-		return store.Operation{}, false, err
-	}
-	pol := s.cfg.Policy(req.Action)
-	if pol.Approval == command.ApprovalRequired && !reservedOK {
+	if s.cfg.Policy(req.Action).Approval == command.ApprovalRequired {
 		return store.Operation{}, false, apiErr(http.StatusForbidden, "approval_required",
 			"action "+req.Action+" needs an approved task (POST /v1/tasks)")
 	}
-	qos := 1
-	if dev, err := s.cfg.Store.GetDevice(ctx, req.Target); err == nil && dev.Seen && !dev.Capabilities.Dedupe {
-		qos = 0 // a device that cannot deduplicate gets each command at most once
+	if err := s.checkGrant(ctx, who, req.Action, req.Target); err != nil {
+		return store.Operation{}, false, err
 	}
-	res, err := s.cfg.Store.Submit(ctx, store.NewOperation{
-		OperationID: id, Action: req.Action, Target: req.Target, Params: params, RequestHash: hash,
-		TaskID: req.TaskID, Step: req.Step, BusinessVersion: req.BusinessVersion,
-		CommandID: command.NewCommandID(s.cfg.Now()), CommandTTL: pol.TTL, QoS: qos,
-		Owner: s.cfg.Instance, LeaseTTL: s.cfg.LeaseTTL,
-	}, func() error { return s.cfg.Failpoints.HitContext(ctx, failpoint.SubmitBeforeCommit) })
+	return s.insert(ctx, n)
+}
+
+func (s *Server) insert(ctx context.Context, n store.NewOperation) (store.Operation, bool, error) {
+	res, err := s.cfg.Store.Submit(ctx, n, func() error { return s.cfg.Failpoints.HitContext(ctx, failpoint.SubmitBeforeCommit) })
 	if err != nil {
 		return store.Operation{}, false, err
 	}
@@ -178,6 +175,36 @@ func (s *Server) Submit(ctx context.Context, req SubmitRequest, key string, rese
 		s.cfg.Submitted(res.Operation.CommandID)
 	}
 	return res.Operation, res.Created, nil
+}
+
+// NewOperation validates target, action and params and builds the
+// operation id's record: the request hash, a new command id (used only if
+// the operation is new), the action's ttl, this instance's lease.
+func (s *Server) NewOperation(ctx context.Context, id string, req SubmitRequest) (store.NewOperation, error) {
+	if !wire.ValidDeviceID(req.Target) {
+		return store.NewOperation{}, fmt.Errorf("%w: target %q is not a device id ([A-Za-z0-9._-]{1,64}, not controller-*)", opid.ErrInvalid, req.Target)
+	}
+	if err := opid.ValidateAction(req.Action); err != nil {
+		return store.NewOperation{}, err
+	}
+	params, err := opid.CanonicalParams(req.Params)
+	if err != nil {
+		return store.NewOperation{}, err
+	}
+	hash, err := opid.RequestHash(req.Action, req.Target, params)
+	if err != nil {
+		return store.NewOperation{}, err
+	}
+	qos := 1
+	if dev, err := s.cfg.Store.GetDevice(ctx, req.Target); err == nil && dev.Seen && !dev.Capabilities.Dedupe {
+		qos = 0 // a device that cannot deduplicate gets each command at most once
+	}
+	return store.NewOperation{
+		OperationID: id, Action: req.Action, Target: req.Target, Params: params, RequestHash: hash,
+		TaskID: req.TaskID, Step: req.Step, BusinessVersion: req.BusinessVersion,
+		CommandID: command.NewCommandID(s.cfg.Now()), CommandTTL: s.cfg.Policy(req.Action).TTL, QoS: qos,
+		Owner: s.cfg.Instance, LeaseTTL: s.cfg.LeaseTTL,
+	}, nil
 }
 
 // operationID picks the whole id (body, else header) or derives it from the
@@ -320,16 +347,6 @@ func (s *Server) handleResolve(w http.ResponseWriter, r *http.Request) {
 	s.Changed(out.Command.OperationID)
 	s.writeCommand(w, r, out.Command.CommandID)
 }
-
-// principal names the caller in events; auth (issue 5) fills it from the token.
-func principal(r *http.Request) string {
-	if p, ok := r.Context().Value(principalKey{}).(string); ok {
-		return p
-	}
-	return "anonymous"
-}
-
-type principalKey struct{}
 
 func decodeOptionalBody(r *http.Request, v any) error {
 	if r.ContentLength == 0 {

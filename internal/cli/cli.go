@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -46,7 +48,7 @@ func NewRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&cf.token, "token", "", "bearer token (client subcommands)")
 	root.PersistentFlags().BoolVar(&cf.json, "json", false, "print JSON instead of text")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return bindEnv(cmd) }
-	root.AddCommand(serveCmd(), opCmd(cf), cmdCmd(cf), deviceCmd(cf))
+	root.AddCommand(serveCmd(), opCmd(cf), cmdCmd(cf), deviceCmd(cf), taskCmd(cf), grantCmd(cf))
 	return root
 }
 
@@ -365,4 +367,123 @@ func compact(m json.RawMessage) string {
 		return string(m)
 	}
 	return b.String()
+}
+
+// doPrint sends one request and prints the answer as JSON (the task and
+// grant records are read by people as JSON too).
+func doPrint(cmd *cobra.Command, cf *clientFlags, method, path string, body any) error {
+	var out json.RawMessage
+	if _, err := client.New(cf.server, cf.token).Do(cmd.Context(), method, path, nil, body, &out); err != nil {
+		return err
+	}
+	var v any
+	_ = json.Unmarshal(out, &v)
+	return printJSON(cmd.OutOrStdout(), v)
+}
+
+func taskCmd(cf *clientFlags) *cobra.Command {
+	t := &cobra.Command{Use: "task", Short: "Tasks: versioned plans, approvals, rejections"}
+	var steps, after, before, planHash, reason string
+	var version, base int
+	parseSteps := func() (json.RawMessage, error) {
+		if !json.Valid([]byte(steps)) {
+			return nil, fmt.Errorf("--steps: not valid JSON")
+		}
+		return json.RawMessage(steps), nil
+	}
+	create := &cobra.Command{
+		Use: "create TASK_ID --steps JSON", Short: "Create a task with plan version 1", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := parseSteps()
+			if err != nil {
+				return err
+			}
+			body := map[string]any{"task_id": args[0], "steps": s}
+			if after != "" {
+				body["execute_after"] = after
+			}
+			if before != "" {
+				body["execute_before"] = before
+			}
+			return doPrint(cmd, cf, http.MethodPost, "/v1/tasks", body)
+		},
+	}
+	create.Flags().StringVar(&steps, "steps", "", `plan: [{"step":"...","action":"...","target":"...","params":{}}]`)
+	create.Flags().StringVar(&after, "execute-after", "", "maintenance window start (RFC 3339)")
+	create.Flags().StringVar(&before, "execute-before", "", "maintenance window end (RFC 3339)")
+	plan := &cobra.Command{
+		Use: "plan TASK_ID --steps JSON", Short: "Propose a new plan version", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := parseSteps()
+			if err != nil {
+				return err
+			}
+			body := map[string]any{"steps": s}
+			if base > 0 {
+				body["base_version"] = base
+			}
+			return doPrint(cmd, cf, http.MethodPut, "/v1/tasks/"+url.PathEscape(args[0])+"/plan", body)
+		},
+	}
+	plan.Flags().StringVar(&steps, "steps", "", "the new plan")
+	plan.Flags().IntVar(&base, "base-version", 0, "refuse (409 stale_version) unless this is the current version")
+	approve := &cobra.Command{
+		Use: "approve TASK_ID --version N", Short: "Approve one plan version", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return doPrint(cmd, cf, http.MethodPost, "/v1/tasks/"+url.PathEscape(args[0])+"/approvals",
+				map[string]any{"version": version, "plan_hash": planHash})
+		},
+	}
+	approve.Flags().IntVar(&version, "version", 0, "the plan version you reviewed")
+	approve.Flags().StringVar(&planHash, "plan-hash", "", "bind the approval to this plan hash")
+	reject := &cobra.Command{
+		Use: "reject TASK_ID --reason TEXT", Short: "Reject a task before it runs", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return doPrint(cmd, cf, http.MethodPost, "/v1/tasks/"+url.PathEscape(args[0])+"/rejections", map[string]any{"reason": reason})
+		},
+	}
+	reject.Flags().StringVar(&reason, "reason", "", "why")
+	get := &cobra.Command{
+		Use: "get TASK_ID", Short: "Show a task: status, plan, steps with their operation ids, history", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return doPrint(cmd, cf, http.MethodGet, "/v1/tasks/"+url.PathEscape(args[0]), nil)
+		},
+	}
+	t.AddCommand(create, plan, approve, reject, get)
+	return t
+}
+
+func grantCmd(cf *clientFlags) *cobra.Command {
+	g := &cobra.Command{Use: "grant", Short: "Grants: which principal may run which action on which devices"}
+	var principal, action, devices string
+	var all bool
+	add := &cobra.Command{
+		Use: "add --principal P --action GLOB --devices GLOB", Short: "Grant (idempotent)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return doPrint(cmd, cf, http.MethodPost, "/v1/grants",
+				map[string]any{"principal": principal, "action": action, "devices": devices})
+		},
+	}
+	add.Flags().StringVar(&principal, "principal", "", "who")
+	add.Flags().StringVar(&action, "action", "", "action glob, e.g. restart or *")
+	add.Flags().StringVar(&devices, "devices", "", "device glob, e.g. device-*")
+	list := &cobra.Command{
+		Use: "list", Short: "List live grants (--all: revoked too)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path := "/v1/grants"
+			if all {
+				path += "?all=1"
+			}
+			return doPrint(cmd, cf, http.MethodGet, path, nil)
+		},
+	}
+	list.Flags().BoolVar(&all, "all", false, "include revoked grants")
+	revoke := &cobra.Command{
+		Use: "revoke GRANT_ID", Short: "Revoke a grant", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return doPrint(cmd, cf, http.MethodDelete, "/v1/grants/"+url.PathEscape(args[0]), nil)
+		},
+	}
+	g.AddCommand(add, list, revoke)
+	return g
 }

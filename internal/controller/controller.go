@@ -26,6 +26,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/mqttx"
 	"github.com/fleetctl/fleetctl/internal/receipt"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/task"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
@@ -93,6 +94,7 @@ type Controller struct {
 	store   *store.Store
 	mqtt    *mqttx.Client
 	disp    *command.Dispatcher
+	runner  *task.Runner
 	api     *api.Server
 	lock    *os.File
 	httpLn  net.Listener
@@ -170,10 +172,19 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (*
 		TrustMargin: lease.TrustMargin(cfg.LeaseTTL), SweepInterval: cfg.SweepInterval, Failpoints: fp, Metrics: c.met,
 		Logger: log, Changed: func(id string) { c.api.Changed(id) },
 	})
+	var auth *api.Auth
+	if cfg.Tokens != "" {
+		if auth, err = api.LoadTokens(cfg.Tokens); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	c.api = api.New(api.Config{
 		Store: c.store, Instance: cfg.InstanceID, Policy: policy, LeaseTTL: cfg.LeaseTTL, Failpoints: fp,
-		Logger: log, Metrics: c.met.Handler(), Submitted: c.disp.Kick,
+		Logger: log, Metrics: c.met.Handler(), Submitted: c.disp.Kick, Auth: auth, FourEyes: cfg.FourEyes,
 	})
+	c.runner = task.New(task.Config{Store: c.store, API: c.api, Instance: cfg.InstanceID, EnforceGrants: auth.Enabled(),
+		Failpoints: fp, Kick: c.disp.Kick, Interval: cfg.SweepInterval, Logger: log})
 	c.httpLn, err = net.Listen("tcp", cfg.HTTP)
 	if err != nil {
 		c.Close()
@@ -238,6 +249,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	keeper := lease.New(lease.Config{Store: c.store, Instance: c.cfg.InstanceID, TTL: c.cfg.LeaseTTL,
 		Failpoints: c.fp, Metrics: c.met, Logger: c.log})
 	run(func() { keeper.Run(ctx) })
+	run(func() { c.runner.Run(ctx) })
 	run(func() {
 		for {
 			select {

@@ -45,6 +45,7 @@ type bundle struct {
 
 type setupOpts struct {
 	devices int
+	ids     []string // device ids instead of numbered ones
 	env     []string
 	args    []string
 	faults  sim.Profile
@@ -60,7 +61,7 @@ func setup(t testing.TB, o setupOpts) *bundle {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	fleet, err := sim.Start(context.Background(), sim.Config{
-		MQTT: b.broker.URL(), Devices: o.devices, StateDir: b.stateDir, Faults: o.faults,
+		MQTT: b.broker.URL(), Devices: o.devices, IDs: o.ids, StateDir: b.stateDir, Faults: o.faults,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)

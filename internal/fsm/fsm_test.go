@@ -154,3 +154,11 @@ func TestOperationOutcome(t *testing.T) {
 		})
 	}
 }
+
+var legalTask = map[string]bool{
+	"waiting_approval→waiting_approval": true, "waiting_approval→approved": true, "waiting_approval→rejected": true,
+	"approved→running": true, "approved→rejected": true,
+	"running→completed": true, "running→failed": true, "running→running": true,
+}
+
+func TestTaskTransitions(t *testing.T) { checkAllPairs(t, Task, legalTask) }

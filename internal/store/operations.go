@@ -78,66 +78,76 @@ type SubmitResult struct {
 func (s *Store) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
 	var res SubmitResult
 	err := s.write(ctx, func(t *tx) error {
-		existing, err := getOperation(ctx, t.Tx, n.OperationID)
-		switch {
-		case err == nil:
-			if existing.RequestHash != n.RequestHash {
-				return ErrKeyReused
-			}
-			if existing.Status == fsm.OpFailedRetryable {
-				if err := t.startRetry(ctx, existing, n.Owner, n.LeaseTTL, n.CommandTTL); err != nil {
-					return err
-				}
-				res.Retried = true
-				existing, err = getOperation(ctx, t.Tx, n.OperationID)
-			}
-			res.Operation = existing
-			return err
-		case !errors.Is(err, ErrNotFound):
-			return err
-		}
-		now := ms(t.now)
-		r, err := t.Exec(`INSERT INTO operations (operation_id, action, target, params, request_hash, status,
-				attempt, command_id, version, owner, lease_expires_at, fencing_token,
-				task_id, step, business_version, compensates, started_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, 'started', 1, ?, 1, ?, ?, 1, ?, ?, ?, NULLIF(?, ''), ?, ?)
-			ON CONFLICT (operation_id) DO NOTHING`,
-			n.OperationID, n.Action, n.Target, string(n.Params), n.RequestHash, n.CommandID,
-			n.Owner, ms(t.now.Add(n.LeaseTTL)), n.TaskID, n.Step, n.BusinessVersion, n.Compensates, now, now)
-		if err != nil {
-			return fmt.Errorf("insert operation %s: %w", n.OperationID, err)
-		}
-		if rows, _ := r.RowsAffected(); rows == 0 {
-			// Lost the race for the UNIQUE key (another process's writer): read the winner.
-			existing, err := getOperation(ctx, t.Tx, n.OperationID)
-			if err != nil {
-				return err
-			}
-			if existing.RequestHash != n.RequestHash {
-				return ErrKeyReused
-			}
-			res.Operation = existing
-			return nil
-		}
-		if err := insertCommand(t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS); err != nil {
-			return err
-		}
-		if err := t.event("operation", n.OperationID, "", string(fsm.OpStarted), "submitted", 1); err != nil {
+		var err error
+		if res, err = t.submit(ctx, n); err != nil || !res.Created {
 			return err
 		}
 		if beforeCommit != nil {
-			if err := beforeCommit(); err != nil {
-				return err
-			}
+			return beforeCommit()
 		}
-		op, err := getOperation(ctx, t.Tx, n.OperationID)
-		if err != nil {
-			return err
-		}
-		res = SubmitResult{Operation: op, Created: true}
 		return nil
 	})
 	return res, err
+}
+
+// submit is Submit inside a transaction (the task runner's step insert uses
+// it together with its checks).
+func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
+	var res SubmitResult
+	existing, err := getOperation(ctx, t.Tx, n.OperationID)
+	switch {
+	case err == nil:
+		if existing.RequestHash != n.RequestHash {
+			return res, ErrKeyReused
+		}
+		if existing.Status == fsm.OpFailedRetryable {
+			if err := t.startRetry(ctx, existing, n.Owner, n.LeaseTTL, n.CommandTTL); err != nil {
+				return res, err
+			}
+			res.Retried = true
+			if existing, err = getOperation(ctx, t.Tx, n.OperationID); err != nil {
+				return res, err
+			}
+		}
+		res.Operation = existing
+		return res, nil
+	case !errors.Is(err, ErrNotFound):
+		return res, err
+	}
+	now := ms(t.now)
+	r, err := t.Exec(`INSERT INTO operations (operation_id, action, target, params, request_hash, status,
+			attempt, command_id, version, owner, lease_expires_at, fencing_token,
+			task_id, step, business_version, compensates, started_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, 'started', 1, ?, 1, ?, ?, 1, ?, ?, ?, NULLIF(?, ''), ?, ?)
+		ON CONFLICT (operation_id) DO NOTHING`,
+		n.OperationID, n.Action, n.Target, string(n.Params), n.RequestHash, n.CommandID,
+		n.Owner, ms(t.now.Add(n.LeaseTTL)), n.TaskID, n.Step, n.BusinessVersion, n.Compensates, now, now)
+	if err != nil {
+		return res, fmt.Errorf("insert operation %s: %w", n.OperationID, err)
+	}
+	if rows, _ := r.RowsAffected(); rows == 0 {
+		// Lost the race for the UNIQUE key (another process's writer): read the winner.
+		existing, err := getOperation(ctx, t.Tx, n.OperationID)
+		if err != nil {
+			return res, err
+		}
+		if existing.RequestHash != n.RequestHash {
+			return res, ErrKeyReused
+		}
+		res.Operation = existing
+		return res, nil
+	}
+	if err := insertCommand(t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS); err != nil {
+		return res, err
+	}
+	if err := t.event("operation", n.OperationID, "", string(fsm.OpStarted), "submitted", 1); err != nil {
+		return res, err
+	}
+	op, err := getOperation(ctx, t.Tx, n.OperationID)
+	if err != nil {
+		return res, err
+	}
+	return SubmitResult{Operation: op, Created: true}, nil
 }
 
 func insertCommand(t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int) error {

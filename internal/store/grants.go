@@ -1,0 +1,129 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"path"
+	"time"
+)
+
+// Grant lets a principal run an action (a shell glob) on devices (a shell glob).
+type Grant struct {
+	GrantID   string
+	Principal string
+	Action    string
+	Devices   string
+	CreatedBy string
+	CreatedAt time.Time
+	RevokedAt *time.Time
+}
+
+// ErrPermissionDenied: no live grant covers the principal, action and device.
+var ErrPermissionDenied = errors.New("permission denied")
+
+const grantColumns = `grant_id, principal, action, devices, created_by, created_at, revoked_at`
+
+func scanGrant(row interface{ Scan(...any) error }) (Grant, error) {
+	var (
+		g       Grant
+		created int64
+		revoked sql.NullInt64
+	)
+	if err := row.Scan(&g.GrantID, &g.Principal, &g.Action, &g.Devices, &g.CreatedBy, &created, &revoked); err != nil {
+		return Grant{}, err
+	}
+	g.CreatedAt, g.RevokedAt = fromMS(created), fromNullMS(revoked)
+	return g, nil
+}
+
+// CreateGrant inserts a grant, or returns the live one with the same
+// (principal, action, devices) (created false).
+func (s *Store) CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error) {
+	for _, glob := range []string{action, devices} {
+		if _, err := path.Match(glob, ""); err != nil {
+			return Grant{}, false, fmt.Errorf("glob %q: %w", glob, ErrIllegalState)
+		}
+	}
+	var g Grant
+	var created bool
+	err := s.write(ctx, func(t *tx) error {
+		r, err := t.Exec(`INSERT INTO grants (grant_id, principal, action, devices, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?)
+			ON CONFLICT (principal, action, devices) WHERE revoked_at IS NULL DO NOTHING`,
+			id, principal, action, devices, by, ms(t.now))
+		if err != nil {
+			return fmt.Errorf("insert grant: %w", err)
+		}
+		n, _ := r.RowsAffected()
+		created = n == 1
+		g, err = scanGrant(t.QueryRowContext(ctx, `SELECT `+grantColumns+` FROM grants
+			WHERE principal = ? AND action = ? AND devices = ? AND revoked_at IS NULL`, principal, action, devices))
+		return err
+	})
+	return g, created, err
+}
+
+// RevokeGrant sets revoked_at (once; a second revoke returns the grant as it is).
+func (s *Store) RevokeGrant(ctx context.Context, id string) (Grant, error) {
+	var g Grant
+	err := s.write(ctx, func(t *tx) error {
+		if _, err := t.Exec(`UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL`, ms(t.now), id); err != nil {
+			return fmt.Errorf("revoke grant %s: %w", id, err)
+		}
+		var err error
+		g, err = scanGrant(t.QueryRowContext(ctx, `SELECT `+grantColumns+` FROM grants WHERE grant_id = ?`, id))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("grant %s: %w", id, ErrNotFound)
+		}
+		return err
+	})
+	return g, err
+}
+
+// ListGrants lists live grants, or all with revoked set.
+func (s *Store) ListGrants(ctx context.Context, revoked bool) ([]Grant, error) {
+	q := `SELECT ` + grantColumns + ` FROM grants`
+	if !revoked {
+		q += ` WHERE revoked_at IS NULL`
+	}
+	rows, err := s.r.QueryContext(ctx, q+` ORDER BY created_at, grant_id`)
+	if err != nil {
+		return nil, fmt.Errorf("list grants: %w", err)
+	}
+	defer rows.Close()
+	out := []Grant{}
+	for rows.Next() {
+		g, err := scanGrant(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, g)
+	}
+	return out, rows.Err()
+}
+
+// Allowed reports whether a live grant lets principal run action on device.
+func (s *Store) Allowed(ctx context.Context, principal, action, device string) (bool, error) {
+	return allowed(ctx, s.r, principal, action, device)
+}
+
+func allowed(ctx context.Context, q queryer, principal, action, device string) (bool, error) {
+	rows, err := q.QueryContext(ctx, `SELECT action, devices FROM grants WHERE principal = ? AND revoked_at IS NULL`, principal)
+	if err != nil {
+		return false, fmt.Errorf("read grants of %s: %w", principal, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var a, d string
+		if err := rows.Scan(&a, &d); err != nil {
+			return false, err
+		}
+		okA, _ := path.Match(a, action)
+		okD, _ := path.Match(d, device)
+		if okA && okD {
+			return true, nil
+		}
+	}
+	return false, rows.Err()
+}
