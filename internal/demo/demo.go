@@ -146,10 +146,22 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 
-	step("starting the controller (API %s, database %s)", apiURL, db)
+	// device-1001 of the walkthrough: "device-100" and the number 1.
+	sim1001, err := start("devicesim-1001", filepath.Join(cfg.Dir, "devicesim-1001.log"), []string{filepath.Join(cfg.Bin, "devicesim"), "run",
+		"--mqtt", mqttURL, "--devices", "1", "--id-prefix", "device-100", "--state-dir", filepath.Join(cfg.Dir, "devices-1001")})
+	if err != nil {
+		return err
+	}
+	defer sim1001.stop()
+
+	step("starting the controller (API %s, database %s, tokens for agent, alice and admin)", apiURL, db)
+	tokens := filepath.Join(cfg.Dir, "tokens.json")
+	if err := os.WriteFile(tokens, []byte(demoTokens), 0o600); err != nil {
+		return err
+	}
 	ctlLog := filepath.Join(cfg.Dir, "controller.log")
 	ctl, err := start("controller", ctlLog, []string{filepath.Join(cfg.Bin, "controller"), "serve",
-		"--db", db, "--mqtt", mqttURL, "--http", fmt.Sprintf("127.0.0.1:%d", httpPort),
+		"--db", db, "--mqtt", mqttURL, "--http", fmt.Sprintf("127.0.0.1:%d", httpPort), "--tokens", tokens,
 		"--instance-id", "demo-1", "--ack-timeout", "1s", "--sweep-interval", "200ms"})
 	if err != nil {
 		return err
@@ -165,13 +177,29 @@ func Run(ctx context.Context, cfg Config) error {
 	}); err != nil {
 		return err
 	}
-	c := client.New(apiURL, "")
+	if err := grantAgent(ctx, apiURL); err != nil {
+		return err
+	}
+	c := client.New(apiURL, "demo-agent")
 
 	res, err := runBatch(ctx, c, cfg, out)
 	if err != nil {
 		return err
 	}
-	return summary(ctx, c, cfg, db, stateDir, res, out)
+	if err := summary(ctx, c, cfg, db, stateDir, res, out); err != nil {
+		return err
+	}
+	if err := waitFor("device-1001 online", 30*time.Second, func() bool {
+		d, err := c.Device(ctx, "device-1001")
+		return err == nil && d.Online
+	}); err != nil {
+		return err
+	}
+	if err := walkthrough(ctx, apiURL, out); err != nil {
+		return fmt.Errorf("walkthrough: %w", err)
+	}
+	fmt.Fprintf(out, "\n==> done; logs and the database are in %s\n", cfg.Dir)
+	return nil
 }
 
 type batchResult struct {
