@@ -26,6 +26,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/controller"
+	"github.com/fleetctl/fleetctl/internal/verify"
 )
 
 // clientFlags are shared by the client subcommands.
@@ -48,7 +49,7 @@ func NewRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&cf.token, "token", "", "bearer token (client subcommands)")
 	root.PersistentFlags().BoolVar(&cf.json, "json", false, "print JSON instead of text")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return bindEnv(cmd) }
-	root.AddCommand(serveCmd(), opCmd(cf), cmdCmd(cf), deviceCmd(cf), taskCmd(cf), grantCmd(cf))
+	root.AddCommand(serveCmd(), opCmd(cf), cmdCmd(cf), deviceCmd(cf), taskCmd(cf), grantCmd(cf), verifyCmd())
 	return root
 }
 
@@ -486,4 +487,30 @@ func grantCmd(cf *clientFlags) *cobra.Command {
 	}
 	g.AddCommand(add, list, revoke)
 	return g
+}
+
+func verifyCmd() *cobra.Command {
+	var cfg verify.Config
+	cmd := &cobra.Command{
+		Use:   "verify --db FILE [--state-dir DIR]",
+		Short: "Check the contract's seven invariants on a run: the database and the devices' witness files",
+		Long: `Reads the controller's database (read-only) and, with --state-dir, the simulator's
+executions.jsonl and receipts.jsonl, and prints one verdict line per invariant
+with its numbers. Exits 1 if any invariant fails.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			vs, err := verify.Run(cmd.Context(), cfg)
+			if err != nil {
+				return err
+			}
+			if !verify.Print(cmd.OutOrStdout(), vs) {
+				return fmt.Errorf("invariants violated")
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&cfg.DB, "db", "controller.db", "the controller's SQLite database")
+	cmd.Flags().StringVar(&cfg.StateDir, "state-dir", "", "the simulator's state directory (the witnesses)")
+	cmd.Flags().DurationVar(&cfg.Slack, "slack", time.Minute, "sweep interval + lease ttl allowed past expires_at")
+	return cmd
 }

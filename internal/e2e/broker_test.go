@@ -102,4 +102,5 @@ func TestBrokerRestartCleanAndKill9DuringARun(t *testing.T) {
 	resent := b.rows(`SELECT COUNT(*) FROM commands WHERE attempt > 1`)
 	t.Logf("broker restarted cleanly once and killed -9 once during %d operations: %d final receipts the devices published never reached the controller; %s commands were settled by a query's answer, %s re-sent with the same command_id; 0 executed twice",
 		n, lost, byQuery[0], resent[0])
+	b.verify()
 }

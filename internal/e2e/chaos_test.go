@@ -145,4 +145,5 @@ func TestKill9DuringARun(t *testing.T) {
 	require.Zero(t, twice, "no operation executed twice")
 	require.Equal(t, ops, final["succeeded"], "every operation succeeded in the end")
 	require.Equal(t, []string{fmt.Sprint(ops)}, b.rows(`SELECT COUNT(*) FROM operations`))
+	b.verify()
 }

@@ -101,6 +101,7 @@ func TestConcurrentSubmitsOfOneOperation(t *testing.T) {
 	require.Equal(t, []string{"1"}, b.rows(`SELECT COUNT(*) FROM operations`))
 	require.Equal(t, []string{"1"}, b.rows(`SELECT COUNT(*) FROM commands`))
 	require.Equal(t, map[string]int{"task-100:restart:device-2:v1": 1}, b.executions())
+	b.verify()
 }
 
 func TestKeyReusedWithOtherParams(t *testing.T) {
@@ -276,4 +277,5 @@ func TestDuplicateStaleUnknownAndMalformedReceipts(t *testing.T) {
 	op2, _, err := b.client.Submit(b.ctx(), req("task-3b", "device-3"), "")
 	require.NoError(t, err)
 	require.Equal(t, "succeeded", b.waitFinal(op2.OperationID).Status)
+	b.verify()
 }

@@ -61,6 +61,7 @@ func TestLostResponseIsAskedAboutNotResent(t *testing.T) {
 	}
 	cmd := b.command(op.CommandID)
 	t.Logf("lost response: %d queries, %d publishes of the command, 1 execution", cmd.Queries, cmd.Attempt)
+	b.verify()
 }
 
 func TestLostCommandIsResentWithTheSameID(t *testing.T) {
@@ -80,6 +81,7 @@ func TestLostCommandIsResentWithTheSameID(t *testing.T) {
 	require.Equal(t, 1, cmds[0].cmd.Attempt)
 	require.Equal(t, 2, cmds[1].cmd.Attempt)
 	t.Logf("lost command: %d queries, %d publishes, 1 execution", cmd.Queries, cmd.Attempt)
+	b.verify()
 }
 
 func TestOfflineAtDispatchWaits(t *testing.T) {
@@ -123,6 +125,7 @@ func TestOfflinePastTTLTimesOutThenRetrySucceeds(t *testing.T) {
 	require.Len(t, done.CommandIDs, 2, "never published, so a new command_id")
 	require.Equal(t, 2, done.Attempt)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+	b.verify()
 }
 
 func TestOfflinePolicyFail(t *testing.T) {
@@ -160,6 +163,7 @@ func TestConnectionDroppedMidExecution(t *testing.T) {
 	require.Equal(t, 1, cmd.Attempt, "learned by asking, not re-sent")
 	require.GreaterOrEqual(t, cmd.Queries, 1)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+	b.verify()
 }
 
 func TestFinalReceiptLostAcrossBrokerRestartFoundByReconcile(t *testing.T) {
@@ -219,6 +223,7 @@ func TestLegacyDeviceNeedsAttentionThenResolve(t *testing.T) {
 	cmds, _ = sn.of(op.OperationID)
 	require.Len(t, cmds, 1)
 	require.Equal(t, 1, b.executions()[op.OperationID])
+	b.verify()
 }
 
 func TestLateSuccessAfterTimeout(t *testing.T) {
@@ -242,6 +247,7 @@ func TestLateSuccessAfterTimeout(t *testing.T) {
 	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status, "the late success decides the operation")
 	require.GreaterOrEqual(t, b.metric("controller_late_outcomes_total"), 1.0)
 	require.Equal(t, 1, b.executions()[op.OperationID])
+	b.verify()
 }
 
 func TestSilentDeviceGetsAtMostMaxAttempts(t *testing.T) {

@@ -46,6 +46,7 @@ func TestFailpointSubmitAfterCommitCrash(t *testing.T) {
 	require.Equal(t, []string{op.CommandID}, cmds, "the same command_id, no second one")
 	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+	b.verify()
 }
 
 func TestFailpointSubmitAfterCommitError(t *testing.T) {
@@ -87,6 +88,7 @@ func TestFailpointBeforePublishCrash(t *testing.T) {
 	require.Equal(t, []string{op.CommandID}, final.CommandIDs, "no new command_id")
 	require.Equal(t, 2, cmd.Attempt, "asked first, then published the committed command once")
 	require.GreaterOrEqual(t, cmd.Queries, 1)
+	b.verify()
 }
 
 func TestFailpointAfterPublishError(t *testing.T) {
@@ -113,6 +115,7 @@ func TestFailpointBeforeReceiptCommit(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, "committed before the crash")
 	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+	b.verify()
 }
 
 func TestUnknownFailpointRefusesToStart(t *testing.T) {

@@ -50,6 +50,7 @@ func TestStalledPublisherIsFencedDedupeDevice(t *testing.T) {
 	require.Equal(t, 2, cmds[0].cmd.Attempt)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
 	_ = c2
+	b.verify()
 }
 
 func TestStalledPublisherIsFencedLegacyDevice(t *testing.T) {
@@ -74,6 +75,7 @@ func TestStalledPublisherIsFencedLegacyDevice(t *testing.T) {
 	require.NotEmpty(t, queries, "i2 asked")
 	require.Empty(t, b.executions())
 	require.Zero(t, metricOf(t, c2.Server, `controller_publishes_total{kind="command"}`))
+	b.verify()
 }
 
 func TestSIGSTOPPedHolderIsTakenOver(t *testing.T) {
@@ -105,6 +107,7 @@ func TestSIGSTOPPedHolderIsTakenOver(t *testing.T) {
 	})
 	require.Equal(t, before, b.metric(`controller_publishes_total{kind="command"}`), "nothing i1 did after SIGCONT reached a device")
 	require.Equal(t, map[string]int{op.OperationID: 1, op2.OperationID: 1}, b.executions())
+	b.verify()
 }
 
 func TestStalledHeartbeatLosesItsLeases(t *testing.T) {
@@ -122,6 +125,7 @@ func TestStalledHeartbeatLosesItsLeases(t *testing.T) {
 	require.Equal(t, "i2", final.Owner, "i1's heartbeat stalled: i2 took over and asked")
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
 	require.Len(t, final.CommandIDs, 1)
+	b.verify()
 }
 
 func TestTwoInstancesRaceOnTheSameOperations(t *testing.T) {
@@ -160,4 +164,5 @@ func TestTwoInstancesRaceOnTheSameOperations(t *testing.T) {
 	for id, k := range ex {
 		require.Equal(t, 1, k, id)
 	}
+	b.verify()
 }

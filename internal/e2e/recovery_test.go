@@ -64,4 +64,5 @@ func TestRecoveryTimeFor1000InDoubtCommands(t *testing.T) {
 		n, devices, healthy.Round(time.Millisecond), took.Round(time.Millisecond), asked)
 	require.Equal(t, fmt.Sprint(n), asked, "each was asked about before its re-send")
 	require.Equal(t, []string{fmt.Sprint(n)}, b.rows(`SELECT COUNT(DISTINCT command_id) FROM commands`), "no new command_id")
+	b.verify()
 }

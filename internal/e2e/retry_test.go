@@ -36,6 +36,7 @@ func TestRetryAdoptsTheLastCommandWhenItRan(t *testing.T) {
 	require.Equal(t, "timeout", cmd.Status, "the terminal state is kept")
 	require.Equal(t, "succeeded", cmd.LateOutcome)
 	require.Equal(t, 1, b.executions()[op.OperationID])
+	b.verify()
 }
 
 // The device never saw the last command: it answers unknown, so the retry
@@ -62,4 +63,5 @@ func TestRetryMintsANewCommandWhenTheDeviceNeverSawIt(t *testing.T) {
 	require.GreaterOrEqual(t, b.command(op.CommandID).Queries, 1)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
 	t.Logf("retry: asked, unknown, new command, succeeded in %s", time.Since(start).Round(time.Millisecond))
+	b.verify()
 }

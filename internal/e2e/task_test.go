@@ -124,6 +124,7 @@ func TestWalkthroughTask88(t *testing.T) {
 	}
 	t.Logf("task-88 history: %v", actions)
 	require.Equal(t, "create:waiting_approval", actions[0])
+	tb.verify()
 }
 
 func TestDoubleClickedApproval(t *testing.T) {
@@ -150,6 +151,7 @@ func TestDoubleClickedApproval(t *testing.T) {
 	require.Equal(t, []string{"1"}, tb.rows(`SELECT COUNT(*) FROM approvals`))
 	require.Equal(t, []string{"1"}, tb.rows(`SELECT COUNT(*) FROM operations`))
 	require.Equal(t, map[string]int{"task-dc:restart-device:device-1:approval-v1": 1}, tb.executions())
+	tb.verify()
 }
 
 func TestPlanRetryAndStaleApproval(t *testing.T) {
@@ -307,6 +309,7 @@ func TestTaskSurvivesCrashes(t *testing.T) {
 	tb.ctl.Restart()
 	tb.waitTask("task-k", "completed")
 	require.Equal(t, 1, tb.executions()[opID])
+	tb.verify()
 }
 
 func TestCompensation(t *testing.T) {
@@ -360,4 +363,5 @@ func TestCompensation(t *testing.T) {
 	require.Equal(t, http.StatusCreated, status, code)
 	require.Equal(t, 1, tb.executions()["cfg-1"])
 	t.Logf("compensation: %s", fmt.Sprint(tb.executions()))
+	tb.verify()
 }

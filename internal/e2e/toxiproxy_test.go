@@ -86,4 +86,5 @@ func TestNetworkFaultsOnTheControllersBrokerLink(t *testing.T) {
 	t.Logf("latency 300±100 ms, reset_peer, timeout on the controller's broker link during %d operations: all succeeded, 0 executed twice, %.0f reconnect reconciles, %s commands re-sent with the same command_id",
 		n, reconciles, resent[0])
 	require.GreaterOrEqual(t, reconciles, 2.0, "the faults did break the connection")
+	b.verify()
 }
