@@ -5,7 +5,7 @@ GO        ?= go
 MOSQUITTO ?= /usr/sbin/mosquitto
 BIN       := bin
 
-.PHONY: all deps build test test-short vet bench demo clean
+.PHONY: all deps build test vet bench demo scenarios soak clean
 
 all: build
 
@@ -31,6 +31,13 @@ test: deps vet
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime 200x -count 1 ./internal/e2e/ ./internal/failpoint/
+
+# Every failure-window scenario with its invariant verdicts (the soak: 2 min on CI, 30 min otherwise).
+scenarios: deps
+	scenarios/run all
+
+soak: deps
+	SOAK_DURATION=$${SOAK_DURATION:-30m} scenarios/run 17-soak
 
 demo: deps build
 	$(GO) run ./cmd/demo --bin $(BIN)

@@ -199,6 +199,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	status, _ := postOK(t, b.ctl.URL, `{"target":"device-1","action":"restart"}`, "key-1")
 	require.Equal(t, 201, status)
 	require.Equal(t, "succeeded", b.waitFinal("key-1").Status)
+	b.verify()
 }
 
 func postOK(t *testing.T, url, body, key string) (int, api.Operation) {

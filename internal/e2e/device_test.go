@@ -100,6 +100,7 @@ func TestOfflineAtDispatchWaits(t *testing.T) {
 	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
 	require.Equal(t, 1, b.command(op.CommandID).Attempt)
+	b.verify()
 }
 
 func TestOfflinePastTTLTimesOutThenRetrySucceeds(t *testing.T) {
@@ -141,6 +142,7 @@ func TestOfflinePolicyFail(t *testing.T) {
 	require.Equal(t, "failed", cmd.Status)
 	require.Equal(t, "device_offline", cmd.Reason)
 	require.Zero(t, cmd.Attempt)
+	b.verify()
 }
 
 func TestConnectionDroppedMidExecution(t *testing.T) {

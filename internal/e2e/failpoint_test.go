@@ -28,6 +28,7 @@ func TestFailpointSubmitBeforeCommitError(t *testing.T) {
 	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
 	require.Equal(t, 1.0, b.metric(`controller_failpoint_hits_total{name="submit-before-commit"}`))
+	b.verify()
 }
 
 func TestFailpointSubmitAfterCommitCrash(t *testing.T) {
@@ -61,6 +62,7 @@ func TestFailpointSubmitAfterCommitError(t *testing.T) {
 	require.Equal(t, []string{op.CommandID}, b.rows(`SELECT command_id FROM commands`))
 	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+	b.verify()
 }
 
 func TestFailpointBeforePublishCrash(t *testing.T) {

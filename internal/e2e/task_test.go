@@ -220,6 +220,7 @@ func TestGrantRevokedBeforeTheWindowOpens(t *testing.T) {
 	require.Empty(t, cmds, "no command published")
 	require.Empty(t, tb.executions())
 	require.Equal(t, []string{"0"}, tb.rows(`SELECT COUNT(*) FROM operations`))
+	tb.verify()
 }
 
 func TestPermissionsAndFourEyes(t *testing.T) {
@@ -283,6 +284,7 @@ func TestPermissionsAndFourEyes(t *testing.T) {
 	require.Equal(t, "illegal_state", code)
 	require.Equal(t, "completed", tb.task("t-4").Status)
 	require.Equal(t, 1, tb.executions()["t-4:restart-device:device-2:approval-v2"])
+	tb.verify()
 }
 
 func TestTaskSurvivesCrashes(t *testing.T) {
