@@ -17,6 +17,12 @@ deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto >/dev/null; \
 	fi
 	@$(MOSQUITTO) -h 2>/dev/null | head -1 | grep -q 'mosquitto version 2' || { echo "need Mosquitto 2.x at $(MOSQUITTO)"; exit 1; }
+	@# Headless Chromium renders the HTML report in its test.
+	@if [ ! -x /usr/bin/chromium ]; then \
+		echo "installing chromium (apt-get)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; \
+	fi
 
 build:
 	$(GO) build -o $(BIN)/controller ./cmd/controller

@@ -26,6 +26,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/controller"
+	"github.com/fleetctl/fleetctl/internal/report"
 	"github.com/fleetctl/fleetctl/internal/verify"
 )
 
@@ -49,7 +50,7 @@ func NewRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&cf.token, "token", "", "bearer token (client subcommands)")
 	root.PersistentFlags().BoolVar(&cf.json, "json", false, "print JSON instead of text")
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return bindEnv(cmd) }
-	root.AddCommand(serveCmd(), opCmd(cf), cmdCmd(cf), deviceCmd(cf), taskCmd(cf), grantCmd(cf), verifyCmd())
+	root.AddCommand(serveCmd(), opCmd(cf), cmdCmd(cf), deviceCmd(cf), taskCmd(cf), grantCmd(cf), verifyCmd(), reportCmd())
 	return root
 }
 
@@ -512,5 +513,32 @@ with its numbers. Exits 1 if any invariant fails.`,
 	cmd.Flags().StringVar(&cfg.DB, "db", "controller.db", "the controller's SQLite database")
 	cmd.Flags().StringVar(&cfg.StateDir, "state-dir", "", "the simulator's state directory (the witnesses)")
 	cmd.Flags().DurationVar(&cfg.Slack, "slack", time.Minute, "sweep interval + lease ttl allowed past expires_at")
+	return cmd
+}
+
+func reportCmd() *cobra.Command {
+	var cfg report.Config
+	var out string
+	cmd := &cobra.Command{
+		Use:   "report --db FILE [--state-dir DIR] --out report.html",
+		Short: "Write one self-contained HTML report of a run: verdicts, counts, a timeline per command of interest",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := os.Create(out)
+			if err != nil {
+				return err
+			}
+			if err := report.Write(cmd.Context(), f, cfg); err != nil {
+				f.Close()
+				return err
+			}
+			return f.Close()
+		},
+	}
+	cmd.Flags().StringVar(&cfg.DB, "db", "controller.db", "the controller's SQLite database")
+	cmd.Flags().StringVar(&cfg.StateDir, "state-dir", "", "the simulator's state directory (the witnesses)")
+	cmd.Flags().StringVar(&cfg.Title, "title", "", "the report's title")
+	cmd.Flags().IntVar(&cfg.Max, "commands", 12, "how many commands to draw, most eventful first")
+	cmd.Flags().StringVar(&out, "out", "report.html", "the HTML file to write")
 	return cmd
 }

@@ -1,0 +1,76 @@
+package e2e
+
+import (
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/testenv"
+)
+
+const chromium = "/usr/bin/chromium"
+
+// TestReportRendersInChromium writes the HTML report of a run with a lost
+// response (receipts dropped, the controller asks) and a lost command (a
+// re-send), renders it in headless Chromium and checks the screenshot shows
+// the report: not blank, with the timelines' colours.
+func TestReportRendersInChromium(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat(chromium); err != nil {
+		t.Fatalf("chromium is not installed at %s: run 'make deps' (apt-get install chromium)", chromium)
+	}
+	b := setup(t, setupOpts{faults: sim.Profile{Devices: []sim.Override{
+		{Match: "device-1", Faults: sim.Faults{DropReceipt: sim.ReceiptFault{Trigger: sim.Trigger{Count: 3}}}},
+		{Match: "device-2", Faults: sim.Faults{DropCommand: sim.Trigger{Count: 1}}},
+	}}})
+	for _, d := range []string{"device-1", "device-2", "device-3"} {
+		op, _, err := b.client.Submit(b.ctx(), req("report", d), "")
+		require.NoError(t, err)
+		require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
+	}
+	dir := t.TempDir()
+	html := filepath.Join(dir, "report.html")
+	out, err := exec.Command(testenv.Binary(t, "controller"), "report", "--db", b.db, "--state-dir", b.stateDir, "--out", html).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	body, err := os.ReadFile(html)
+	require.NoError(t, err)
+	require.Contains(t, string(body), "<svg")
+	require.Contains(t, string(body), "query")
+	require.Contains(t, string(body), "re-send")
+	require.Equal(t, 7, strings.Count(string(body), `class="pass"`), "seven invariants, all passing")
+
+	shot := filepath.Join(dir, "report.png")
+	cmd := exec.Command(chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir="+filepath.Join(dir, "profile"),
+		"--window-size=1280,1400", "--screenshot="+shot, "file://"+html)
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	f, err := os.Open(shot)
+	require.NoError(t, err)
+	defer f.Close()
+	img, err := png.Decode(f)
+	require.NoError(t, err)
+	bounds := img.Bounds()
+	nonWhite, coloured := 0, 0
+	for y := bounds.Min.Y; y < bounds.Max.Y; y += 2 {
+		for x := bounds.Min.X; x < bounds.Max.X; x += 2 {
+			r, g, bl, _ := img.At(x, y).RGBA()
+			if r < 0xf000 || g < 0xf000 || bl < 0xf000 {
+				nonWhite++
+			}
+			if max(r, g, bl)-min(r, g, bl) > 0x4000 { // a saturated colour: the timelines' marks
+				coloured++
+			}
+		}
+	}
+	total := (bounds.Dx() / 2) * (bounds.Dy() / 2)
+	t.Logf("report screenshot %dx%d: %.1f%% non-white, %d coloured samples", bounds.Dx(), bounds.Dy(), 100*float64(nonWhite)/float64(total), coloured)
+	require.Greater(t, float64(nonWhite)/float64(total), 0.01, "the screenshot is not blank")
+	require.Greater(t, coloured, 50, "the timelines are drawn")
+}
