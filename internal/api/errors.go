@@ -69,3 +69,12 @@ func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 	}
 	writeJSON(w, ae.Status, Error{Code: ae.Code, Message: ae.Message})
 }
+
+// writeCreated answers 201 for something new, 200 for what already existed.
+func writeCreated(w http.ResponseWriter, created bool, v any) {
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, v)
+}

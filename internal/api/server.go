@@ -134,11 +134,7 @@ func (s *Server) handleSubmit(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.cfg.Logger, err) // the commit stands: a retry gets 200 and the same command_id
 		return
 	}
-	status := http.StatusOK
-	if created {
-		status = http.StatusCreated
-	}
-	writeJSON(w, status, operationView(op))
+	writeCreated(w, created, operationView(op))
 }
 
 // submit validates a direct submission and inserts it, or returns the

@@ -199,11 +199,7 @@ func (s *Server) handleCreateTask(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.cfg.Logger, err)
 		return
 	}
-	status := http.StatusOK
-	if created {
-		status = http.StatusCreated
-	}
-	writeJSON(w, status, taskView(task))
+	writeCreated(w, created, taskView(task))
 }
 
 func utc(t *time.Time) *time.Time {
@@ -259,11 +255,7 @@ func (s *Server) handleApprove(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.cfg.Logger, err)
 		return
 	}
-	status := http.StatusOK
-	if created {
-		status = http.StatusCreated
-	}
-	writeJSON(w, status, approvalView(&a))
+	writeCreated(w, created, approvalView(&a))
 }
 
 func (s *Server) handleReject(w http.ResponseWriter, r *http.Request) {
@@ -321,11 +313,7 @@ func (s *Server) handleCreateGrant(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.cfg.Logger, err)
 		return
 	}
-	status := http.StatusOK
-	if created {
-		status = http.StatusCreated
-	}
-	writeJSON(w, status, grantView(g))
+	writeCreated(w, created, grantView(g))
 }
 
 func (s *Server) handleListGrants(w http.ResponseWriter, r *http.Request) {
@@ -409,9 +397,5 @@ func (s *Server) handleCompensate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.cfg.Logger, err)
 		return
 	}
-	status := http.StatusOK
-	if created {
-		status = http.StatusCreated
-	}
-	writeJSON(w, status, operationView(op))
+	writeCreated(w, created, operationView(op))
 }
