@@ -152,14 +152,20 @@ func (s *Server) submit(ctx context.Context, req SubmitRequest, key, who string)
 	if err != nil {
 		return store.Operation{}, false, err
 	}
-	if s.cfg.Policy(req.Action).Approval == command.ApprovalRequired {
-		return store.Operation{}, false, apiErr(http.StatusForbidden, "approval_required",
-			"action "+req.Action+" needs an approved task (POST /v1/tasks)")
-	}
-	if err := s.checkGrant(ctx, who, req.Action, req.Target); err != nil {
+	if err := s.authorizeDirect(ctx, who, req.Action, req.Target); err != nil {
 		return store.Operation{}, false, err
 	}
 	return s.insert(ctx, n)
+}
+
+// authorizeDirect is what an operation outside a task needs: an action that
+// does not require approval (403 approval_required) and a grant for it on
+// the device (403 permission_denied).
+func (s *Server) authorizeDirect(ctx context.Context, who, action, device string) error {
+	if s.cfg.Policy(action).Approval == command.ApprovalRequired {
+		return apiErr(http.StatusForbidden, "approval_required", "action "+action+" needs an approved task (POST /v1/tasks)")
+	}
+	return s.checkGrant(ctx, who, action, device)
 }
 
 func (s *Server) insert(ctx context.Context, n store.NewOperation) (store.Operation, bool, error) {

@@ -305,7 +305,7 @@ func (s *Server) handleCreateGrant(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.cfg.Logger, fmt.Errorf("%w: principal, action and devices are required", opid.ErrInvalid))
 		return
 	}
-	g, created, err := s.cfg.Store.CreateGrant(r.Context(), "g-"+command.NewQueryID(s.cfg.Now())[2:], req.Principal, req.Action, req.Devices, principal(r))
+	g, created, err := s.cfg.Store.CreateGrant(r.Context(), command.NewID("g-", s.cfg.Now()), req.Principal, req.Action, req.Devices, principal(r))
 	if errors.Is(err, store.ErrIllegalState) {
 		err = fmt.Errorf("%w: %v", opid.ErrInvalid, err)
 	}
@@ -383,11 +383,7 @@ func (s *Server) handleCompensate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.cfg.Logger, err)
 		return
 	}
-	if s.cfg.Policy(req.Action).Approval == command.ApprovalRequired {
-		writeError(w, s.cfg.Logger, apiErr(http.StatusForbidden, "approval_required", "action "+req.Action+" needs an approved task"))
-		return
-	}
-	if err := s.checkGrant(r.Context(), principal(r), req.Action, orig.Target); err != nil {
+	if err := s.authorizeDirect(r.Context(), principal(r), req.Action, orig.Target); err != nil {
 		writeError(w, s.cfg.Logger, err)
 		return
 	}

@@ -201,10 +201,7 @@ func (d *Dispatcher) step(ctx context.Context, commandID string) {
 		}
 		return
 	}
-	// A waiting command is looked at whenever it is kicked: a presence change
-	// may race its move to waiting_device, and must not be lost to the schedule.
-	waitingOnline := c.Status == fsm.CmdWaitingDevice && dev.Online
-	if now.Before(c.NextCheckAt) && !waitingOnline {
+	if now.Before(c.NextCheckAt) {
 		return
 	}
 	switch c.Status {

@@ -32,9 +32,12 @@ func newULID(now time.Time) string {
 	return string(out[:])
 }
 
+// NewID mints a time-ordered id: prefix and a ULID.
+func NewID(prefix string, now time.Time) string { return prefix + newULID(now) }
+
 // NewCommandID mints a command id, "c-" and a ULID. Called once per
 // intent's attempt: never for a command that may still run.
-func NewCommandID(now time.Time) string { return "c-" + newULID(now) }
+func NewCommandID(now time.Time) string { return NewID("c-", now) }
 
 // NewQueryID mints a query id, "q-" and a ULID.
-func NewQueryID(now time.Time) string { return "q-" + newULID(now) }
+func NewQueryID(now time.Time) string { return NewID("q-", now) }

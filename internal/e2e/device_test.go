@@ -26,7 +26,7 @@ func (b *bundle) command(id string) api.Command {
 func (b *bundle) waitCommand(id, status string) api.Command {
 	b.t.Helper()
 	var c api.Command
-	eventually(b.t.(*testing.T), "command "+id+" "+status, 30*time.Second, func() bool {
+	eventually(b.t, "command "+id+" "+status, 30*time.Second, func() bool {
 		c = b.command(id)
 		return c.Status == status
 	})
@@ -35,7 +35,7 @@ func (b *bundle) waitCommand(id, status string) api.Command {
 
 func (b *bundle) waitDevice(id string, online bool) {
 	b.t.Helper()
-	eventually(b.t.(*testing.T), fmt.Sprintf("%s online=%v", id, online), 30*time.Second, func() bool {
+	eventually(b.t, fmt.Sprintf("%s online=%v", id, online), 30*time.Second, func() bool {
 		d, err := b.client.Device(b.ctx(), id)
 		return err == nil && d.Online == online
 	})

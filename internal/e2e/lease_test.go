@@ -21,12 +21,6 @@ func (b *bundle) peer(id string, env []string, args ...string) (*testenv.Control
 	return c, client.New(c.URL, "")
 }
 
-// metricOf reads one sample from an instance's /metrics.
-func metricOf(t *testing.T, url, name string) float64 {
-	b := &bundle{t: t, ctl: &testenv.Controller{URL: url}}
-	return b.metric(name)
-}
-
 func TestStalledPublisherIsFencedDedupeDevice(t *testing.T) {
 	t.Parallel()
 	// Instance i1 stalls between its committed pending → sent and the publish,
@@ -35,7 +29,7 @@ func TestStalledPublisherIsFencedDedupeDevice(t *testing.T) {
 	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-publish=1*sleep(6s);before-lease-renew=1*sleep(6s)"},
 		args: []string{"--lease-ttl", "2s"}})
 	sn := sniff(t, b.broker.URL())
-	_, c2 := b.peer("i2", nil, "--lease-ttl", "2s")
+	b.peer("i2", nil, "--lease-ttl", "2s")
 	op, _, err := b.client.Submit(b.ctx(), req("stall", "device-1"), "")
 	require.NoError(t, err)
 	final := b.waitFinal(op.OperationID)
@@ -49,7 +43,6 @@ func TestStalledPublisherIsFencedDedupeDevice(t *testing.T) {
 	require.Len(t, cmds, 1, "one publication on the wire: i2's re-send")
 	require.Equal(t, 2, cmds[0].cmd.Attempt)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
-	_ = c2
 	b.verify()
 }
 
@@ -74,7 +67,7 @@ func TestStalledPublisherIsFencedLegacyDevice(t *testing.T) {
 	require.Empty(t, cmds, "not even one publication: i1 lost its lease, i2 never re-sends to a legacy device")
 	require.NotEmpty(t, queries, "i2 asked")
 	require.Empty(t, b.executions())
-	require.Zero(t, metricOf(t, c2.Server, `controller_publishes_total{kind="command"}`))
+	require.Zero(t, metricAt(t, c2.Server, `controller_publishes_total{kind="command"}`))
 	b.verify()
 }
 
@@ -94,7 +87,7 @@ func TestSIGSTOPPedHolderIsTakenOver(t *testing.T) {
 	require.Equal(t, "succeeded", final.Status)
 	require.Equal(t, "i2", final.Owner)
 	t.Logf("SIGSTOP to finished by the survivor: %s (lease ttl 2s)", time.Since(stopped).Round(time.Millisecond))
-	require.GreaterOrEqual(t, metricOf(t, c2.URL, "controller_takeovers_total"), 1.0)
+	require.GreaterOrEqual(t, metricAt(t, c2.URL, "controller_takeovers_total"), 1.0)
 
 	b.ctl.Signal(syscall.SIGCONT)
 	// Let i1 run its sweeps and heartbeats for a few lease periods.

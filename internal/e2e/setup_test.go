@@ -144,11 +144,17 @@ func (b *bundle) rows(query string, args ...any) []string {
 	return out
 }
 
-// metric returns the value of one sample line of /metrics, or 0.
+// metric returns the value of one sample line of the controller's /metrics, or 0.
 func (b *bundle) metric(name string) float64 {
 	b.t.Helper()
-	resp, err := http.Get(b.ctl.URL + "/metrics")
-	require.NoError(b.t, err)
+	return metricAt(b.t, b.ctl.URL, name)
+}
+
+// metricAt reads one sample from the /metrics of the instance at url.
+func metricAt(t testing.TB, url, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	for _, line := range strings.Split(string(body), "\n") {
@@ -162,7 +168,7 @@ func (b *bundle) metric(name string) float64 {
 }
 
 // eventually waits for cond with a deadline.
-func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+func eventually(t testing.TB, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {

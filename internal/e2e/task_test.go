@@ -67,7 +67,7 @@ func (tb *taskBundle) task(id string) api.TaskView {
 
 func (tb *taskBundle) waitTask(id, status string) api.TaskView {
 	var v api.TaskView
-	eventually(tb.t.(*testing.T), "task "+id+" "+status, 30*time.Second, func() bool {
+	eventually(tb.t, "task "+id+" "+status, 30*time.Second, func() bool {
 		v = tb.task(id)
 		return v.Status == status
 	})

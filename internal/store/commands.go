@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
@@ -345,13 +347,15 @@ func (s *Store) Move(ctx context.Context, commandID string, from fsm.CommandStat
 	return out, err
 }
 
-// Wake makes a device's open commands due now (a presence change): only a
-// scheduling hint, no state changes.
+// Wake makes a device's open commands due now after a presence change, and
+// bumps their version: a decision the lease holder computed from the old
+// presence (a move to waiting_device, a postpone) then fails its version
+// condition and is taken again with the new presence. No state changes.
 func (s *Store) Wake(ctx context.Context, device string) ([]string, error) {
 	var ids []string
 	err := s.write(ctx, func(t *tx) error {
 		var err error
-		ids, err = queryStrings(ctx, t.Tx, `UPDATE commands SET next_check_at = ? WHERE device_id = ?
+		ids, err = queryStrings(ctx, t.Tx, `UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
 			AND status NOT IN ('succeeded','failed','timeout','cancelled') RETURNING command_id`, ms(t.now), device)
 		return err
 	})
@@ -393,16 +397,10 @@ func (s *Store) OpenCommand(ctx context.Context, commandID string) (OpenCommand,
 	return out[0], nil
 }
 
-var prefixedCommandColumns = func() string {
-	out := ""
-	for i, c := range splitColumns(commandColumns) {
-		if i > 0 {
-			out += ", "
-		}
-		out += "c." + c
-	}
-	return out
-}()
+// prefixedCommandColumns is commandColumns qualified with the alias c.
+var prefixedCommandColumns = "c." + strings.Join(strings.FieldsFunc(commandColumns, func(r rune) bool {
+	return r == ',' || unicode.IsSpace(r)
+}), ", c.")
 
 func (s *Store) openCommands(ctx context.Context, where string, args ...any) ([]OpenCommand, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+prefixedCommandColumns+`, o.owner, o.fencing_token, o.lease_expires_at
@@ -433,19 +431,3 @@ func (s *Store) openCommands(ctx context.Context, where string, args ...any) ([]
 type scanFunc func(dest ...any) error
 
 func (f scanFunc) Scan(dest ...any) error { return f(dest...) }
-
-func splitColumns(cols string) []string {
-	var out []string
-	cur := ""
-	for _, r := range cols {
-		switch r {
-		case ',':
-			out = append(out, cur)
-			cur = ""
-		case ' ', '\n', '\t':
-		default:
-			cur += string(r)
-		}
-	}
-	return append(out, cur)
-}

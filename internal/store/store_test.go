@@ -481,3 +481,19 @@ func TestRetryAsksThenMints(t *testing.T) {
 	_, err = b.s.RetryingOf(b.ctx, "c-1", "i1")
 	require.ErrorIs(t, err, ErrNotFound)
 }
+
+func TestWakeRefusesADecisionMadeOnOldPresence(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	seen, _ := b.s.GetCommand(b.ctx, "c-1") // the holder reads it while the device looks offline
+	ids, err := b.s.Wake(b.ctx, "device-1") // the device's birth arrives
+	require.NoError(t, err)
+	require.Equal(t, []string{"c-1"}, ids)
+	_, err = b.s.Move(b.ctx, "c-1", fsm.CmdPending, seen.Version, fsm.CmdWaitingDevice, "device offline", fence, b.clk.Now().Add(time.Minute))
+	require.ErrorIs(t, err, ErrRefused, "the decision on the old presence is refused, to be taken again")
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	require.Equal(t, fsm.CmdPending, c.Status)
+	require.False(t, c.NextCheckAt.After(b.clk.Now()), "still due now")
+}

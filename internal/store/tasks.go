@@ -369,9 +369,8 @@ func (s *Store) StartStep(ctx context.Context, task Task, stepIndex int, enforce
 			out = StepCheck{Refused: true, Reason: reason}
 			return t.moveTask(task.TaskID, task.Status, task.RowVersion, to, stepIndex, reason, who, a.Version)
 		}
-		var err2 error
-		if out.Result, err2 = t.submit(ctx, n); err2 != nil {
-			return err2
+		if out.Result, err = t.submit(ctx, n); err != nil {
+			return err
 		}
 		return t.moveTask(task.TaskID, task.Status, task.RowVersion, fsm.TaskRunning, stepIndex,
 			"step "+step.Step+": "+n.OperationID, who, a.Version)
