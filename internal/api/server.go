@@ -31,7 +31,7 @@ const MaxWait = 60 * time.Second
 
 // Config configures a Server.
 type Config struct {
-	Store      *store.Store
+	Store      store.Store
 	Instance   string
 	Policy     func(action string) command.Policy
 	LeaseTTL   time.Duration

@@ -22,7 +22,7 @@ type Publisher interface {
 
 // Config configures a Dispatcher.
 type Config struct {
-	Store     *store.Store
+	Store     store.Store
 	Publisher Publisher
 	Instance  string
 	TopicRoot string

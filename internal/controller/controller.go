@@ -91,7 +91,7 @@ type Controller struct {
 	log     *slog.Logger
 	fp      *failpoint.Set
 	met     *metrics.Metrics
-	store   *store.Store
+	store   store.Store
 	mqtt    *mqttx.Client
 	disp    *command.Dispatcher
 	runner  *task.Runner

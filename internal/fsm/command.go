@@ -34,13 +34,7 @@ const (
 )
 
 // Terminal reports whether no transition leaves s.
-func (s CommandState) Terminal() bool {
-	switch s {
-	case CmdSucceeded, CmdFailed, CmdTimeout, CmdCancelled:
-		return true
-	}
-	return false
-}
+func (s CommandState) Terminal() bool { return Command.Valid(s) && Command.final(s) }
 
 // Command is the command state machine of the contract.
 var Command = newMachine("command",
@@ -55,6 +49,17 @@ var Command = newMachine("command",
 		CmdExecuting:      {CmdSucceeded, CmdFailed, CmdWaitingDevice, CmdTimeout, CmdNeedsAttention},
 		CmdNeedsAttention: {CmdSucceeded, CmdFailed},
 	})
+
+// TerminalCommandStates lists the states no transition leaves.
+func TerminalCommandStates() []CommandState {
+	var out []CommandState
+	for _, s := range Command.States() {
+		if s.Terminal() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
 
 // NonTerminalCommandStates lists the states a sweeper still has work for.
 func NonTerminalCommandStates() []CommandState {

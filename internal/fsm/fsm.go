@@ -55,6 +55,9 @@ func (m *Machine[S]) Valid(s S) bool {
 	return false
 }
 
+// final reports whether no transition leaves s.
+func (m *Machine[S]) final(s S) bool { return len(m.edges[s]) == 0 }
+
 // Can reports whether from → to is in the table.
 func (m *Machine[S]) Can(from, to S) bool {
 	_, ok := m.edges[from][to]

@@ -20,7 +20,7 @@ const (
 )
 
 // Terminal reports whether no transition leaves s.
-func (s OperationState) Terminal() bool { return s == OpSucceeded || s == OpFailedFinal }
+func (s OperationState) Terminal() bool { return Operation.Valid(s) && Operation.final(s) }
 
 // Operation is the operation state machine of the contract.
 var Operation = newMachine("operation",

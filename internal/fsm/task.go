@@ -23,9 +23,7 @@ const (
 )
 
 // Terminal reports whether no transition leaves s.
-func (s TaskState) Terminal() bool {
-	return s == TaskCompleted || s == TaskRejected || s == TaskFailed
-}
+func (s TaskState) Terminal() bool { return Task.Valid(s) && Task.final(s) }
 
 // Task is the task state machine of the contract.
 var Task = newMachine("task",

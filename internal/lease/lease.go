@@ -12,7 +12,7 @@ import (
 
 // Config configures a Keeper.
 type Config struct {
-	Store      *store.Store
+	Store      store.Store
 	Instance   string
 	TTL        time.Duration
 	Failpoints *failpoint.Set

@@ -29,7 +29,7 @@ type Source interface {
 
 // Config configures an Ingestor.
 type Config struct {
-	Store      *store.Store
+	Store      store.Store
 	Source     Source
 	TopicRoot  string
 	Failpoints *failpoint.Set

@@ -86,7 +86,7 @@ func getCommand(ctx context.Context, q queryer, id string) (Command, error) {
 }
 
 // GetCommand reads one command.
-func (s *Store) GetCommand(ctx context.Context, id string) (Command, error) {
+func (s *SQLite) GetCommand(ctx context.Context, id string) (Command, error) {
 	return getCommand(ctx, s.r, id)
 }
 
@@ -120,7 +120,7 @@ type Event struct {
 }
 
 // Receipts lists the receipt log of one command, oldest first.
-func (s *Store) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
+func (s *SQLite) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT command_id, sent_as, device_id, status, seq, at, received_at, query_id,
 		effect, error, result, instance FROM receipts WHERE command_id = ? ORDER BY id`, commandID)
 	if err != nil {
@@ -148,14 +148,14 @@ func (s *Store) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord
 }
 
 // Events lists the events log of one entity (operation or command id), oldest first.
-func (s *Store) Events(ctx context.Context, entityID string) ([]Event, error) {
+func (s *SQLite) Events(ctx context.Context, entityID string) ([]Event, error) {
 	return s.events(ctx, `WHERE entity_id = ?`, entityID)
 }
 
 // AllEvents lists the whole events log, oldest first (for verification).
-func (s *Store) AllEvents(ctx context.Context) ([]Event, error) { return s.events(ctx, ``) }
+func (s *SQLite) AllEvents(ctx context.Context) ([]Event, error) { return s.events(ctx, ``) }
 
-func (s *Store) events(ctx context.Context, where string, args ...any) ([]Event, error) {
+func (s *SQLite) events(ctx context.Context, where string, args ...any) ([]Event, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
 		fencing_token, refused FROM events `+where+` ORDER BY id`, args...)
 	if err != nil {
@@ -178,12 +178,6 @@ func (s *Store) events(ctx context.Context, where string, args ...any) ([]Event,
 	return out, rows.Err()
 }
 
-// fenceCondition is the part of every decision's WHERE clause that checks
-// the lease: the caller's owner and token on the command's operation, with a
-// lease that has not run out by this transaction's clock.
-const fenceCondition = `EXISTS (SELECT 1 FROM operations o WHERE o.operation_id = commands.operation_id
-	AND o.owner = ? AND o.fencing_token = ? AND o.lease_expires_at > ?)`
-
 // Decision is a committed decision: the command as the write left it and
 // the lease expiry the write checked, for the trust-window check the holder
 // makes right before acting.
@@ -192,32 +186,35 @@ type Decision struct {
 	LeaseExpiresAt time.Time
 }
 
-// explainRefusal reads why a conditional decision matched no row and records
-// the refusal.
-func (t *tx) explainRefusal(ctx context.Context, commandID, to string, f Fence) error {
-	c, err := getCommand(ctx, t.Tx, commandID)
-	if err != nil {
-		return err
-	}
-	var owner string
-	var token, lease int64
-	if err := t.QueryRowContext(ctx, `SELECT owner, fencing_token, lease_expires_at FROM operations WHERE operation_id = ?`,
-		c.OperationID).Scan(&owner, &token, &lease); err != nil {
-		return fmt.Errorf("read lease of %s: %w", c.OperationID, err)
-	}
-	reason := ReasonStale
-	if owner != f.Owner || token != f.Token || lease <= ms(t.now) {
-		reason = ReasonFenced
-	}
-	return t.refuse("command", commandID, string(c.Status), to, reason, f.Token)
+// decision is the change of a fenced decision about a command.
+func (t *tx) decision(ctx context.Context, commandID string, from, to fsm.CommandState, f Fence) change {
+	return change{machine: "command", id: commandID, from: string(from), to: string(to), token: f.Token,
+		explain: t.fenceExplainer(ctx, `SELECT 1 FROM commands WHERE command_id = ? AND `+commandFenced, commandID, f)}
 }
 
-func (t *tx) lease(ctx context.Context, operationID string) (time.Time, error) {
-	var lease int64
-	if err := t.QueryRowContext(ctx, `SELECT lease_expires_at FROM operations WHERE operation_id = ?`, operationID).Scan(&lease); err != nil {
-		return time.Time{}, fmt.Errorf("read lease of %s: %w", operationID, err)
+// scanInto reads a RETURNING row of commandColumns into c.
+func scanInto(c *Command) func(rowScanner) error {
+	return func(row rowScanner) (err error) {
+		*c, err = scanCommand(row)
+		return err
 	}
-	return fromMS(lease), nil
+}
+
+// decided reads, inside the decision's transaction, the command as the
+// write left it (RETURNING) and the lease it checked.
+func (t *tx) decided(ctx context.Context, d *Decision) func(rowScanner) error {
+	return func(row rowScanner) error {
+		c, err := scanCommand(row)
+		if err != nil {
+			return err
+		}
+		var lease int64
+		if err := t.QueryRowContext(ctx, `SELECT lease_expires_at FROM operations WHERE operation_id = ?`, c.OperationID).Scan(&lease); err != nil {
+			return fmt.Errorf("read lease of %s: %w", c.OperationID, err)
+		}
+		d.Command, d.LeaseExpiresAt = c, fromMS(lease)
+		return nil
+	}
 }
 
 // ClaimSend commits the decision to publish a command: pending or
@@ -225,7 +222,7 @@ func (t *tx) lease(ctx context.Context, operationID string) (time.Time, error) {
 // expect with attempt n → n+1. Only one caller can win a given (state,
 // attempt); the others get a *RefusedError. nextCheck is when the sweeper
 // looks at the command again if no final receipt arrives.
-func (s *Store) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error) {
+func (s *SQLite) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
 	err := s.write(ctx, func(t *tx) error {
 		to := expect
@@ -238,25 +235,15 @@ func (s *Store) ClaimSend(ctx context.Context, commandID string, expect fsm.Comm
 			}
 		}
 		now := ms(t.now)
-		r, err := t.Exec(`UPDATE commands SET status = ?, attempt = attempt + 1, version = version + 1, qos = ?,
+		err := t.cas(ctx, t.decision(ctx, commandID, expect, to, f), t.decided(ctx, &d),
+			`UPDATE commands SET status = ?, attempt = attempt + 1, version = version + 1, qos = ?,
 				next_check_at = ?, last_sent_at = ?, last_query_id = '', last_answer = '', updated_at = ?
-			WHERE command_id = ? AND status = ? AND attempt = ? AND `+fenceCondition,
-			to, qos, ms(nextCheck), now, now, commandID, expect, expectAttempt, f.Owner, f.Token, now)
+			WHERE command_id = ? AND status = ? AND attempt = ? AND `+commandFenced+` RETURNING `+commandColumns,
+			append([]any{to, qos, ms(nextCheck), now, now, commandID, expect, expectAttempt}, f.args(t.now)...)...)
 		if err != nil {
-			return fmt.Errorf("claim send %s: %w", commandID, err)
-		}
-		if n, _ := r.RowsAffected(); n == 0 {
-			return t.explainRefusal(ctx, commandID, string(to), f)
-		}
-		reason := fmt.Sprintf("publish attempt %d", expectAttempt+1)
-		if err := t.event("command", commandID, string(expect), string(to), reason, f.Token); err != nil {
 			return err
 		}
-		if d.Command, err = getCommand(ctx, t.Tx, commandID); err != nil {
-			return err
-		}
-		d.LeaseExpiresAt, err = t.lease(ctx, d.Command.OperationID)
-		return err
+		return t.event("command", commandID, string(expect), string(to), fmt.Sprintf("publish attempt %d", expectAttempt+1), f.Token)
 	})
 	return d, err
 }
@@ -264,40 +251,33 @@ func (s *Store) ClaimSend(ctx context.Context, commandID string, expect fsm.Comm
 // ClaimQuery commits the decision to ask the device about a command: the
 // query row and the command's query count, fenced like every decision and
 // conditioned on the command still being in the state the caller saw.
-func (s *Store) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, f Fence, nextCheck time.Time) (Decision, error) {
+func (s *SQLite) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, f Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
 	err := s.write(ctx, func(t *tx) error {
 		now := ms(t.now)
-		r, err := t.Exec(`UPDATE commands SET queries = queries + 1, last_query_id = ?, last_answer = '',
-				next_check_at = ?, updated_at = ?
-			WHERE command_id = ? AND status = ? AND queries = ? AND `+fenceCondition,
-			queryID, ms(nextCheck), now, commandID, expect, expectQueries, f.Owner, f.Token, now)
+		err := t.cas(ctx, t.decision(ctx, commandID, expect, expect, f), t.decided(ctx, &d),
+			`UPDATE commands SET queries = queries + 1, last_query_id = ?, last_answer = '', next_check_at = ?, updated_at = ?
+			WHERE command_id = ? AND status = ? AND queries = ? AND `+commandFenced+` RETURNING `+commandColumns,
+			append([]any{queryID, ms(nextCheck), now, commandID, expect, expectQueries}, f.args(t.now)...)...)
 		if err != nil {
-			return fmt.Errorf("claim query %s: %w", commandID, err)
-		}
-		if n, _ := r.RowsAffected(); n == 0 {
-			return t.explainRefusal(ctx, commandID, string(expect), f)
+			return err
 		}
 		if _, err := t.Exec(`INSERT INTO queries (query_id, command_id, instance, fencing_token, sent_at) VALUES (?, ?, ?, ?, ?)`,
 			queryID, commandID, t.instance, f.Token, now); err != nil {
 			return fmt.Errorf("insert query %s: %w", queryID, err)
 		}
-		if d.Command, err = getCommand(ctx, t.Tx, commandID); err != nil {
-			return err
-		}
-		d.LeaseExpiresAt, err = t.lease(ctx, d.Command.OperationID)
-		return err
+		return nil
 	})
 	return d, err
 }
 
 // Postpone moves a command's next check without any other change (nothing to
-// do yet). It is fenced like a decision.
-func (s *Store) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
+// do yet). It is fenced like a decision; a refusal is not recorded (nothing
+// was decided), only returned.
+func (s *SQLite) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
 	return s.write(ctx, func(t *tx) error {
-		now := ms(t.now)
-		r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ? AND version = ? AND `+fenceCondition,
-			ms(next), commandID, expectVersion, f.Owner, f.Token, now)
+		r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ? AND version = ? AND `+commandFenced,
+			append([]any{ms(next), commandID, expectVersion}, f.args(t.now)...)...)
 		if err != nil {
 			return fmt.Errorf("postpone %s: %w", commandID, err)
 		}
@@ -314,35 +294,30 @@ func (s *Store) Postpone(ctx context.Context, commandID string, expectVersion in
 // version the caller saw, and the fence; a terminal state ends the
 // operation by the contract's outcome mapping. nextCheck is when the
 // sweeper looks again (ignored for terminal states).
-func (s *Store) Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error) {
+func (s *SQLite) Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error) {
 	var out Command
 	err := s.write(ctx, func(t *tx) error {
 		if err := fsm.Command.Transition(from, to); err != nil {
 			return t.refuse("command", commandID, string(from), string(to), ReasonIllegal, f.Token)
 		}
-		now := ms(t.now)
 		// Going to waiting_device forgets the last question: when the device
 		// is back, a command published before is asked about afresh.
-		r, err := t.Exec(`UPDATE commands SET status = ?, reason = ?, version = version + 1, next_check_at = ?, updated_at = ?,
-				last_query_id = CASE WHEN ?1 = 'waiting_device' THEN '' ELSE last_query_id END,
-				last_answer = CASE WHEN ?1 = 'waiting_device' THEN '' ELSE last_answer END
-			WHERE command_id = ? AND status = ? AND version = ? AND `+fenceCondition,
-			to, reason, ms(nextCheck), now, commandID, from, expectVersion, f.Owner, f.Token, now)
+		forget := to == fsm.CmdWaitingDevice
+		var d Decision
+		err := t.cas(ctx, t.decision(ctx, commandID, from, to, f), t.decided(ctx, &d),
+			`UPDATE commands SET status = ?, reason = ?, version = version + 1, next_check_at = ?, updated_at = ?,
+				last_query_id = CASE WHEN ? THEN '' ELSE last_query_id END,
+				last_answer = CASE WHEN ? THEN '' ELSE last_answer END
+			WHERE command_id = ? AND status = ? AND version = ? AND `+commandFenced+` RETURNING `+commandColumns,
+			append([]any{to, reason, ms(nextCheck), ms(t.now), forget, forget, commandID, from, expectVersion}, f.args(t.now)...)...)
 		if err != nil {
-			return fmt.Errorf("move command %s: %w", commandID, err)
-		}
-		if n, _ := r.RowsAffected(); n == 0 {
-			return t.explainRefusal(ctx, commandID, string(to), f)
+			return err
 		}
 		if err := t.event("command", commandID, string(from), string(to), reason, f.Token); err != nil {
 			return err
 		}
-		c, err := getCommand(ctx, t.Tx, commandID)
-		if err != nil {
-			return err
-		}
-		out = c
-		return t.finishOperation(ctx, c, to, reason, nil, false)
+		out = d.Command
+		return t.finishOperation(ctx, out, to, reason, nil, false)
 	})
 	return out, err
 }
@@ -351,12 +326,12 @@ func (s *Store) Move(ctx context.Context, commandID string, from fsm.CommandStat
 // bumps their version: a decision the lease holder computed from the old
 // presence (a move to waiting_device, a postpone) then fails its version
 // condition and is taken again with the new presence. No state changes.
-func (s *Store) Wake(ctx context.Context, device string) ([]string, error) {
+func (s *SQLite) Wake(ctx context.Context, device string) ([]string, error) {
 	var ids []string
 	err := s.write(ctx, func(t *tx) error {
 		var err error
 		ids, err = queryStrings(ctx, t.Tx, `UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
-			AND status NOT IN ('succeeded','failed','timeout','cancelled') RETURNING command_id`, ms(t.now), device)
+			AND status NOT IN `+terminalCommands+` RETURNING command_id`, ms(t.now), device)
 		return err
 	})
 	return ids, err
@@ -374,7 +349,7 @@ type OpenCommand struct {
 // holds a live lease and whose next check (or expiry) has come by now. With
 // all set it lists every open command of owner regardless of time (the
 // ask-after-reconnect).
-func (s *Store) DueCommands(ctx context.Context, owner string, now time.Time, all bool, limit int) ([]OpenCommand, error) {
+func (s *SQLite) DueCommands(ctx context.Context, owner string, now time.Time, all bool, limit int) ([]OpenCommand, error) {
 	where := `o.owner = ? AND o.lease_expires_at > ?`
 	args := []any{owner, ms(now)}
 	if !all {
@@ -386,7 +361,7 @@ func (s *Store) DueCommands(ctx context.Context, owner string, now time.Time, al
 
 // OpenCommand reads one non-terminal command of a started operation with
 // its operation's lease; ErrNotFound if it is terminal or unknown.
-func (s *Store) OpenCommand(ctx context.Context, commandID string) (OpenCommand, error) {
+func (s *SQLite) OpenCommand(ctx context.Context, commandID string) (OpenCommand, error) {
 	out, err := s.openCommands(ctx, `c.command_id = ?`, commandID)
 	if err != nil {
 		return OpenCommand{}, err
@@ -402,10 +377,10 @@ var prefixedCommandColumns = "c." + strings.Join(strings.FieldsFunc(commandColum
 	return r == ',' || unicode.IsSpace(r)
 }), ", c.")
 
-func (s *Store) openCommands(ctx context.Context, where string, args ...any) ([]OpenCommand, error) {
+func (s *SQLite) openCommands(ctx context.Context, where string, args ...any) ([]OpenCommand, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+prefixedCommandColumns+`, o.owner, o.fencing_token, o.lease_expires_at
 		FROM commands c JOIN operations o ON o.operation_id = c.operation_id
-		WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started' AND `+where, args...)
+		WHERE c.status NOT IN `+terminalCommands+` AND o.status = 'started' AND `+where, args...)
 	if err != nil {
 		return nil, fmt.Errorf("open commands: %w", err)
 	}

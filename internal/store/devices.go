@@ -45,7 +45,7 @@ func scanDevice(row interface{ Scan(...any) error }) (Device, error) {
 }
 
 // GetDevice reads one device; a device never seen is ErrNotFound.
-func (s *Store) GetDevice(ctx context.Context, id string) (Device, error) {
+func (s *SQLite) GetDevice(ctx context.Context, id string) (Device, error) {
 	d, err := scanDevice(s.r.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Device{}, fmt.Errorf("device %s: %w", id, ErrNotFound)
@@ -57,7 +57,7 @@ func (s *Store) GetDevice(ctx context.Context, id string) (Device, error) {
 }
 
 // ListDevices lists every device the controller has heard of, by id.
-func (s *Store) ListDevices(ctx context.Context) ([]Device, error) {
+func (s *SQLite) ListDevices(ctx context.Context) ([]Device, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT `+deviceColumns+` FROM devices ORDER BY device_id`)
 	if err != nil {
 		return nil, fmt.Errorf("list devices: %w", err)
@@ -84,7 +84,7 @@ type PresenceOutcome struct {
 // ApplyPresence applies a birth, a clean offline or an LWT, guarded by rank:
 // only a strictly higher rank than the stored one is applied (a delayed LWT
 // of an old connection, or a stale retained birth, changes nothing).
-func (s *Store) ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error) {
+func (s *SQLite) ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error) {
 	var out PresenceOutcome
 	err := s.write(ctx, func(t *tx) error {
 		now := ms(t.now)
@@ -149,7 +149,7 @@ func (t *tx) touchDevice(device string) error {
 // UnconfirmAll marks every device unconfirmed, after the controller
 // (re)connects to a broker that may have lost its sessions: presence is a
 // hint until each device speaks again.
-func (s *Store) UnconfirmAll(ctx context.Context) error {
+func (s *SQLite) UnconfirmAll(ctx context.Context) error {
 	return s.write(ctx, func(t *tx) error {
 		_, err := t.Exec(`UPDATE devices SET confirmed = 0`)
 		return err

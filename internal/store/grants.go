@@ -40,7 +40,7 @@ func scanGrant(row interface{ Scan(...any) error }) (Grant, error) {
 
 // CreateGrant inserts a grant, or returns the live one with the same
 // (principal, action, devices) (created false).
-func (s *Store) CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error) {
+func (s *SQLite) CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error) {
 	for _, glob := range []string{action, devices} {
 		if _, err := path.Match(glob, ""); err != nil {
 			return Grant{}, false, fmt.Errorf("glob %q: %w", glob, ErrIllegalState)
@@ -65,7 +65,7 @@ func (s *Store) CreateGrant(ctx context.Context, id, principal, action, devices,
 }
 
 // RevokeGrant sets revoked_at (once; a second revoke returns the grant as it is).
-func (s *Store) RevokeGrant(ctx context.Context, id string) (Grant, error) {
+func (s *SQLite) RevokeGrant(ctx context.Context, id string) (Grant, error) {
 	var g Grant
 	err := s.write(ctx, func(t *tx) error {
 		if _, err := t.Exec(`UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL`, ms(t.now), id); err != nil {
@@ -82,7 +82,7 @@ func (s *Store) RevokeGrant(ctx context.Context, id string) (Grant, error) {
 }
 
 // ListGrants lists live grants, or all with revoked set.
-func (s *Store) ListGrants(ctx context.Context, revoked bool) ([]Grant, error) {
+func (s *SQLite) ListGrants(ctx context.Context, revoked bool) ([]Grant, error) {
 	q := `SELECT ` + grantColumns + ` FROM grants`
 	if !revoked {
 		q += ` WHERE revoked_at IS NULL`
@@ -104,7 +104,7 @@ func (s *Store) ListGrants(ctx context.Context, revoked bool) ([]Grant, error) {
 }
 
 // Allowed reports whether a live grant lets principal run action on device.
-func (s *Store) Allowed(ctx context.Context, principal, action, device string) (bool, error) {
+func (s *SQLite) Allowed(ctx context.Context, principal, action, device string) (bool, error) {
 	return allowed(ctx, s.r, principal, action, device)
 }
 

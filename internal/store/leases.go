@@ -11,7 +11,7 @@ import (
 // it cannot revive a lease that has already run out (a peer may have taken
 // it; the owner must claim it again with a new token). It returns how many
 // leases it extended.
-func (s *Store) RenewLeases(ctx context.Context, owner string, ttl time.Duration) (int64, time.Time, error) {
+func (s *SQLite) RenewLeases(ctx context.Context, owner string, ttl time.Duration) (int64, time.Time, error) {
 	var n int64
 	var until time.Time
 	err := s.write(ctx, func(t *tx) error {
@@ -31,7 +31,7 @@ func (s *Store) RenewLeases(ctx context.Context, owner string, ttl time.Duration
 // operations that owner held before it restarted. The caller must hold the
 // instance's OS lock, which proves the previous process is dead; a decision
 // the dead process had in flight then fails its fence.
-func (s *Store) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (int64, error) {
+func (s *SQLite) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (int64, error) {
 	var n int64
 	err := s.write(ctx, func(t *tx) error {
 		ids, err := queryStrings(ctx, t.Tx, `UPDATE operations SET fencing_token = fencing_token + 1, lease_expires_at = ?
@@ -58,7 +58,7 @@ func (s *Store) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration)
 // makes their open commands due with the last question forgotten: the new
 // holder asks each device about its in-doubt command_id before any re-send
 // or new command_id. It returns the operation ids taken.
-func (s *Store) TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error) {
+func (s *SQLite) TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error) {
 	var ids []string
 	err := s.write(ctx, func(t *tx) error {
 		rows, err := t.QueryContext(ctx, `UPDATE operations SET owner = ?, fencing_token = fencing_token + 1,
@@ -105,7 +105,7 @@ func (s *Store) TakeOver(ctx context.Context, owner string, ttl time.Duration, l
 // question outstanding, so that their new holder asks first.
 func (t *tx) forgetQuestions(operationID string) error {
 	_, err := t.Exec(`UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = ?
-		WHERE operation_id = ? AND status NOT IN ('succeeded','failed','timeout','cancelled')`, ms(t.now), operationID)
+		WHERE operation_id = ? AND status NOT IN `+terminalCommands, ms(t.now), operationID)
 	if err != nil {
 		return fmt.Errorf("forget questions of %s: %w", operationID, err)
 	}

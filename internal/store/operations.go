@@ -75,7 +75,7 @@ type SubmitResult struct {
 // request_hash (ErrKeyReused with another). beforeCommit runs inside the
 // transaction, last (the submit-before-commit failpoint); an error from it
 // rolls everything back.
-func (s *Store) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
+func (s *SQLite) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
 	var res SubmitResult
 	err := s.write(ctx, func(t *tx) error {
 		var err error
@@ -228,7 +228,7 @@ func queryStrings(ctx context.Context, q queryer, query string, args ...any) ([]
 }
 
 // GetOperation reads one operation with its command ids and links.
-func (s *Store) GetOperation(ctx context.Context, id string) (Operation, error) {
+func (s *SQLite) GetOperation(ctx context.Context, id string) (Operation, error) {
 	return getOperation(ctx, s.r, id)
 }
 
@@ -264,15 +264,15 @@ func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.Command
 	if result != nil {
 		res = string(result)
 	}
-	r, err := t.Exec(`UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
+	ch := change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(to), token: op.FencingToken}
+	err = t.cas(ctx, ch, nil, `UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
 		WHERE operation_id = ? AND status = ? AND version = ?`,
 		to, res, reason, ms(t.now), op.OperationID, op.Status, op.Version)
-	if err != nil {
-		return fmt.Errorf("finish operation %s: %w", op.OperationID, err)
+	if errors.Is(err, ErrRefused) {
+		return nil // recorded; the operation moved on under us
 	}
-	if n, _ := r.RowsAffected(); n == 0 {
-		t.refuse("operation", op.OperationID, string(op.Status), string(to), ReasonStale, op.FencingToken)
-		return nil
+	if err != nil {
+		return err
 	}
 	return t.event("operation", op.OperationID, string(op.Status), string(to), "command "+cmd.CommandID+" "+string(state), op.FencingToken)
 }

@@ -41,7 +41,7 @@ type ReceiptOutcome struct {
 // instance may apply it. device is the device id from the topic.
 // beforeCommit runs last inside the transaction (the before-receipt-commit
 // failpoint); an error from it records nothing.
-func (s *Store) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
+func (s *SQLite) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
 	var out ReceiptOutcome
 	err := s.write(ctx, func(t *tx) error {
 		var err error
@@ -162,16 +162,16 @@ func (t *tx) advance(ctx context.Context, c Command, r wire.Receipt, rank int, s
 	if sentAs != "" {
 		executedAs = sentAs
 	}
-	res, err := t.Exec(`UPDATE commands SET status = ?, status_rank = ?, last_seq = ?, reason = ?,
+	ch := change{machine: "command", id: c.CommandID, from: string(c.Status), to: string(to)}
+	err := t.cas(ctx, ch, nil, `UPDATE commands SET status = ?, status_rank = ?, last_seq = ?, reason = ?,
 			result = COALESCE(?, result), executed_as = ?, version = version + 1, updated_at = ?
 		WHERE command_id = ? AND status = ? AND status_rank < ?`,
 		to, rank, r.Seq, reason, result, executedAs, ms(t.now), c.CommandID, c.Status, rank)
-	if err != nil {
-		return "", "", fmt.Errorf("apply receipt to %s: %w", c.CommandID, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		t.refuse("command", c.CommandID, string(c.Status), string(to), ReasonStale, 0)
+	if errors.Is(err, ErrRefused) {
 		return EffectStale, c.Status, nil
+	}
+	if err != nil {
+		return "", "", err
 	}
 	why := "receipt " + string(r.Status)
 	if r.QueryID != "" {

@@ -22,15 +22,12 @@ var ErrIllegalState = errors.New("illegal state")
 // question about its last command.
 func (t *tx) startRetry(ctx context.Context, op Operation, owner string, leaseTTL, retryFor time.Duration) error {
 	now := ms(t.now)
-	r, err := t.Exec(`UPDATE operations SET status = 'started', reason = '', owner = ?, fencing_token = fencing_token + 1,
+	ch := change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(fsm.OpStarted), token: op.FencingToken}
+	if err := t.cas(ctx, ch, nil, `UPDATE operations SET status = ?, reason = '', owner = ?, fencing_token = fencing_token + 1,
 			lease_expires_at = ?, retry_until = ?, version = version + 1, updated_at = ?
-		WHERE operation_id = ? AND status = 'failed_retryable' AND version = ?`,
-		owner, ms(t.now.Add(leaseTTL)), ms(t.now.Add(retryFor)), now, op.OperationID, op.Version)
-	if err != nil {
-		return fmt.Errorf("retry operation %s: %w", op.OperationID, err)
-	}
-	if n, _ := r.RowsAffected(); n == 0 {
-		return t.refuse("operation", op.OperationID, string(op.Status), string(fsm.OpStarted), ReasonStale, op.FencingToken)
+		WHERE operation_id = ? AND status = ? AND version = ?`,
+		fsm.OpStarted, owner, ms(t.now.Add(leaseTTL)), ms(t.now.Add(retryFor)), now, op.OperationID, fsm.OpFailedRetryable, op.Version); err != nil {
+		return err
 	}
 	// The retry asks afresh: what the device said before does not count.
 	if _, err := t.Exec(`UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = ? WHERE command_id = ?`,
@@ -39,6 +36,12 @@ func (t *tx) startRetry(ctx context.Context, op Operation, owner string, leaseTT
 	}
 	return t.event("operation", op.OperationID, string(fsm.OpFailedRetryable), string(fsm.OpStarted),
 		"retry: asking about "+op.CommandID, op.FencingToken+1)
+}
+
+// operationDecision is the change of a fenced decision about an operation.
+func (t *tx) operationDecision(ctx context.Context, op Operation, to fsm.OperationState, f Fence) change {
+	return change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(to), token: f.Token,
+		explain: t.fenceExplainer(ctx, `SELECT 1 FROM operations WHERE operation_id = ? AND `+leaseHeld, op.OperationID, f)}
 }
 
 // Retrying is an operation whose retry is asking about its last command.
@@ -50,7 +53,7 @@ type Retrying struct {
 
 // RetryingOf returns the retrying operation whose current command is
 // commandID, owned by owner; ErrNotFound if there is none.
-func (s *Store) RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error) {
+func (s *SQLite) RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error) {
 	var opID string
 	var until int64
 	err := s.r.QueryRowContext(ctx, `SELECT operation_id, retry_until FROM operations
@@ -73,28 +76,22 @@ func (s *Store) RetryingOf(ctx context.Context, commandID, owner string) (Retryi
 }
 
 // RetryingCommands lists the current command ids of owner's retrying operations.
-func (s *Store) RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error) {
+func (s *SQLite) RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error) {
 	return queryStrings(ctx, s.r, `SELECT command_id FROM operations
 		WHERE owner = ? AND status = 'started' AND retry_until IS NOT NULL LIMIT ?`, owner, limit)
 }
 
-const opFence = `owner = ? AND fencing_token = ? AND lease_expires_at > ?`
-
 // MintCommand gives a retrying operation a new command_id (the last one is
 // known not to run: the device answered unknown or rejected, or it was never
 // published). Fenced like every decision.
-func (s *Store) MintCommand(ctx context.Context, r Retrying, f Fence, commandID string, ttl time.Duration, qos int) error {
+func (s *SQLite) MintCommand(ctx context.Context, r Retrying, f Fence, commandID string, ttl time.Duration, qos int) error {
 	return s.write(ctx, func(t *tx) error {
 		op := r.Operation
-		res, err := t.Exec(`UPDATE operations SET command_id = ?, attempt = attempt + 1, retry_until = NULL,
-				version = version + 1, updated_at = ?
-			WHERE operation_id = ? AND status = 'started' AND version = ? AND `+opFence,
-			commandID, ms(t.now), op.OperationID, op.Version, f.Owner, f.Token, ms(t.now))
-		if err != nil {
-			return fmt.Errorf("mint command for %s: %w", op.OperationID, err)
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return t.refuse("operation", op.OperationID, string(op.Status), string(op.Status), ReasonFenced, f.Token)
+		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpStarted, f), nil,
+			`UPDATE operations SET command_id = ?, attempt = attempt + 1, retry_until = NULL, version = version + 1, updated_at = ?
+			WHERE operation_id = ? AND status = ? AND version = ? AND `+leaseHeld,
+			append([]any{commandID, ms(t.now), op.OperationID, fsm.OpStarted, op.Version}, f.args(t.now)...)...); err != nil {
+			return err
 		}
 		if err := t.event("operation", op.OperationID, string(fsm.OpStarted), string(fsm.OpStarted),
 			fmt.Sprintf("retry: new command %s (last %s answered %q)", commandID, r.Last.CommandID, r.Last.LastAnswer), f.Token); err != nil {
@@ -106,18 +103,14 @@ func (s *Store) MintCommand(ctx context.Context, r Retrying, f Fence, commandID 
 
 // AbandonRetry puts a retrying operation back to failed_retryable (no
 // answer about its last command within the retry window). Fenced.
-func (s *Store) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason string) error {
+func (s *SQLite) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason string) error {
 	return s.write(ctx, func(t *tx) error {
 		op := r.Operation
-		res, err := t.Exec(`UPDATE operations SET status = 'failed_retryable', reason = ?, retry_until = NULL,
-				version = version + 1, updated_at = ?
-			WHERE operation_id = ? AND status = 'started' AND version = ? AND `+opFence,
-			reason, ms(t.now), op.OperationID, op.Version, f.Owner, f.Token, ms(t.now))
-		if err != nil {
-			return fmt.Errorf("abandon retry of %s: %w", op.OperationID, err)
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return t.refuse("operation", op.OperationID, string(fsm.OpStarted), string(fsm.OpFailedRetryable), ReasonFenced, f.Token)
+		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpFailedRetryable, f), nil,
+			`UPDATE operations SET status = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
+			WHERE operation_id = ? AND status = ? AND version = ? AND `+leaseHeld,
+			append([]any{fsm.OpFailedRetryable, reason, ms(t.now), op.OperationID, fsm.OpStarted, op.Version}, f.args(t.now)...)...); err != nil {
+			return err
 		}
 		return t.event("operation", op.OperationID, string(fsm.OpStarted), string(fsm.OpFailedRetryable), reason, f.Token)
 	})
@@ -128,7 +121,7 @@ func (s *Store) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason st
 // published gets ErrAlreadyPublished; a cancel of a cancelled command is a
 // replay (no error). Not fenced: an operator's decision from any instance,
 // decided by the same conditional write the publisher's claim races.
-func (s *Store) Cancel(ctx context.Context, commandID, who string) (Command, error) {
+func (s *SQLite) Cancel(ctx context.Context, commandID, who string) (Command, error) {
 	var out Command
 	err := s.write(ctx, func(t *tx) error {
 		c, err := getCommand(ctx, t.Tx, commandID)
@@ -146,18 +139,13 @@ func (s *Store) Cancel(ctx context.Context, commandID, who string) (Command, err
 			t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), ReasonIllegal, 0)
 			return fmt.Errorf("cancel %s in state %s: %w", commandID, c.Status, ErrIllegalState)
 		}
-		r, err := t.Exec(`UPDATE commands SET status = 'cancelled', reason = 'cancelled', version = version + 1, updated_at = ?
-			WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0`, ms(t.now), commandID, c.Status, c.Version)
-		if err != nil {
-			return fmt.Errorf("cancel %s: %w", commandID, err)
-		}
-		if n, _ := r.RowsAffected(); n == 0 {
-			return t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), ReasonStale, 0)
-		}
-		if err := t.event("command", commandID, string(c.Status), string(fsm.CmdCancelled), "cancelled by "+who, 0); err != nil {
+		ch := change{machine: "command", id: commandID, from: string(c.Status), to: string(fsm.CmdCancelled)}
+		if err := t.cas(ctx, ch, scanInto(&out), `UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
+			WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0 RETURNING `+commandColumns,
+			fsm.CmdCancelled, fsm.ReasonCancelled, ms(t.now), commandID, c.Status, c.Version); err != nil {
 			return err
 		}
-		if out, err = getCommand(ctx, t.Tx, commandID); err != nil {
+		if err := t.event("command", commandID, string(c.Status), string(fsm.CmdCancelled), "cancelled by "+who, 0); err != nil {
 			return err
 		}
 		return t.finishOperation(ctx, out, fsm.CmdCancelled, fsm.ReasonCancelled, nil, false)
@@ -176,7 +164,7 @@ type ResolveOutcome struct {
 // (succeeded or failed, with a note), which finishes the operation. A resolve
 // that races a final receipt: the first wins; a resolve that lost is kept as
 // the late outcome, with late_conflict when the two disagree.
-func (s *Store) Resolve(ctx context.Context, commandID string, outcome fsm.CommandState, note, who string) (ResolveOutcome, error) {
+func (s *SQLite) Resolve(ctx context.Context, commandID string, outcome fsm.CommandState, note, who string) (ResolveOutcome, error) {
 	var out ResolveOutcome
 	if outcome != fsm.CmdSucceeded && outcome != fsm.CmdFailed {
 		return out, fmt.Errorf("resolve outcome %q: want succeeded or failed: %w", outcome, ErrIllegalState)
@@ -206,19 +194,14 @@ func (s *Store) Resolve(ctx context.Context, commandID string, outcome fsm.Comma
 			t.refuse("command", commandID, string(c.Status), string(outcome), ReasonIllegal, 0)
 			return fmt.Errorf("resolve %s in state %s: %w", commandID, c.Status, ErrIllegalState)
 		}
-		r, err := t.Exec(`UPDATE commands SET status = ?, reason = ?, resolved_by = ?, version = version + 1, updated_at = ?
-			WHERE command_id = ? AND status = 'needs_attention' AND version = ?`,
-			outcome, note, who, ms(t.now), commandID, c.Version)
-		if err != nil {
-			return fmt.Errorf("resolve %s: %w", commandID, err)
-		}
-		if n, _ := r.RowsAffected(); n == 0 {
-			return t.refuse("command", commandID, string(c.Status), string(outcome), ReasonStale, 0)
-		}
-		if err := t.event("command", commandID, string(c.Status), string(outcome), "resolved by "+who+": "+note, 0); err != nil {
+		ch := change{machine: "command", id: commandID, from: string(c.Status), to: string(outcome)}
+		if err := t.cas(ctx, ch, scanInto(&out.Command), `UPDATE commands SET status = ?, reason = ?, resolved_by = ?,
+				version = version + 1, updated_at = ?
+			WHERE command_id = ? AND status = ? AND version = ? RETURNING `+commandColumns,
+			outcome, note, who, ms(t.now), commandID, fsm.CmdNeedsAttention, c.Version); err != nil {
 			return err
 		}
-		if out.Command, err = getCommand(ctx, t.Tx, commandID); err != nil {
+		if err := t.event("command", commandID, string(c.Status), string(outcome), "resolved by "+who+": "+note, 0); err != nil {
 			return err
 		}
 		var result json.RawMessage

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,6 +15,9 @@ import (
 	"time"
 
 	_ "github.com/mattn/go-sqlite3" // registers the sqlite3 driver
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
 //go:embed migrations/*.sql
@@ -74,8 +78,8 @@ type Config struct {
 	Readers  int // read pool size; 4 by default
 }
 
-// Store is the SQLite store. It is safe for concurrent use.
-type Store struct {
+// SQLite is the SQLite store. It is safe for concurrent use.
+type SQLite struct {
 	w, r     *sql.DB
 	now      func() time.Time
 	obs      Observer
@@ -84,7 +88,7 @@ type Store struct {
 
 // Open opens (creating if needed) the database at cfg.Path and applies the
 // embedded migrations that are not yet applied.
-func Open(ctx context.Context, cfg Config) (*Store, error) {
+func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	if cfg.Path == "" {
 		return nil, errors.New("store: empty database path")
 	}
@@ -105,7 +109,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	w.SetMaxOpenConns(1)
 	w.SetConnMaxIdleTime(0)
-	s := &Store{w: w, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance}
+	s := &SQLite{w: w, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		return nil, err
@@ -121,11 +125,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 }
 
 // Close closes both pools.
-func (s *Store) Close() error {
+func (s *SQLite) Close() error {
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
-func (s *Store) migrate(ctx context.Context) error {
+func (s *SQLite) migrate(ctx context.Context) error {
 	tx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
@@ -188,7 +192,7 @@ type refusal struct {
 // refusals it recorded are written in the same transaction when fn succeeds,
 // and in a transaction of their own when fn fails (its changes rolled back),
 // so a refused transition is always on record and never half-applied.
-func (s *Store) write(ctx context.Context, fn func(*tx) error) error {
+func (s *SQLite) write(ctx context.Context, fn func(*tx) error) error {
 	sqlTx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
@@ -214,7 +218,7 @@ func (s *Store) write(ctx context.Context, fn func(*tx) error) error {
 	return nil
 }
 
-func (s *Store) recordRefusals(ctx context.Context, refs []refusal) error {
+func (s *SQLite) recordRefusals(ctx context.Context, refs []refusal) error {
 	sqlTx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("record refusals: %w", err)
@@ -240,7 +244,7 @@ func insertRefusals(t *sql.Tx, now time.Time, instance string, refs []refusal) e
 	return nil
 }
 
-func (s *Store) report(notes []func(Observer), refs []refusal) {
+func (s *SQLite) report(notes []func(Observer), refs []refusal) {
 	for _, n := range notes {
 		n(s.obs)
 	}
@@ -281,6 +285,99 @@ func (t *tx) refuse(machine, id, from, to, reason string, token int64) error {
 	return &RefusedError{Machine: machine, ID: id, Reason: reason, Fenced: reason == ReasonFenced}
 }
 
+// change names one conditional write: the entity, the move it makes, and
+// the fencing token it is made under (0 for facts and a person's actions).
+type change struct {
+	machine, id, from, to string
+	token                 int64
+	// explain says why a zero-row write was refused (ReasonStale when nil);
+	// decisions read the lease to tell a stale row from a lost fence.
+	explain func() (string, error)
+}
+
+// cas is the store's one compare-and-set: it runs a conditional write
+// (an UPDATE whose WHERE names the state, version, rank or fence it
+// expects). Zero rows is a refused transition: explained, recorded in the
+// events log and returned as a *RefusedError, never an overwrite. When scan
+// is set the write ends in RETURNING and scan reads the row it returned, so
+// the caller never reads the row again.
+func (t *tx) cas(ctx context.Context, ch change, scan func(rowScanner) error, query string, args ...any) error {
+	applied := false
+	if scan == nil {
+		r, err := t.ExecContext(ctx, query, args...)
+		if err != nil {
+			return fmt.Errorf("%s %s %s → %s: %w", ch.machine, ch.id, ch.from, ch.to, err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return fmt.Errorf("%s %s %s → %s: %w", ch.machine, ch.id, ch.from, ch.to, err)
+		}
+		applied = n > 0
+	} else {
+		switch err := scan(t.QueryRowContext(ctx, query, args...)); {
+		case err == nil:
+			applied = true
+		case !errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("%s %s %s → %s: %w", ch.machine, ch.id, ch.from, ch.to, err)
+		}
+	}
+	if applied {
+		return nil
+	}
+	reason := ReasonStale
+	if ch.explain != nil {
+		var err error
+		if reason, err = ch.explain(); err != nil {
+			return err
+		}
+	}
+	return t.refuse(ch.machine, ch.id, ch.from, ch.to, reason, ch.token)
+}
+
+// fenceExplainer explains a refused decision: fenced when the caller's
+// fence no longer holds on the row that held (one id argument, then the
+// fence's), stale when the fence holds but the row moved on.
+func (t *tx) fenceExplainer(ctx context.Context, held, id string, f Fence) func() (string, error) {
+	return func() (string, error) {
+		var ok bool
+		if err := t.QueryRowContext(ctx, `SELECT EXISTS (`+held+`)`, append([]any{id}, f.args(t.now)...)...).Scan(&ok); err != nil {
+			return "", fmt.Errorf("read lease of %s: %w", id, err)
+		}
+		if ok {
+			return ReasonStale, nil
+		}
+		return ReasonFenced, nil
+	}
+}
+
+// rowScanner is a *sql.Row or *sql.Rows.
+type rowScanner interface{ Scan(dest ...any) error }
+
+// leaseHeld is the one fence condition, on an operations row: the caller's
+// owner and token, with a lease that has not run out by the transaction's
+// clock. Its arguments are Fence.args.
+const leaseHeld = `owner = ? AND fencing_token = ? AND lease_expires_at > ?`
+
+// commandFenced is leaseHeld applied to a command's operation.
+const commandFenced = `EXISTS (SELECT 1 FROM operations WHERE operations.operation_id = commands.operation_id AND ` + leaseHeld + `)`
+
+func (f Fence) args(now time.Time) []any { return []any{f.Owner, f.Token, ms(now)} }
+
+// sqlList renders states as an SQL list: ('a','b').
+func sqlList[S ~string](states []S) string {
+	q := make([]string, len(states))
+	for i, s := range states {
+		q[i] = "'" + string(s) + "'"
+	}
+	return "(" + strings.Join(q, ",") + ")"
+}
+
+// State lists, derived once from the fsm tables.
+var (
+	terminalCommands = sqlList(fsm.TerminalCommandStates())
+	activeTasks      = sqlList([]fsm.TaskState{fsm.TaskApproved, fsm.TaskRunning})
+)
+
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
 func fromMS(v int64) time.Time { return time.UnixMilli(v).UTC() }
@@ -292,3 +389,62 @@ func fromNullMS(v sql.NullInt64) *time.Time {
 	t := fromMS(v.Int64)
 	return &t
 }
+
+// Store is what the controller needs of its database, whichever backend
+// holds it. Every method that changes state is one transaction of
+// conditional writes; a refused one returns a *RefusedError
+// (errors.Is ErrRefused). *SQLite implements it.
+type Store interface {
+	// Operations: the idempotency record, its first command (the outbox)
+	// and its retry.
+	Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error)
+	GetOperation(ctx context.Context, id string) (Operation, error)
+	RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error)
+	RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error)
+	MintCommand(ctx context.Context, r Retrying, f Fence, commandID string, ttl time.Duration, qos int) error
+	AbandonRetry(ctx context.Context, r Retrying, f Fence, reason string) error
+
+	// Commands: the lease holder's fenced decisions, and a person's.
+	GetCommand(ctx context.Context, id string) (Command, error)
+	OpenCommand(ctx context.Context, commandID string) (OpenCommand, error)
+	DueCommands(ctx context.Context, owner string, now time.Time, all bool, limit int) ([]OpenCommand, error)
+	ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error)
+	ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, f Fence, nextCheck time.Time) (Decision, error)
+	Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error
+	Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error)
+	Wake(ctx context.Context, device string) ([]string, error)
+	Cancel(ctx context.Context, commandID, who string) (Command, error)
+	Resolve(ctx context.Context, commandID string, outcome fsm.CommandState, note, who string) (ResolveOutcome, error)
+	Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error)
+	Events(ctx context.Context, entityID string) ([]Event, error)
+
+	// Facts from devices, applied by any instance.
+	ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error)
+	ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error)
+	GetDevice(ctx context.Context, id string) (Device, error)
+	ListDevices(ctx context.Context) ([]Device, error)
+	UnconfirmAll(ctx context.Context) error
+
+	// Leases.
+	RenewLeases(ctx context.Context, owner string, ttl time.Duration) (int64, time.Time, error)
+	ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (int64, error)
+	TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error)
+
+	// Tasks, approvals and grants.
+	CreateTask(ctx context.Context, n NewTask) (Task, bool, error)
+	UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (Task, bool, error)
+	Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (Approval, bool, error)
+	Reject(ctx context.Context, taskID, reason, who string) (Task, error)
+	MoveTask(ctx context.Context, task Task, to fsm.TaskState, stepIndex int, reason, who string) error
+	StartStep(ctx context.Context, task Task, stepIndex int, enforceGrants bool, n NewOperation, who string) (StepCheck, error)
+	ActiveTasks(ctx context.Context) ([]string, error)
+	GetTask(ctx context.Context, id string) (Task, error)
+	CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error)
+	RevokeGrant(ctx context.Context, id string) (Grant, error)
+	ListGrants(ctx context.Context, revoked bool) ([]Grant, error)
+	Allowed(ctx context.Context, principal, action, device string) (bool, error)
+
+	Close() error
+}
+
+var _ Store = (*SQLite)(nil)

@@ -47,7 +47,7 @@ func (o *countingObserver) Receipt(e string)    { o.mu.Lock(); o.receipts[e]++; 
 func (o *countingObserver) Fenced()             { o.mu.Lock(); o.fenced++; o.mu.Unlock() }
 
 type testBundle struct {
-	s   *Store
+	s   *SQLite
 	clk *clock
 	obs *countingObserver
 	ctx context.Context

@@ -108,7 +108,7 @@ func (t *tx) history(taskID, principal, action string, from, to fsm.TaskState, v
 // CreateTask inserts a task with plan version 1 by its author, or returns
 // the task when the same create is replayed (created false); another create
 // with the same task_id is ErrKeyReused.
-func (s *Store) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
+func (s *SQLite) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
 	created := false
 	err := s.write(ctx, func(t *tx) error {
 		var hash string
@@ -146,7 +146,7 @@ func (s *Store) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
 // one. An unchanged plan (same hash) returns the current version (changed
 // false); a base version that is not the current one is ErrStaleVersion; a
 // task that left waiting_approval is ErrIllegalState.
-func (s *Store) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (Task, bool, error) {
+func (s *SQLite) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (Task, bool, error) {
 	changed := false
 	err := s.write(ctx, func(t *tx) error {
 		var status fsm.TaskState
@@ -172,13 +172,10 @@ func (s *Store) UpdatePlan(ctx context.Context, taskID string, steps json.RawMes
 			return fmt.Errorf("base_version %d, current %d: %w", *baseVersion, version, ErrStaleVersion)
 		}
 		now := ms(t.now)
-		r, err := t.Exec(`UPDATE tasks SET version = version + 1, row_version = row_version + 1, updated_at = ?
-			WHERE task_id = ? AND status = 'waiting_approval' AND row_version = ?`, now, taskID, rowVersion)
-		if err != nil {
+		ch := change{machine: "task", id: taskID, from: string(status), to: string(status)}
+		if err := t.cas(ctx, ch, nil, `UPDATE tasks SET version = version + 1, row_version = row_version + 1, updated_at = ?
+			WHERE task_id = ? AND status = ? AND row_version = ?`, now, taskID, fsm.TaskWaitingApproval, rowVersion); err != nil {
 			return err
-		}
-		if n, _ := r.RowsAffected(); n == 0 {
-			return t.refuse("task", taskID, string(status), string(status), ReasonStale, 0)
 		}
 		if _, err := t.Exec(`INSERT INTO task_versions (task_id, version, steps, plan_hash, author, created_at)
 			VALUES (?, ?, ?, ?, ?, ?)`, taskID, version+1, string(steps), planHash, author, now); err != nil {
@@ -198,7 +195,7 @@ func (s *Store) UpdatePlan(ctx context.Context, taskID string, steps json.RawMes
 // the caller's 401/403: 404, an exact replay (returned, created false),
 // 409 illegal_state, 409 stale_version (another version, or a plan_hash
 // that differs), 403 four_eyes (the approver wrote the version).
-func (s *Store) Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (Approval, bool, error) {
+func (s *SQLite) Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (Approval, bool, error) {
 	created := false
 	err := s.write(ctx, func(t *tx) error {
 		var status fsm.TaskState
@@ -235,13 +232,11 @@ func (s *Store) Approve(ctx context.Context, taskID string, version int, planHas
 			return fmt.Errorf("%s wrote v%d: %w", approver, version, ErrFourEyes)
 		}
 		now := ms(t.now)
-		r, err := t.Exec(`UPDATE tasks SET status = 'approved', approved_version = ?, row_version = row_version + 1, updated_at = ?
-			WHERE task_id = ? AND status = 'waiting_approval' AND version = ? AND row_version = ?`, version, now, taskID, version, rowVersion)
-		if err != nil {
+		ch := change{machine: "task", id: taskID, from: string(status), to: string(fsm.TaskApproved)}
+		if err := t.cas(ctx, ch, nil, `UPDATE tasks SET status = ?, approved_version = ?, row_version = row_version + 1, updated_at = ?
+			WHERE task_id = ? AND status = ? AND version = ? AND row_version = ?`,
+			fsm.TaskApproved, version, now, taskID, fsm.TaskWaitingApproval, version, rowVersion); err != nil {
 			return err
-		}
-		if n, _ := r.RowsAffected(); n == 0 {
-			return t.refuse("task", taskID, string(status), string(fsm.TaskApproved), ReasonStale, 0)
 		}
 		if _, err := t.Exec(`INSERT INTO approvals (task_id, version, approver, plan_hash, approved_at) VALUES (?, ?, ?, ?, ?)`,
 			taskID, version, approver, hash, now); err != nil {
@@ -265,7 +260,7 @@ func (s *Store) Approve(ctx context.Context, taskID string, version int, planHas
 
 // Reject rejects a task that is waiting for approval or approved (not yet
 // running). A rejection of a rejected task is a replay.
-func (s *Store) Reject(ctx context.Context, taskID, reason, who string) (Task, error) {
+func (s *SQLite) Reject(ctx context.Context, taskID, reason, who string) (Task, error) {
 	err := s.write(ctx, func(t *tx) error {
 		var status fsm.TaskState
 		var rowVersion int64
@@ -283,7 +278,7 @@ func (s *Store) Reject(ctx context.Context, taskID, reason, who string) (Task, e
 		if status != fsm.TaskWaitingApproval && status != fsm.TaskApproved {
 			return fmt.Errorf("task %s is %s: %w", taskID, status, ErrIllegalState)
 		}
-		return t.moveTask(taskID, status, rowVersion, fsm.TaskRejected, -1, "rejected: "+reason, who, version)
+		return t.moveTask(ctx, taskID, status, rowVersion, fsm.TaskRejected, -1, "rejected: "+reason, who, version)
 	})
 	if err != nil {
 		return Task{}, err
@@ -292,28 +287,25 @@ func (s *Store) Reject(ctx context.Context, taskID, reason, who string) (Task, e
 }
 
 // moveTask is the task's conditional transition; stepIndex < 0 keeps it.
-func (t *tx) moveTask(taskID string, from fsm.TaskState, rowVersion int64, to fsm.TaskState, stepIndex int, reason, who string, version int) error {
+func (t *tx) moveTask(ctx context.Context, taskID string, from fsm.TaskState, rowVersion int64, to fsm.TaskState, stepIndex int, reason, who string, version int) error {
 	if err := fsm.Task.Transition(from, to); err != nil {
 		return t.refuse("task", taskID, string(from), string(to), ReasonIllegal, 0)
 	}
-	r, err := t.Exec(`UPDATE tasks SET status = ?, reason = ?, step_index = CASE WHEN ? >= 0 THEN ? ELSE step_index END,
-			row_version = row_version + 1, updated_at = ?
+	ch := change{machine: "task", id: taskID, from: string(from), to: string(to)}
+	if err := t.cas(ctx, ch, nil, `UPDATE tasks SET status = ?, reason = ?,
+			step_index = CASE WHEN ? >= 0 THEN ? ELSE step_index END, row_version = row_version + 1, updated_at = ?
 		WHERE task_id = ? AND status = ? AND row_version = ?`,
-		to, reason, stepIndex, stepIndex, ms(t.now), taskID, from, rowVersion)
-	if err != nil {
-		return fmt.Errorf("move task %s: %w", taskID, err)
-	}
-	if n, _ := r.RowsAffected(); n == 0 {
-		return t.refuse("task", taskID, string(from), string(to), ReasonStale, 0)
+		to, reason, stepIndex, stepIndex, ms(t.now), taskID, from, rowVersion); err != nil {
+		return err
 	}
 	return t.history(taskID, who, "run", from, to, version, reason)
 }
 
 // MoveTask is a runner's conditional task transition (completed, failed,
 // rejected window_missed, or running → running to the next step).
-func (s *Store) MoveTask(ctx context.Context, task Task, to fsm.TaskState, stepIndex int, reason, who string) error {
+func (s *SQLite) MoveTask(ctx context.Context, task Task, to fsm.TaskState, stepIndex int, reason, who string) error {
 	return s.write(ctx, func(t *tx) error {
-		return t.moveTask(task.TaskID, task.Status, task.RowVersion, to, stepIndex, reason, who, task.ApprovedVersion)
+		return t.moveTask(ctx, task.TaskID, task.Status, task.RowVersion, to, stepIndex, reason, who, task.ApprovedVersion)
 	})
 }
 
@@ -330,7 +322,7 @@ type StepCheck struct {
 // then the step's operation is inserted (UNIQUE: a re-run returns it) and
 // the task is running at that step. A failed check rejects the task (before
 // the first step) or fails it (later), and nothing is inserted.
-func (s *Store) StartStep(ctx context.Context, task Task, stepIndex int, enforceGrants bool, n NewOperation, who string) (StepCheck, error) {
+func (s *SQLite) StartStep(ctx context.Context, task Task, stepIndex int, enforceGrants bool, n NewOperation, who string) (StepCheck, error) {
 	var out StepCheck
 	err := s.write(ctx, func(t *tx) error {
 		a := task.Approval
@@ -367,24 +359,24 @@ func (s *Store) StartStep(ctx context.Context, task Task, stepIndex int, enforce
 				to = fsm.TaskRejected
 			}
 			out = StepCheck{Refused: true, Reason: reason}
-			return t.moveTask(task.TaskID, task.Status, task.RowVersion, to, stepIndex, reason, who, a.Version)
+			return t.moveTask(ctx, task.TaskID, task.Status, task.RowVersion, to, stepIndex, reason, who, a.Version)
 		}
 		if out.Result, err = t.submit(ctx, n); err != nil {
 			return err
 		}
-		return t.moveTask(task.TaskID, task.Status, task.RowVersion, fsm.TaskRunning, stepIndex,
+		return t.moveTask(ctx, task.TaskID, task.Status, task.RowVersion, fsm.TaskRunning, stepIndex,
 			"step "+step.Step+": "+n.OperationID, who, a.Version)
 	})
 	return out, err
 }
 
 // ActiveTasks lists the ids of approved and running tasks.
-func (s *Store) ActiveTasks(ctx context.Context) ([]string, error) {
-	return queryStrings(ctx, s.r, `SELECT task_id FROM tasks WHERE status IN ('approved','running') ORDER BY updated_at`)
+func (s *SQLite) ActiveTasks(ctx context.Context) ([]string, error) {
+	return queryStrings(ctx, s.r, `SELECT task_id FROM tasks WHERE status IN `+activeTasks+` ORDER BY updated_at`)
 }
 
 // GetTask reads a task with its current plan, its approval and its history.
-func (s *Store) GetTask(ctx context.Context, id string) (Task, error) {
+func (s *SQLite) GetTask(ctx context.Context, id string) (Task, error) {
 	var (
 		k                Task
 		after, before    sql.NullInt64

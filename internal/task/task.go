@@ -31,7 +31,7 @@ import (
 
 // Config configures a Runner.
 type Config struct {
-	Store    *store.Store
+	Store    store.Store
 	API      *api.Server // builds each step's operation record
 	Instance string
 	// EnforceGrants re-checks grants at each step (on when auth is on).
