@@ -95,19 +95,3 @@ func (s *Server) need(role string, h http.HandlerFunc) http.HandlerFunc {
 		h(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, tok.Principal)))
 	}
 }
-
-// checkGrant refuses (403 permission_denied) an action on a device that no
-// live grant of the principal covers; without auth, grants are not enforced.
-func (s *Server) checkGrant(ctx context.Context, who, action, device string) error {
-	if !s.cfg.Auth.Enabled() {
-		return nil
-	}
-	ok, err := s.cfg.Store.Allowed(ctx, who, action, device)
-	if err != nil {
-		return err
-	}
-	if !ok {
-		return apiErr(http.StatusForbidden, "permission_denied", fmt.Sprintf("%s holds no grant for %s on %s", who, action, device))
-	}
-	return nil
-}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/opid"
+	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
 
@@ -25,10 +26,13 @@ func apiErr(status int, code, msg string) *APIError { return &APIError{status, c
 // toAPIError maps every error to its HTTP form, in one place.
 func toAPIError(err error) *APIError {
 	var ae *APIError
+	var oe *ops.Error
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &oe):
+		return apiErr(kindStatus[oe.Kind], oe.Code, oe.Message)
 	case errors.As(err, &mbe):
 		return apiErr(http.StatusRequestEntityTooLarge, "too_large", "request body exceeds 1 MiB")
 	case errors.Is(err, opid.ErrInvalid):
@@ -54,6 +58,13 @@ func toAPIError(err error) *APIError {
 	return apiErr(http.StatusServiceUnavailable, "unavailable", "the store did not answer; retry with the same operation_id")
 }
 
+// kindStatus maps each kind of domain refusal to its HTTP status.
+var kindStatus = map[ops.Kind]int{
+	ops.KindInvalid:   http.StatusBadRequest,
+	ops.KindForbidden: http.StatusForbidden,
+	ops.KindConflict:  http.StatusConflict,
+}
+
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -68,13 +79,4 @@ func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 		log.Error("request failed", "err", err)
 	}
 	writeJSON(w, ae.Status, Error{Code: ae.Code, Message: ae.Message})
-}
-
-// writeCreated answers 201 for something new, 200 for what already existed.
-func writeCreated(w http.ResponseWriter, created bool, v any) {
-	status := http.StatusOK
-	if created {
-		status = http.StatusCreated
-	}
-	writeJSON(w, status, v)
 }

@@ -1,6 +1,8 @@
 package command
 
 import (
+	"github.com/fleetctl/fleetctl/internal/store"
+
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -172,4 +174,14 @@ func LoadPolicies(path string, base Policy) (Policies, error) {
 		}
 	}
 	return ps, nil
+}
+
+// QoS is the one QoS rule for commands: a device that cannot deduplicate
+// (and a device never seen, which is assumed unable to) gets each command
+// at most once, at QoS 0; every other device gets QoS 1.
+func QoS(dev store.Device) int {
+	if dev.Capabilities.Dedupe {
+		return 1
+	}
+	return 0
 }

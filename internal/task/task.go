@@ -20,19 +20,18 @@ package task
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"time"
 
-	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
 
 // Config configures a Runner.
 type Config struct {
 	Store    store.Store
-	API      *api.Server // builds each step's operation record
+	Ops      *ops.Service // builds each step's operation record
 	Instance string
 	// EnforceGrants re-checks grants at each step (on when auth is on).
 	EnforceGrants bool
@@ -61,7 +60,7 @@ func New(cfg Config) *Runner {
 }
 
 // Run looks at the active tasks every interval until ctx ends.
-func (r *Runner) Run(ctx context.Context) {
+func (r *Runner) Run(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {
@@ -71,13 +70,13 @@ func (r *Runner) Run(ctx context.Context) {
 		}
 		for _, id := range ids {
 			if ctx.Err() != nil {
-				return
+				return nil
 			}
 			r.step(ctx, id)
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 	}
@@ -101,7 +100,7 @@ func (r *Runner) step(ctx context.Context, id string) {
 		r.start(ctx, k, 0)
 	case fsm.TaskRunning:
 		st := k.Approval.Steps[k.StepIndex]
-		op, err := r.cfg.Store.GetOperation(ctx, api.StepOperationID(k.TaskID, st, k.Approval.Version))
+		op, err := r.cfg.Store.GetOperation(ctx, ops.StepOperationID(k.TaskID, st, k.Approval.Version))
 		if err != nil {
 			r.start(ctx, k, k.StepIndex) // the checkpoint moved but no operation: re-run node C
 			return
@@ -127,9 +126,7 @@ func (r *Runner) start(ctx context.Context, k store.Task, i int) {
 		return
 	}
 	st := k.Approval.Steps[i]
-	id := api.StepOperationID(k.TaskID, st, k.Approval.Version)
-	n, err := r.cfg.API.NewOperation(ctx, id, api.SubmitRequest{TaskID: k.TaskID, Step: st.Step, Target: st.Target,
-		BusinessVersion: "approval-v" + strconv.Itoa(k.Approval.Version), Action: st.Action, Params: st.Params})
+	n, err := r.cfg.Ops.PrepareStep(ctx, k, i)
 	if err != nil {
 		r.move(ctx, k, terminalFor(k), i, "invalid_step: "+err.Error())
 		return

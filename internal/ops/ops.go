@@ -1,0 +1,430 @@
+// Package ops holds the domain rules of operations, tasks and grants, so
+// that every caller (the HTTP API, the task runner, and later the MCP
+// server) applies the same ones: how an operation_id is chosen and checked,
+// the request hash, the one QoS rule, the action's ttl and the submitting
+// instance's lease, compensation, step operation ids, plan validation and
+// hashing, grants, four-eyes. It speaks in store records and its own
+// *Error; the HTTP layer decodes, calls it and maps errors in one place.
+package ops
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/failpoint"
+	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/jcs"
+	"github.com/fleetctl/fleetctl/internal/opid"
+	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/wire"
+)
+
+// Kind classifies a domain error; the HTTP layer maps each kind to one status.
+type Kind int
+
+// Kinds of domain errors.
+const (
+	KindInvalid   Kind = iota + 1 // the request is malformed (400)
+	KindForbidden                 // the caller may not do this (403)
+	KindConflict                  // the entity's state does not allow it (409)
+)
+
+// Error is a refusal by a domain rule, with the contract's stable code.
+type Error struct {
+	Kind    Kind
+	Code    string // e.g. approval_required, reserved_operation_id, not_final
+	Message string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+func refuse(kind Kind, code, format string, args ...any) *Error {
+	return &Error{Kind: kind, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Config configures a Service.
+type Config struct {
+	Store    store.Store
+	Instance string // the submitting instance takes each new operation's lease
+	LeaseTTL time.Duration
+	// Policy returns the policy of an action (ttl, approval).
+	Policy     func(action string) command.Policy
+	Failpoints *failpoint.Set
+	// EnforceGrants: grants are checked (auth is on).
+	EnforceGrants bool
+	// FourEyes: an approver may not approve a version they wrote.
+	FourEyes bool
+	Now      func() time.Time
+	// Submitted is told of each command that needs a first decision (a new
+	// operation, or a retry): the dispatcher's kick.
+	Submitted func(commandID string)
+	// Changed is told of each operation a person's action changed.
+	Changed func(operationID string)
+}
+
+// Service applies the domain rules.
+type Service struct{ cfg Config }
+
+// New builds a Service.
+func New(cfg Config) *Service {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Submitted == nil {
+		cfg.Submitted = func(string) {}
+	}
+	if cfg.Changed == nil {
+		cfg.Changed = func(string) {}
+	}
+	return &Service{cfg: cfg}
+}
+
+// Intent is one business intent as a caller states it. The operation_id
+// is the whole OperationID when given, else task_id:step:target:business_version.
+type Intent struct {
+	OperationID     string
+	TaskID          string
+	Step            string
+	Target          string
+	BusinessVersion string
+	Action          string
+	Params          json.RawMessage
+}
+
+// Submit validates a direct submission and inserts it, or returns the stored
+// record (created false). key is the Idempotency-Key header ("" if absent);
+// who is the caller.
+func (s *Service) Submit(ctx context.Context, in Intent, key, who string) (store.Operation, bool, error) {
+	id, err := operationID(in, key)
+	if err != nil {
+		return store.Operation{}, false, err
+	}
+	if opid.Reserved(id) {
+		return store.Operation{}, false, refuse(KindForbidden, "reserved_operation_id",
+			"operation ids ending in :approval-v<N> belong to approved tasks")
+	}
+	n, err := s.Prepare(ctx, id, in)
+	if err != nil {
+		return store.Operation{}, false, err
+	}
+	if err := s.authorizeDirect(ctx, who, in.Action, in.Target); err != nil {
+		return store.Operation{}, false, err
+	}
+	return s.insert(ctx, n)
+}
+
+// Prepare validates target, action and params and builds the record a
+// first submission of id inserts: the request hash, a new command id (used
+// only if the operation is new), the action's ttl, the device's QoS and
+// this instance's lease.
+func (s *Service) Prepare(ctx context.Context, id string, in Intent) (store.NewOperation, error) {
+	if !wire.ValidDeviceID(in.Target) {
+		return store.NewOperation{}, fmt.Errorf("%w: target %q is not a device id ([A-Za-z0-9._-]{1,64}, not controller-*)", opid.ErrInvalid, in.Target)
+	}
+	if err := opid.ValidateAction(in.Action); err != nil {
+		return store.NewOperation{}, err
+	}
+	params, err := opid.CanonicalParams(in.Params)
+	if err != nil {
+		return store.NewOperation{}, err
+	}
+	hash, err := opid.RequestHash(in.Action, in.Target, params)
+	if err != nil {
+		return store.NewOperation{}, err
+	}
+	dev, err := s.cfg.Store.GetDevice(ctx, in.Target)
+	if errors.Is(err, store.ErrNotFound) {
+		dev, err = store.UnseenDevice(in.Target), nil
+	}
+	if err != nil {
+		return store.NewOperation{}, err
+	}
+	return store.NewOperation{
+		OperationID: id, Action: in.Action, Target: in.Target, Params: params, RequestHash: hash,
+		TaskID: in.TaskID, Step: in.Step, BusinessVersion: in.BusinessVersion,
+		CommandID: command.NewCommandID(s.cfg.Now()), CommandTTL: s.cfg.Policy(in.Action).TTL, QoS: command.QoS(dev),
+		Owner: s.cfg.Instance, LeaseTTL: s.cfg.LeaseTTL,
+	}, nil
+}
+
+// operationID picks the whole id (body, else header) or derives it from the
+// parts; a header that differs from the body's id is refused.
+func operationID(in Intent, key string) (string, error) {
+	id := in.OperationID
+	if id == "" && (in.TaskID != "" || in.Step != "" || in.BusinessVersion != "") {
+		derived, err := opid.Derive(opid.Parts{TaskID: in.TaskID, Step: in.Step, Target: in.Target, BusinessVersion: in.BusinessVersion})
+		if err != nil {
+			return "", err
+		}
+		id = derived
+	}
+	switch {
+	case key != "" && id != "" && key != id:
+		return "", refuse(KindInvalid, "idempotency_key_mismatch", "Idempotency-Key %q differs from the operation_id %q", key, id)
+	case id == "":
+		id = key
+	}
+	if id == "" {
+		return "", fmt.Errorf("%w: give operation_id (or an Idempotency-Key header), or task_id, step and business_version", opid.ErrInvalid)
+	}
+	if err := opid.ValidateWhole(id, 200); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// authorizeDirect is what an operation outside a task needs: an action that
+// does not require approval (approval_required) and a grant for it on the
+// device (permission_denied).
+func (s *Service) authorizeDirect(ctx context.Context, who, action, device string) error {
+	if s.cfg.Policy(action).Approval == command.ApprovalRequired {
+		return refuse(KindForbidden, "approval_required", "action %s needs an approved task (POST /v1/tasks)", action)
+	}
+	return s.CheckGrant(ctx, who, action, device)
+}
+
+// CheckGrant refuses (permission_denied) an action on a device that no live
+// grant of the principal covers; grants are enforced only with auth on.
+func (s *Service) CheckGrant(ctx context.Context, who, action, device string) error {
+	if !s.cfg.EnforceGrants {
+		return nil
+	}
+	ok, err := s.cfg.Store.Allowed(ctx, who, action, device)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return refuse(KindForbidden, "permission_denied", "%s holds no grant for %s on %s", who, action, device)
+	}
+	return nil
+}
+
+func (s *Service) insert(ctx context.Context, n store.NewOperation) (store.Operation, bool, error) {
+	res, err := s.cfg.Store.Submit(ctx, n, func() error { return s.cfg.Failpoints.HitContext(ctx, failpoint.SubmitBeforeCommit) })
+	if err != nil {
+		return store.Operation{}, false, err
+	}
+	if res.Created || res.Retried {
+		s.cfg.Submitted(res.Operation.CommandID)
+	}
+	return res.Operation, res.Created, nil
+}
+
+// Compensation is a compensating action for a final operation.
+type Compensation struct {
+	Action          string
+	Params          json.RawMessage
+	Reason          string
+	BusinessVersion string
+}
+
+// Compensate creates {id}:compensate:{business_version}, a new operation on
+// the original's target, once the original is final (not_final otherwise).
+// It is an ordinary operation: a replay returns it, other content is
+// ErrKeyReused, an action that needs approval is refused.
+func (s *Service) Compensate(ctx context.Context, originalID string, c Compensation, who string) (store.Operation, bool, error) {
+	orig, err := s.cfg.Store.GetOperation(ctx, originalID)
+	if err != nil {
+		return store.Operation{}, false, err
+	}
+	if !orig.Status.Terminal() {
+		return store.Operation{}, false, refuse(KindConflict, "not_final",
+			"operation %s is %s: compensate once it is succeeded or failed_final", orig.OperationID, orig.Status)
+	}
+	if opid.ApprovalLike(c.BusinessVersion) {
+		return store.Operation{}, false, fmt.Errorf("%w: business_version %q looks like approval-v<N>", opid.ErrInvalid, c.BusinessVersion)
+	}
+	if _, err := opid.Derive(opid.Parts{TaskID: "t", Step: "s", Target: "d", BusinessVersion: c.BusinessVersion}); err != nil {
+		return store.Operation{}, false, err
+	}
+	id := orig.OperationID + ":compensate:" + c.BusinessVersion
+	if err := opid.ValidateWhole(id, 400); err != nil {
+		return store.Operation{}, false, err
+	}
+	n, err := s.Prepare(ctx, id, Intent{Target: orig.Target, Action: c.Action, Params: c.Params, BusinessVersion: c.BusinessVersion})
+	if err != nil {
+		return store.Operation{}, false, err
+	}
+	if err := s.authorizeDirect(ctx, who, c.Action, orig.Target); err != nil {
+		return store.Operation{}, false, err
+	}
+	n.Compensates = orig.OperationID
+	return s.insert(ctx, n)
+}
+
+// Cancel cancels a command that was never published.
+func (s *Service) Cancel(ctx context.Context, commandID, who string) (store.Command, error) {
+	c, err := s.cfg.Store.Cancel(ctx, commandID, who)
+	if err != nil {
+		return store.Command{}, err
+	}
+	s.cfg.Changed(c.OperationID)
+	return c, nil
+}
+
+// Resolve records a person's resolution (succeeded or failed) of a
+// needs_attention command. A resolve that lost the race to a final receipt
+// is kept as the command's late outcome and refused (illegal_state).
+func (s *Service) Resolve(ctx context.Context, commandID, outcome, note, who string) (store.Command, error) {
+	if outcome != string(fsm.CmdSucceeded) && outcome != string(fsm.CmdFailed) {
+		return store.Command{}, fmt.Errorf("%w: outcome must be succeeded or failed", opid.ErrInvalid)
+	}
+	out, err := s.cfg.Store.Resolve(ctx, commandID, fsm.CommandState(outcome), note, who)
+	if err != nil {
+		return store.Command{}, err
+	}
+	if out.Lost {
+		return store.Command{}, refuse(KindConflict, "illegal_state",
+			"a final receipt settled this command first (%s); your resolve is kept as its late outcome", out.Command.Status)
+	}
+	s.cfg.Changed(out.Command.OperationID)
+	return out.Command, nil
+}
+
+// StepOperationID is a task step's operation id:
+// {task_id}:{step}:{target}:approval-v{version}.
+func StepOperationID(taskID string, st store.Step, version int) string {
+	return fmt.Sprintf("%s:%s:%s:approval-v%d", taskID, st.Step, st.Target, version)
+}
+
+// PrepareStep builds the operation record of step i of a task's approved plan.
+func (s *Service) PrepareStep(ctx context.Context, k store.Task, i int) (store.NewOperation, error) {
+	st := k.Approval.Steps[i]
+	return s.Prepare(ctx, StepOperationID(k.TaskID, st, k.Approval.Version), Intent{TaskID: k.TaskID, Step: st.Step,
+		Target: st.Target, BusinessVersion: "approval-v" + strconv.Itoa(k.Approval.Version), Action: st.Action, Params: st.Params})
+}
+
+func invalidPlan(format string, args ...any) error {
+	return refuse(KindInvalid, "invalid_plan", format, args...)
+}
+
+// Plan validates a plan's steps for who (each step's ids, action and
+// params; (step, target) unique; a grant for each step) and returns its
+// canonical JSON and plan_hash (SHA-256 of the JCS of the steps).
+func (s *Service) Plan(ctx context.Context, steps []store.Step, who string) (json.RawMessage, string, error) {
+	if len(steps) == 0 {
+		return nil, "", invalidPlan("a plan needs at least one step")
+	}
+	seen := map[[2]string]bool{}
+	for i := range steps {
+		st := &steps[i]
+		if _, err := opid.Derive(opid.Parts{TaskID: "t", Step: st.Step, Target: st.Target, BusinessVersion: "v"}); err != nil {
+			return nil, "", invalidPlan("step %d: %v", i+1, err)
+		}
+		if !wire.ValidDeviceID(st.Target) {
+			return nil, "", invalidPlan("step %d: target %q is not a device id", i+1, st.Target)
+		}
+		if err := opid.ValidateAction(st.Action); err != nil {
+			return nil, "", invalidPlan("step %d: %v", i+1, err)
+		}
+		params, err := opid.CanonicalParams(st.Params)
+		if err != nil {
+			return nil, "", invalidPlan("step %d: %v", i+1, err)
+		}
+		st.Params = params
+		key := [2]string{st.Step, st.Target}
+		if seen[key] {
+			return nil, "", invalidPlan("(step %q, target %q) appears twice", st.Step, st.Target)
+		}
+		seen[key] = true
+		if err := s.CheckGrant(ctx, who, st.Action, st.Target); err != nil {
+			return nil, "", err
+		}
+	}
+	canon, err := jcs.Marshal(steps)
+	if err != nil {
+		return nil, "", err
+	}
+	return canon, sha(canon), nil
+}
+
+func sha(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// TaskRequest is a new task: its id, plan and maintenance window.
+type TaskRequest struct {
+	TaskID        string
+	ExecuteAfter  *time.Time
+	ExecuteBefore *time.Time
+	Steps         []store.Step
+}
+
+// CreateTask stores a task with its first plan version, or returns it
+// (created false) for a replay with the same steps and window; other
+// content is ErrKeyReused.
+func (s *Service) CreateTask(ctx context.Context, req TaskRequest, who string) (store.Task, bool, error) {
+	if _, err := opid.Derive(opid.Parts{TaskID: req.TaskID, Step: "s", Target: "t", BusinessVersion: "v"}); err != nil {
+		return store.Task{}, false, err
+	}
+	if req.ExecuteAfter != nil && req.ExecuteBefore != nil && !req.ExecuteBefore.After(*req.ExecuteAfter) {
+		return store.Task{}, false, invalidPlan("execute_before must be after execute_after")
+	}
+	steps, planHash, err := s.Plan(ctx, req.Steps, who)
+	if err != nil {
+		return store.Task{}, false, err
+	}
+	createBody, err := jcs.Marshal(struct {
+		Steps         json.RawMessage `json:"steps"`
+		ExecuteAfter  *time.Time      `json:"execute_after"`
+		ExecuteBefore *time.Time      `json:"execute_before"`
+	}{steps, utc(req.ExecuteAfter), utc(req.ExecuteBefore)})
+	if err != nil {
+		return store.Task{}, false, err
+	}
+	return s.cfg.Store.CreateTask(ctx, store.NewTask{TaskID: req.TaskID, Steps: steps, PlanHash: planHash,
+		CreateHash: sha(createBody), ExecuteAfter: req.ExecuteAfter, ExecuteBefore: req.ExecuteBefore, Author: who})
+}
+
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// UpdatePlan records a new plan version by who (the current one for an
+// unchanged plan); baseVersion, when given, must be the current version.
+func (s *Service) UpdatePlan(ctx context.Context, taskID string, steps []store.Step, baseVersion *int, who string) (store.Task, error) {
+	if _, err := s.cfg.Store.GetTask(ctx, taskID); err != nil {
+		return store.Task{}, err
+	}
+	canon, planHash, err := s.Plan(ctx, steps, who)
+	if err != nil {
+		return store.Task{}, err
+	}
+	task, _, err := s.cfg.Store.UpdatePlan(ctx, taskID, canon, planHash, who, baseVersion)
+	return task, err
+}
+
+// Approve approves a plan version by who, with four-eyes when it is on.
+func (s *Service) Approve(ctx context.Context, taskID string, version int, planHash, who string) (store.Approval, bool, error) {
+	return s.cfg.Store.Approve(ctx, taskID, version, planHash, who, s.cfg.FourEyes)
+}
+
+// Reject rejects a task waiting for approval or approved.
+func (s *Service) Reject(ctx context.Context, taskID, reason, who string) (store.Task, error) {
+	return s.cfg.Store.Reject(ctx, taskID, reason, who)
+}
+
+// CreateGrant lets principal run action on the devices glob, or returns the
+// live grant with the same three (created false).
+func (s *Service) CreateGrant(ctx context.Context, principal, action, devices, by string) (store.Grant, bool, error) {
+	if principal == "" || action == "" || devices == "" {
+		return store.Grant{}, false, fmt.Errorf("%w: principal, action and devices are required", opid.ErrInvalid)
+	}
+	g, created, err := s.cfg.Store.CreateGrant(ctx, command.NewID("g-", s.cfg.Now()), principal, action, devices, by)
+	if errors.Is(err, store.ErrIllegalState) {
+		err = fmt.Errorf("%w: %v", opid.ErrInvalid, err)
+	}
+	return g, created, err
+}

@@ -1,0 +1,231 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/opid"
+	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/wire"
+)
+
+type testBundle struct {
+	ctx       context.Context
+	st        *store.SQLite
+	svc       *Service
+	submitted []string
+}
+
+func setup(t *testing.T, enforceGrants bool) *testBundle {
+	t.Helper()
+	b := &testBundle{ctx: context.Background()}
+	st, err := store.Open(b.ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	b.st = st
+	b.svc = New(Config{Store: st, Instance: "i1", LeaseTTL: 10 * time.Second, EnforceGrants: enforceGrants, FourEyes: true,
+		Policy: func(action string) command.Policy {
+			p := command.Policy{TTL: time.Minute, MaxAttempts: 3, Approval: command.ApprovalNone}
+			if action == "wipe" {
+				p.Approval = command.ApprovalRequired
+			}
+			return p
+		},
+		Submitted: func(id string) { b.submitted = append(b.submitted, id) },
+	})
+	return b
+}
+
+func (b *testBundle) birth(t *testing.T, device string, caps wire.Capabilities) {
+	t.Helper()
+	_, err := b.st.ApplyPresence(b.ctx, device, wire.Presence{Online: true, Session: 1, Capabilities: &caps})
+	require.NoError(t, err)
+}
+
+func code(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+func TestSubmitDerivesTheIdAndReplays(t *testing.T) {
+	b := setup(t, false)
+	in := Intent{TaskID: "task-12", Step: "create-ticket", Target: "device-1", BusinessVersion: "v1", Action: "restart",
+		Params: json.RawMessage(`{"b":1.0,"a":"x"}`)}
+	op, created, err := b.svc.Submit(b.ctx, in, "", "alice")
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Equal(t, "task-12:create-ticket:device-1:v1", op.OperationID)
+	require.Equal(t, []string{op.CommandID}, b.submitted, "a new operation is kicked once")
+
+	in.Params = json.RawMessage(`{"a":"x","b":1}`) // the same params, spelt otherwise
+	again, created, err := b.svc.Submit(b.ctx, in, "task-12:create-ticket:device-1:v1", "alice")
+	require.NoError(t, err)
+	require.False(t, created)
+	require.Equal(t, op.CommandID, again.CommandID)
+	require.Equal(t, op.RequestHash, again.RequestHash)
+	require.Len(t, b.submitted, 1, "a replay kicks nothing")
+
+	in.Params = json.RawMessage(`{"a":"y"}`)
+	_, _, err = b.svc.Submit(b.ctx, in, "", "alice")
+	require.ErrorIs(t, err, store.ErrKeyReused)
+}
+
+func TestSubmitRefusals(t *testing.T) {
+	b := setup(t, false)
+	for _, tc := range []struct {
+		name, key, code string
+		in              Intent
+		invalid         bool
+	}{
+		{name: "reserved id", code: "reserved_operation_id",
+			in: Intent{OperationID: "t:s:device-1:approval-v3", Target: "device-1", Action: "restart"}},
+		{name: "header differs", key: "other", code: "idempotency_key_mismatch",
+			in: Intent{OperationID: "op-1", Target: "device-1", Action: "restart"}},
+		{name: "needs approval", code: "approval_required",
+			in: Intent{OperationID: "op-2", Target: "device-1", Action: "wipe"}},
+		{name: "no id", invalid: true, in: Intent{Target: "device-1", Action: "restart"}},
+		{name: "bad target", invalid: true, in: Intent{OperationID: "op-3", Target: "fleet/../x", Action: "restart"}},
+		{name: "controller target", invalid: true, in: Intent{OperationID: "op-4", Target: "controller-c1", Action: "restart"}},
+		{name: "params not an object", invalid: true, in: Intent{OperationID: "op-5", Target: "device-1", Action: "restart", Params: json.RawMessage(`[1]`)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := b.svc.Submit(b.ctx, tc.in, tc.key, "alice")
+			require.Error(t, err)
+			if tc.invalid {
+				require.ErrorIs(t, err, opid.ErrInvalid)
+			} else {
+				require.Equal(t, tc.code, code(err), "%v", err)
+			}
+		})
+	}
+	require.Empty(t, b.submitted, "nothing was stored")
+}
+
+func TestGrantsAreEnforcedOnlyWithAuth(t *testing.T) {
+	b := setup(t, true)
+	in := Intent{OperationID: "op-1", Target: "device-1", Action: "restart"}
+	_, _, err := b.svc.Submit(b.ctx, in, "", "agent")
+	require.Equal(t, "permission_denied", code(err))
+	_, created, err := b.svc.CreateGrant(b.ctx, "agent", "restart", "device-*", "admin")
+	require.NoError(t, err)
+	require.True(t, created)
+	_, created, err = b.svc.Submit(b.ctx, in, "", "agent")
+	require.NoError(t, err)
+	require.True(t, created)
+
+	_, _, err = setup(t, false).svc.Submit(context.Background(), in, "", "agent")
+	require.NoError(t, err, "without auth grants are not enforced")
+}
+
+// One QoS rule: 0 for a device that cannot deduplicate and for one never
+// seen, 1 for a conforming device.
+func TestPrepareQoS(t *testing.T) {
+	b := setup(t, false)
+	b.birth(t, "conforming", wire.Capabilities{Dedupe: true, Query: true})
+	b.birth(t, "legacy", wire.Capabilities{Query: true})
+	for device, want := range map[string]int{"conforming": 1, "legacy": 0, "never-seen": 0} {
+		n, err := b.svc.Prepare(b.ctx, "op:"+device, Intent{Target: device, Action: "restart"})
+		require.NoError(t, err)
+		require.Equal(t, want, n.QoS, device)
+		require.Equal(t, time.Minute, n.CommandTTL)
+		require.Equal(t, "i1", n.Owner)
+	}
+}
+
+func TestCompensate(t *testing.T) {
+	b := setup(t, false)
+	orig, _, err := b.svc.Submit(b.ctx, Intent{OperationID: "op-1", Target: "device-1", Action: "set-config"}, "", "alice")
+	require.NoError(t, err)
+	comp := Compensation{Action: "set-config", Params: json.RawMessage(`{"fw":"4.1"}`), BusinessVersion: "v1"}
+	_, _, err = b.svc.Compensate(b.ctx, orig.OperationID, comp, "alice")
+	require.Equal(t, "not_final", code(err), "the original is still started")
+
+	// Published, and the device succeeds: the original is final.
+	_, err = b.st.ClaimSend(b.ctx, orig.CommandID, fsm.CmdPending, 0, 1, store.Fence{Owner: orig.Owner, Token: orig.FencingToken},
+		time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	_, err = b.st.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: orig.CommandID, OperationID: orig.OperationID,
+		Status: wire.ReceiptSucceeded, Seq: 3, Result: json.RawMessage(`{}`)}, nil)
+	require.NoError(t, err)
+	op, created, err := b.svc.Compensate(b.ctx, orig.OperationID, comp, "alice")
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Equal(t, "op-1:compensate:v1", op.OperationID)
+	require.Equal(t, "op-1", op.Compensates)
+	_, created, err = b.svc.Compensate(b.ctx, orig.OperationID, comp, "alice")
+	require.NoError(t, err)
+	require.False(t, created, "a replay returns it")
+	comp.Params = json.RawMessage(`{"fw":"4.0"}`)
+	_, _, err = b.svc.Compensate(b.ctx, orig.OperationID, comp, "alice")
+	require.ErrorIs(t, err, store.ErrKeyReused)
+	comp.BusinessVersion = "approval-v2"
+	_, _, err = b.svc.Compensate(b.ctx, orig.OperationID, comp, "alice")
+	require.ErrorIs(t, err, opid.ErrInvalid)
+	_, _, err = b.svc.Compensate(b.ctx, "nope", comp, "alice")
+	require.ErrorIs(t, err, store.ErrNotFound)
+}
+
+func TestPlanValidationAndHash(t *testing.T) {
+	b := setup(t, false)
+	steps := func(params string) []store.Step {
+		return []store.Step{{Step: "restart-device", Action: "restart", Target: "device-1001", Params: json.RawMessage(params)}}
+	}
+	_, h1, err := b.svc.Plan(b.ctx, steps(`{"a":1,"b":[true]}`), "alice")
+	require.NoError(t, err)
+	_, h2, err := b.svc.Plan(b.ctx, steps(`{"b":[true],"a":1.0}`), "alice")
+	require.NoError(t, err)
+	require.Equal(t, h1, h2, "the plan hash is over canonical JSON")
+
+	for name, bad := range map[string][]store.Step{
+		"empty":      {},
+		"twice":      append(steps(`{}`), steps(`{}`)...),
+		"bad target": {{Step: "s", Action: "restart", Target: "a/b"}},
+		"bad step":   {{Step: "a:b", Action: "restart", Target: "device-1"}},
+	} {
+		_, _, err := b.svc.Plan(b.ctx, bad, "alice")
+		require.Equal(t, "invalid_plan", code(err), name)
+	}
+
+	task, created, err := b.svc.CreateTask(b.ctx, TaskRequest{TaskID: "task-88", Steps: steps(`{}`)}, "agent")
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Equal(t, fsm.TaskWaitingApproval, task.Status)
+	_, created, err = b.svc.CreateTask(b.ctx, TaskRequest{TaskID: "task-88", Steps: steps(`{}`)}, "agent")
+	require.NoError(t, err)
+	require.False(t, created)
+	_, _, err = b.svc.CreateTask(b.ctx, TaskRequest{TaskID: "task-88", Steps: steps(`{"x":1}`)}, "agent")
+	require.ErrorIs(t, err, store.ErrKeyReused)
+
+	_, _, err = b.svc.Approve(b.ctx, "task-88", 1, "", "agent")
+	require.ErrorIs(t, err, store.ErrFourEyes)
+	b.birth(t, "device-1001", wire.Capabilities{Dedupe: true, Query: true})
+	a, created, err := b.svc.Approve(b.ctx, "task-88", 1, "", "alice")
+	require.NoError(t, err)
+	require.True(t, created)
+	task, err = b.st.GetTask(b.ctx, "task-88")
+	require.NoError(t, err)
+	n, err := b.svc.PrepareStep(b.ctx, task, 0)
+	require.NoError(t, err)
+	require.Equal(t, "task-88:restart-device:device-1001:approval-v1", n.OperationID)
+	require.Equal(t, n.OperationID, StepOperationID("task-88", task.Approval.Steps[0], a.Version))
+	require.Equal(t, "approval-v1", n.BusinessVersion)
+}
+
+func TestResolveValidatesTheOutcome(t *testing.T) {
+	b := setup(t, false)
+	_, err := b.svc.Resolve(b.ctx, "c-1", "maybe", "", "alice")
+	require.ErrorIs(t, err, opid.ErrInvalid)
+	_, err = b.svc.Resolve(b.ctx, "c-1", "succeeded", "", "alice")
+	require.ErrorIs(t, err, store.ErrNotFound)
+}
