@@ -50,9 +50,11 @@ type Dispatcher struct {
 	inFlight map[string]bool
 	again    map[string]bool
 	wg       sync.WaitGroup
+	// connected carries one pending reconcile after a broker (re)connect.
+	connected chan struct{}
 }
 
-// New validates cfg and builds a Dispatcher; Run starts it.
+// New builds a Dispatcher; Run starts it.
 func New(cfg Config) *Dispatcher {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 4
@@ -69,7 +71,8 @@ func New(cfg Config) *Dispatcher {
 	if cfg.Changed == nil {
 		cfg.Changed = func(string) {}
 	}
-	return &Dispatcher{cfg: cfg, work: make(chan string, 4096), inFlight: map[string]bool{}, again: map[string]bool{}}
+	return &Dispatcher{cfg: cfg, work: make(chan string, 4096), inFlight: map[string]bool{}, again: map[string]bool{},
+		connected: make(chan struct{}, 1)}
 }
 
 // Kick asks for a command to be looked at soon (a new submit, an answer that
@@ -102,9 +105,10 @@ func (d *Dispatcher) done(commandID string) (again bool) {
 	return again
 }
 
-// Run starts the workers and the sweeper; it returns when ctx ends and the
+// Run starts the workers and the sweeper, and reconciles after every
+// broker (re)connect (see Connected); it returns when ctx ends and the
 // workers have stopped.
-func (d *Dispatcher) Run(ctx context.Context) {
+func (d *Dispatcher) Run(ctx context.Context) error {
 	for i := 0; i < d.cfg.Workers; i++ {
 		d.wg.Add(1)
 		go func() {
@@ -124,17 +128,38 @@ func (d *Dispatcher) Run(ctx context.Context) {
 			}
 		}()
 	}
+	defer d.wg.Wait()
 	t := time.NewTicker(d.cfg.SweepInterval)
 	defer t.Stop()
 	for {
 		d.sweep(ctx, false)
 		select {
 		case <-ctx.Done():
-			d.wg.Wait()
-			return
+			return nil
+		case <-d.connected:
+			d.reconnected(ctx)
 		case <-t.C:
 		}
 	}
+}
+
+// Connected is told of every connect and reconnect to the broker. It never
+// blocks; several connects before the next reconcile make one.
+func (d *Dispatcher) Connected() {
+	select {
+	case d.connected <- struct{}{}:
+	default:
+	}
+}
+
+// reconnected runs after a (re)connect: the broker may have lost its
+// sessions, so presence is a hint until each device speaks again, and a
+// final receipt may have been lost while the controller was away.
+func (d *Dispatcher) reconnected(ctx context.Context) {
+	if err := d.cfg.Store.UnconfirmAll(ctx); err != nil && ctx.Err() == nil {
+		d.cfg.Logger.Error("unconfirm devices", "err", err)
+	}
+	d.reconcile(ctx)
 }
 
 func (d *Dispatcher) sweep(ctx context.Context, all bool) {
@@ -187,51 +212,89 @@ func (d *Dispatcher) step(ctx context.Context, commandID string) {
 	if oc.Fence.Owner != d.cfg.Instance {
 		return // another instance's work
 	}
-	now := d.cfg.Now()
-	c := oc.Command
-	dev := d.device(ctx, c.DeviceID)
-	pol := d.cfg.Policy(c.Action)
+	dev := d.device(ctx, oc.DeviceID)
+	pol := d.cfg.Policy(oc.Action)
+	switch dec := Decide(oc.Command, dev, pol, d.cfg.Now()); dec.Kind {
+	case Send:
+		d.send(ctx, oc, dev, pol)
+	case Ask:
+		d.ask(ctx, oc.Command, oc.Fence, dev, pol)
+	case Move:
+		d.move(ctx, oc, dec.To, dec.Reason, dec.Until)
+	case Postpone:
+		d.postpone(ctx, oc, dec.Until)
+	}
+}
+
+// Kind is what the lease holder does about an open command now.
+type Kind int
+
+// Decisions.
+const (
+	Wait     Kind = iota // nothing yet: its next check has not come
+	Send                 // publish it (first send or a re-send of the same command_id)
+	Ask                  // publish a Query about it
+	Move                 // change its state without the device's word
+	Postpone             // look again at Until
+)
+
+// Decision is the outcome of the decision table.
+type Decision struct {
+	Kind   Kind
+	To     fsm.CommandState // Move
+	Reason string           // Move
+	Until  time.Time        // Move (next check), Postpone
+}
+
+// Decide is the dispatcher's decision table: from a command's state and
+// counters, the device's presence and capabilities, the action's policy,
+// the device's last answer and the time, the one thing to do now. It is
+// pure; the store's conditional writes make the decision stick or refuse it.
+func Decide(c store.Command, dev store.Device, pol Policy, now time.Time) Decision {
+	move := func(to fsm.CommandState, reason string) Decision {
+		return Decision{Kind: Move, To: to, Reason: reason, Until: c.ExpiresAt}
+	}
 	if !now.Before(c.ExpiresAt) {
 		switch {
 		case c.Status == fsm.CmdNeedsAttention:
+			return Decision{Kind: Wait}
 		case c.Attempt > 0 && !canResend(dev, pol):
-			d.move(ctx, oc, fsm.CmdNeedsAttention, "expired with the outcome unproven (device cannot deduplicate)", c.ExpiresAt)
+			return move(fsm.CmdNeedsAttention, "expired with the outcome unproven (device cannot deduplicate)")
 		default:
-			d.move(ctx, oc, fsm.CmdTimeout, fsm.ReasonTimeout, c.ExpiresAt)
+			return move(fsm.CmdTimeout, fsm.ReasonTimeout)
 		}
-		return
 	}
 	if now.Before(c.NextCheckAt) {
-		return
+		return Decision{Kind: Wait}
 	}
 	switch c.Status {
 	case fsm.CmdPending:
 		switch {
 		case dev.Online:
-			d.send(ctx, oc, dev)
+			return Decision{Kind: Send}
 		case pol.Offline == OfflineFail:
-			d.move(ctx, oc, fsm.CmdFailed, fsm.ReasonDeviceOffline, c.ExpiresAt)
+			return move(fsm.CmdFailed, fsm.ReasonDeviceOffline)
 		default:
-			d.move(ctx, oc, fsm.CmdWaitingDevice, "device offline", c.ExpiresAt)
+			return move(fsm.CmdWaitingDevice, "device offline")
 		}
 	case fsm.CmdWaitingDevice:
 		switch {
 		case !dev.Online:
-			d.postpone(ctx, oc, c.ExpiresAt)
+			return Decision{Kind: Postpone, Until: c.ExpiresAt}
 		case c.Attempt == 0:
-			d.send(ctx, oc, dev) // never published: send it
+			return Decision{Kind: Send} // never published: send it
 		default:
-			d.check(ctx, oc, dev, pol) // published before: ask first
+			return check(c, dev, pol) // published before: ask first
 		}
 	case fsm.CmdSent, fsm.CmdReceived, fsm.CmdExecuting:
 		if !dev.Online && dev.Capabilities.Dedupe {
-			d.move(ctx, oc, fsm.CmdWaitingDevice, "device offline before a final receipt", c.ExpiresAt)
-			return
+			return move(fsm.CmdWaitingDevice, "device offline before a final receipt")
 		}
-		d.check(ctx, oc, dev, pol)
+		return check(c, dev, pol)
 	case fsm.CmdNeedsAttention:
-		d.postpone(ctx, oc, c.ExpiresAt.Add(24*time.Hour))
+		return Decision{Kind: Postpone, Until: c.ExpiresAt.Add(24 * time.Hour)}
 	}
+	return Decision{Kind: Wait}
 }
 
 // canResend: the device deduplicates, or the caller accepts a duplicate.
@@ -249,25 +312,24 @@ func (d *Dispatcher) device(ctx context.Context, id string) store.Device {
 	return dev
 }
 
-// check runs after the ack timeout (and each backoff) with no final
-// receipt: ask, or re-send the same command after an unanswered question,
-// or, for a device that cannot deduplicate, park the command for a person
-// once its asks are used up.
-func (d *Dispatcher) check(ctx context.Context, oc store.OpenCommand, dev store.Device, pol Policy) {
-	c := oc.Command
+// check is the row of the table for a published command with no final
+// receipt after the ack timeout (and each backoff): ask, or re-send the same
+// command after an unanswered question, or, for a device that cannot
+// deduplicate, park the command for a person once its asks are used up.
+func check(c store.Command, dev store.Device, pol Policy) Decision {
 	unanswered := c.LastQueryID != "" && c.LastAnswer == ""
 	unknown := c.LastAnswer == string(wire.ReceiptUnknown)
 	resend := canResend(dev, pol) && (c.Status == fsm.CmdSent || c.Status == fsm.CmdWaitingDevice) &&
 		c.Attempt < pol.MaxAttempts && (unknown || unanswered || !dev.Capabilities.Query)
 	switch {
 	case resend:
-		d.send(ctx, oc, dev)
+		return Decision{Kind: Send}
 	case dev.Capabilities.Query && c.Queries < pol.MaxAttempts:
-		d.ask(ctx, oc.Command, oc.Fence, dev, pol)
+		return Decision{Kind: Ask}
 	case !canResend(dev, pol) && c.Attempt > 0:
-		d.move(ctx, oc, fsm.CmdNeedsAttention, "asks used up, outcome unproven (device cannot deduplicate)", c.ExpiresAt)
+		return Decision{Kind: Move, To: fsm.CmdNeedsAttention, Reason: "asks used up, outcome unproven (device cannot deduplicate)", Until: c.ExpiresAt}
 	default:
-		d.postpone(ctx, oc, c.ExpiresAt) // sends and asks used up: wait for the expiry
+		return Decision{Kind: Postpone, Until: c.ExpiresAt} // sends and asks used up: wait for the expiry
 	}
 }
 
@@ -290,18 +352,13 @@ func (d *Dispatcher) trusted(lease time.Time) bool {
 // attempt n → n+1) and then publishes the command, unchanged but for
 // attempt. A device that cannot deduplicate gets it at QoS 0 and only once,
 // unless its policy accepts duplicates.
-func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand, dev store.Device) {
+func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand, dev store.Device, pol Policy) {
 	c := oc.Command
-	pol := d.cfg.Policy(c.Action)
 	if c.Attempt > 0 && !canResend(dev, pol) {
 		return
 	}
-	qos := 1
-	if !dev.Capabilities.Dedupe {
-		qos = 0
-	}
 	next := d.cfg.Now().Add(pol.Backoff(c.Attempt))
-	dec, err := d.cfg.Store.ClaimSend(ctx, c.CommandID, c.Status, c.Attempt, qos, oc.Fence, next)
+	dec, err := d.cfg.Store.ClaimSend(ctx, c.CommandID, c.Status, c.Attempt, QoS(dev), oc.Fence, next)
 	if err != nil {
 		if !errors.Is(err, store.ErrRefused) {
 			d.cfg.Logger.Error("claim send", "command_id", c.CommandID, "err", err)
@@ -344,9 +401,9 @@ func (d *Dispatcher) ask(ctx context.Context, c store.Command, f store.Fence, de
 	d.publish(ctx, "query", wire.Topic(d.cfg.TopicRoot, c.DeviceID, wire.KindQueries), 1, payload, c.CommandID)
 }
 
-// Reconcile asks about every open command this instance holds, whatever its
+// reconcile asks about every open command this instance holds, whatever its
 // state: after a broker (re)connect a final receipt may have been lost.
-func (d *Dispatcher) Reconcile(ctx context.Context) {
+func (d *Dispatcher) reconcile(ctx context.Context) {
 	d.cfg.Metrics.Reconciles.Inc()
 	open, err := d.cfg.Store.DueCommands(ctx, d.cfg.Instance, d.cfg.Now(), true, 1<<30)
 	if err != nil {
@@ -409,11 +466,7 @@ func (d *Dispatcher) retryStep(ctx context.Context, commandID string) {
 
 func (d *Dispatcher) mint(ctx context.Context, r store.Retrying, f store.Fence, dev store.Device, pol Policy) {
 	id := NewCommandID(d.cfg.Now())
-	qos := 1
-	if !dev.Capabilities.Dedupe {
-		qos = 0
-	}
-	if err := d.cfg.Store.MintCommand(ctx, r, f, id, pol.TTL, qos); err != nil {
+	if err := d.cfg.Store.MintCommand(ctx, r, f, id, pol.TTL, QoS(dev)); err != nil {
 		if !errors.Is(err, store.ErrRefused) {
 			d.cfg.Logger.Error("mint command", "operation_id", r.Operation.OperationID, "err", err)
 		}

@@ -24,10 +24,12 @@ import (
 	"github.com/fleetctl/fleetctl/internal/lease"
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/mqttx"
+	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/receipt"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/task"
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"golang.org/x/sync/errgroup"
 )
 
 // Config is everything `controller serve` takes.
@@ -85,26 +87,28 @@ var instancePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 // ErrInstanceRunning: another live process holds this instance id.
 var ErrInstanceRunning = errors.New("an instance with this id is already running")
 
-// Controller is one running instance.
+// Controller is one running instance: every part is built by New, Run
+// starts them under one errgroup (the first error stops them all).
 type Controller struct {
-	cfg     Config
-	log     *slog.Logger
-	fp      *failpoint.Set
-	met     *metrics.Metrics
-	store   store.Store
-	mqtt    *mqttx.Client
-	disp    *command.Dispatcher
-	runner  *task.Runner
-	api     *api.Server
-	lock    *os.File
-	httpLn  net.Listener
-	mu      sync.Mutex
-	connect chan struct{}
+	cfg    Config
+	log    *slog.Logger
+	store  store.Store
+	mqtt   *mqttx.Client
+	ingest *receipt.Ingestor
+	disp   *command.Dispatcher
+	keeper *lease.Keeper
+	runner *task.Runner
+	api    *api.Server
+	http   *http.Server
+	lock   *os.File
+	httpLn net.Listener
+	ready  chan struct{}
+	close  sync.Once
 }
 
-// New opens the store, takes the instance lock and builds every part; Run
-// starts them.
-func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (*Controller, error) {
+// New takes the instance lock, opens the store and builds every part; Run
+// starts them. On error nothing stays open.
+func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_ *Controller, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -118,41 +122,48 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (*
 	if cfg.Tokens == "" && !loopback(cfg.HTTP) {
 		return nil, fmt.Errorf("--http %s: without --tokens the API listens on loopback only", cfg.HTTP)
 	}
-	c := &Controller{cfg: cfg, log: log, fp: fp, met: metrics.New(), connect: make(chan struct{}, 1)}
-	fp.OnHit(func(name string) { c.met.FailpointHits.WithLabelValues(name).Inc() })
+	var auth *api.Auth
+	if cfg.Tokens != "" {
+		if auth, err = api.LoadTokens(cfg.Tokens); err != nil {
+			return nil, err
+		}
+	}
+	policies, err := command.LoadPolicies(cfg.PolicyFile, cfg.basePolicy())
+	if err != nil {
+		return nil, err
+	}
+	met := metrics.New()
+	fp.OnHit(func(name string) { met.FailpointHits.WithLabelValues(name).Inc() })
+	c := &Controller{cfg: cfg, log: log, ready: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
 
 	// The OS lock proves that no other process runs as this instance; the
 	// kernel drops it when the holder dies, kill -9 included.
 	lockPath := cfg.DB + ".instance-" + cfg.InstanceID + ".lock"
-	c.lock, err = os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
+	if c.lock, err = os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o644); err != nil {
 		return nil, fmt.Errorf("instance lock %s: %w", lockPath, err)
 	}
 	if err := syscall.Flock(int(c.lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		c.lock.Close()
 		return nil, fmt.Errorf("instance %q (lock %s): %w", cfg.InstanceID, filepath.Base(lockPath), ErrInstanceRunning)
 	}
-
-	c.store, err = store.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: c.met})
+	db, err := store.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: met})
 	if err != nil {
-		c.lock.Close()
 		return nil, err
 	}
+	c.store = db
 	// Whatever this instance held before it restarted is taken over with new tokens.
 	n, err := c.store.ReclaimOwn(ctx, cfg.InstanceID, cfg.LeaseTTL)
 	if err != nil {
-		c.Close()
 		return nil, err
 	}
 	if n > 0 {
 		log.Info("reclaimed operations held before restart", "count", n)
 	}
 
-	policies, err := command.LoadPolicies(cfg.PolicyFile, cfg.basePolicy())
-	if err != nil {
-		c.Close()
-		return nil, err
-	}
 	policy := policies.For
 	c.mqtt = mqttx.New(mqttx.Config{
 		URL: cfg.MQTT, ClientID: "controller-" + cfg.InstanceID, Logger: log,
@@ -160,34 +171,38 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (*
 			wire.Wildcard(cfg.TopicRoot, wire.KindReceipts): 1,
 			wire.Wildcard(cfg.TopicRoot, wire.KindPresence): 1,
 		},
-		OnConnect: func() {
-			select {
-			case c.connect <- struct{}{}:
-			default:
-			}
-		},
+		OnConnect: func() { c.disp.Connected() },
 	})
+	changed := func(id string) { c.api.Changed(id) }
 	c.disp = command.New(command.Config{
 		Store: c.store, Publisher: c.mqtt, Instance: cfg.InstanceID, TopicRoot: cfg.TopicRoot, Policy: policy,
-		TrustMargin: lease.TrustMargin(cfg.LeaseTTL), SweepInterval: cfg.SweepInterval, Failpoints: fp, Metrics: c.met,
-		Logger: log, Changed: func(id string) { c.api.Changed(id) },
+		TrustMargin: lease.TrustMargin(cfg.LeaseTTL), SweepInterval: cfg.SweepInterval, Failpoints: fp, Metrics: met,
+		Logger: log, Changed: changed,
 	})
-	var auth *api.Auth
-	if cfg.Tokens != "" {
-		if auth, err = api.LoadTokens(cfg.Tokens); err != nil {
-			c.Close()
-			return nil, err
-		}
-	}
-	c.api = api.New(api.Config{
-		Store: c.store, Instance: cfg.InstanceID, Policy: policy, LeaseTTL: cfg.LeaseTTL, Failpoints: fp,
-		Logger: log, Metrics: c.met.Handler(), Submitted: c.disp.Kick, Auth: auth, FourEyes: cfg.FourEyes,
+	svc := ops.New(ops.Config{
+		Store: c.store, Instance: cfg.InstanceID, LeaseTTL: cfg.LeaseTTL, Policy: policy, Failpoints: fp,
+		EnforceGrants: auth.Enabled(), FourEyes: cfg.FourEyes && auth.Enabled(), Submitted: c.disp.Kick, Changed: changed,
 	})
-	c.runner = task.New(task.Config{Store: c.store, API: c.api, Instance: cfg.InstanceID, EnforceGrants: auth.Enabled(),
+	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
+		Metrics: met.Handler(), Auth: auth, Failpoints: fp})
+	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
+	c.ingest = receipt.New(receipt.Config{
+		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
+		OnReceipt: func(out store.ReceiptOutcome) {
+			if out.OperationID != "" {
+				c.api.Changed(out.OperationID)
+			}
+			if out.Unknown && out.CommandID != "" {
+				c.disp.Kick(out.CommandID) // the device never saw it: the holder decides what follows
+			}
+		},
+		OnPresence: func(ctx context.Context, out store.PresenceOutcome) { c.disp.DeviceChanged(ctx, out.Device.DeviceID) },
+	})
+	c.keeper = lease.New(lease.Config{Store: c.store, Instance: cfg.InstanceID, TTL: cfg.LeaseTTL,
+		Failpoints: fp, Metrics: met, Logger: log})
+	c.runner = task.New(task.Config{Store: c.store, Ops: svc, Instance: cfg.InstanceID, EnforceGrants: auth.Enabled(),
 		Failpoints: fp, Kick: c.disp.Kick, Interval: cfg.SweepInterval, Logger: log})
-	c.httpLn, err = net.Listen("tcp", cfg.HTTP)
-	if err != nil {
-		c.Close()
+	if c.httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.HTTP, err)
 	}
 	return c, nil
@@ -208,86 +223,56 @@ func loopback(addr string) bool {
 // HTTPAddr is the address the API listens on.
 func (c *Controller) HTTPAddr() string { return c.httpLn.Addr().String() }
 
-// Run serves until ctx ends, then shuts down in order.
+// Ready is closed once every part runs: the API serves and the first
+// broker connection is up.
+func (c *Controller) Ready() <-chan struct{} { return c.ready }
+
+// Run serves until ctx ends or a part fails (its error is returned), then
+// stops every part and closes the store and the lock.
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	srv := &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := srv.Serve(c.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			c.log.Error("http server", "err", err)
-			cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := c.http.Serve(c.httpLn); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http server: %w", err)
 		}
-	}()
+		return nil
+	})
+	g.Go(func() error {
+		<-ctx.Done()
+		shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
+		defer done()
+		return c.http.Shutdown(shutdown)
+	})
+	g.Go(func() error { return c.mqtt.Run(ctx) })
 	c.log.Info("controller serving", "http", c.HTTPAddr(), "mqtt", c.cfg.MQTT, "instance", c.cfg.InstanceID, "db", c.cfg.DB)
-
-	if err := c.mqtt.Start(ctx); err != nil {
-		return err
+	select {
+	case <-c.mqtt.Ready():
+	case <-ctx.Done():
+		return g.Wait()
 	}
-	ing := receipt.New(receipt.Config{
-		Store: c.store, Source: c.mqtt, TopicRoot: c.cfg.TopicRoot, Failpoints: c.fp, Metrics: c.met, Logger: c.log,
-		OnReceipt: func(out store.ReceiptOutcome) {
-			if out.OperationID != "" {
-				c.api.Changed(out.OperationID)
-			}
-			if out.Unknown && out.CommandID != "" {
-				c.disp.Kick(out.CommandID) // the device never saw it: the holder decides what follows
-			}
-		},
-		OnPresence: func(out store.PresenceOutcome) { c.disp.DeviceChanged(ctx, out.Device.DeviceID) },
-	})
-	run := func(f func()) {
-		wg.Add(1)
-		go func() { defer wg.Done(); f() }()
+	for _, run := range []func(context.Context) error{c.ingest.Run, c.disp.Run, c.keeper.Run, c.runner.Run} {
+		g.Go(func() error { return run(ctx) })
 	}
-	run(func() { ing.Run(ctx) })
-	run(func() { c.disp.Run(ctx) })
-	keeper := lease.New(lease.Config{Store: c.store, Instance: c.cfg.InstanceID, TTL: c.cfg.LeaseTTL,
-		Failpoints: c.fp, Metrics: c.met, Logger: c.log})
-	run(func() { keeper.Run(ctx) })
-	run(func() { c.runner.Run(ctx) })
-	run(func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-c.connect:
-				if err := c.store.UnconfirmAll(ctx); err != nil && ctx.Err() == nil {
-					c.log.Error("unconfirm devices", "err", err)
-				}
-				c.disp.Reconcile(ctx)
-			}
-		}
-	})
-
-	<-ctx.Done()
-	shutdown, done := context.WithTimeout(context.Background(), 5*time.Second)
-	defer done()
-	_ = srv.Shutdown(shutdown)
-	c.mqtt.Stop()
-	wg.Wait()
+	close(c.ready)
+	c.log.Info("controller ready")
+	err := g.Wait()
 	c.log.Info("controller stopped")
-	return nil
+	return err
 }
 
-// Close releases the store and the instance lock.
+// Close releases the listener, the store and the instance lock; it is
+// safe to call more than once.
 func (c *Controller) Close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.httpLn != nil {
-		c.httpLn.Close()
-		c.httpLn = nil
-	}
-	if c.store != nil {
-		c.store.Close()
-		c.store = nil
-	}
-	if c.lock != nil {
-		c.lock.Close()
-		c.lock = nil
-	}
+	c.close.Do(func() {
+		if c.httpLn != nil {
+			c.httpLn.Close()
+		}
+		if c.store != nil {
+			c.store.Close()
+		}
+		if c.lock != nil {
+			c.lock.Close()
+		}
+	})
 }

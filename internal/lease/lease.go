@@ -36,13 +36,13 @@ func New(cfg Config) *Keeper {
 func TrustMargin(ttl time.Duration) time.Duration { return min(ttl/5, 2*time.Second) }
 
 // Run beats every third of the ttl until ctx ends.
-func (k *Keeper) Run(ctx context.Context) {
+func (k *Keeper) Run(ctx context.Context) error {
 	t := time.NewTicker(k.cfg.TTL / 3)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
 		k.Beat(ctx)

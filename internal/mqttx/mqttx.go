@@ -53,6 +53,7 @@ type Client struct {
 	c     mqtt.Client
 	inbox *queue
 	log   *slog.Logger
+	ready chan struct{} // closed at the first connect
 }
 
 // ErrTimeout is returned when the broker does not answer within the timeout.
@@ -69,7 +70,7 @@ func New(cfg Config) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	cl := &Client{cfg: cfg, inbox: newQueue(), log: cfg.Logger}
+	cl := &Client{cfg: cfg, inbox: newQueue(), log: cfg.Logger, ready: make(chan struct{})}
 	opts := mqtt.NewClientOptions().
 		AddBroker(cfg.URL).
 		SetClientID(cfg.ClientID).
@@ -97,7 +98,11 @@ func (cl *Client) Start(ctx context.Context) error {
 	tok := cl.c.Connect()
 	for {
 		if tok.WaitTimeout(200 * time.Millisecond) {
-			return tok.Error()
+			if err := tok.Error(); err != nil {
+				return err
+			}
+			close(cl.ready)
+			return nil
 		}
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("mqtt connect %s: %w", cl.cfg.URL, err)
@@ -158,6 +163,22 @@ func (cl *Client) Backlog() int { return cl.inbox.len() }
 
 // Connected reports whether the client is connected now.
 func (cl *Client) Connected() bool { return cl.c.IsConnectionOpen() }
+
+// Ready is closed once the client first connected.
+func (cl *Client) Ready() <-chan struct{} { return cl.ready }
+
+// Run connects (see Start), stays connected until ctx ends, then stops.
+func (cl *Client) Run(ctx context.Context) error {
+	if err := cl.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	<-ctx.Done()
+	cl.Stop()
+	return nil
+}
 
 // Stop disconnects cleanly, waiting up to 250 ms for in-flight work.
 func (cl *Client) Stop() {

@@ -38,8 +38,9 @@ type Config struct {
 	// OnReceipt is told what each applied receipt did (to wake waiters and
 	// let the lease holder decide what follows).
 	OnReceipt func(store.ReceiptOutcome)
-	// OnPresence is told of each applied presence change.
-	OnPresence func(store.PresenceOutcome)
+	// OnPresence is told of each applied presence change, before the next
+	// message is handled.
+	OnPresence func(context.Context, store.PresenceOutcome)
 }
 
 // Ingestor applies receipts and presence messages in arrival order.
@@ -54,17 +55,17 @@ func New(cfg Config) *Ingestor {
 		cfg.OnReceipt = func(store.ReceiptOutcome) {}
 	}
 	if cfg.OnPresence == nil {
-		cfg.OnPresence = func(store.PresenceOutcome) {}
+		cfg.OnPresence = func(context.Context, store.PresenceOutcome) {}
 	}
 	return &Ingestor{cfg: cfg}
 }
 
-// Run processes messages until ctx ends.
-func (in *Ingestor) Run(ctx context.Context) {
+// Run processes messages until ctx ends or the source closes.
+func (in *Ingestor) Run(ctx context.Context) error {
 	for {
 		m, err := in.cfg.Source.Next(ctx)
 		if err != nil {
-			return
+			return nil // ctx ended, or the transport stopped
 		}
 		in.Handle(ctx, m)
 	}
@@ -113,7 +114,7 @@ func (in *Ingestor) Handle(ctx context.Context, m mqttx.Message) {
 		effect := "stale"
 		if out.Applied {
 			effect = "applied"
-			in.cfg.OnPresence(out)
+			in.cfg.OnPresence(ctx, out)
 		}
 		in.cfg.Metrics.Presence.WithLabelValues(effect).Inc()
 	default:

@@ -1,0 +1,191 @@
+package command
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/metrics"
+	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/wire"
+)
+
+var t0 = time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+
+// The decision table: state × capabilities × policy × last answer → decision.
+func TestDecideTable(t *testing.T) {
+	conforming := store.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Dedupe: true, Query: true}}
+	noQuery := store.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Dedupe: true}}
+	legacy := store.Device{Online: true, Seen: true}
+	legacyQuery := store.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Query: true}}
+	offline := conforming
+	offline.Online = false
+	legacyOffline := legacy
+	legacyOffline.Online = false
+	unseen := store.UnseenDevice("d")
+
+	wait := Policy{MaxAttempts: 3, Offline: OfflineWait, OnUnknown: UnknownNeedsAttention}
+	fail := wait
+	fail.Offline = OfflineFail
+	resend := wait
+	resend.OnUnknown = UnknownResend
+
+	expires := t0.Add(time.Minute)
+	cmd := func(st fsm.CommandState, attempt, queries int, lastQuery, lastAnswer string) store.Command {
+		return store.Command{Status: st, Attempt: attempt, Queries: queries, LastQueryID: lastQuery, LastAnswer: lastAnswer,
+			ExpiresAt: expires, NextCheckAt: t0}
+	}
+	moveTo := func(to fsm.CommandState) Decision { return Decision{Kind: Move, To: to, Until: expires} }
+	postpone := func(until time.Time) Decision { return Decision{Kind: Postpone, Until: until} }
+
+	for _, tc := range []struct {
+		name string
+		c    store.Command
+		dev  store.Device
+		pol  Policy
+		now  time.Time
+		want Decision
+	}{
+		{"next check not due", cmd(fsm.CmdSent, 1, 0, "", ""), conforming, wait, t0.Add(-time.Second), Decision{Kind: Wait}},
+		{"pending, online", cmd(fsm.CmdPending, 0, 0, "", ""), conforming, wait, t0, Decision{Kind: Send}},
+		{"pending, legacy online", cmd(fsm.CmdPending, 0, 0, "", ""), legacy, wait, t0, Decision{Kind: Send}},
+		{"pending, offline, wait", cmd(fsm.CmdPending, 0, 0, "", ""), offline, wait, t0, moveTo(fsm.CmdWaitingDevice)},
+		{"pending, never seen, wait", cmd(fsm.CmdPending, 0, 0, "", ""), unseen, wait, t0, moveTo(fsm.CmdWaitingDevice)},
+		{"pending, offline, fail", cmd(fsm.CmdPending, 0, 0, "", ""), offline, fail, t0, moveTo(fsm.CmdFailed)},
+		{"waiting, still offline", cmd(fsm.CmdWaitingDevice, 0, 0, "", ""), offline, wait, t0, postpone(expires)},
+		{"waiting, back, never published", cmd(fsm.CmdWaitingDevice, 0, 0, "", ""), conforming, wait, t0, Decision{Kind: Send}},
+		{"waiting, back, published before: ask first", cmd(fsm.CmdWaitingDevice, 1, 0, "", ""), conforming, wait, t0, Decision{Kind: Ask}},
+		{"waiting, back, asked, no answer: re-send", cmd(fsm.CmdWaitingDevice, 1, 1, "q-1", ""), conforming, wait, t0, Decision{Kind: Send}},
+		{"sent, no answer yet: ask", cmd(fsm.CmdSent, 1, 0, "", ""), conforming, wait, t0, Decision{Kind: Ask}},
+		{"sent, asked, unanswered: re-send same id", cmd(fsm.CmdSent, 1, 1, "q-1", ""), conforming, wait, t0, Decision{Kind: Send}},
+		{"sent, device said unknown: re-send", cmd(fsm.CmdSent, 1, 1, "q-1", "unknown"), conforming, wait, t0, Decision{Kind: Send}},
+		{"sent, sends used up: ask", cmd(fsm.CmdSent, 3, 1, "q-1", ""), conforming, wait, t0, Decision{Kind: Ask}},
+		{"sent, sends and asks used up: wait for expiry", cmd(fsm.CmdSent, 3, 3, "q-3", ""), conforming, wait, t0, postpone(expires)},
+		{"sent, no query capability: re-send", cmd(fsm.CmdSent, 1, 0, "", ""), noQuery, wait, t0, Decision{Kind: Send}},
+		{"received, asked, unanswered: ask again, never re-send", cmd(fsm.CmdReceived, 1, 1, "q-1", ""), conforming, wait, t0, Decision{Kind: Ask}},
+		{"executing, went offline: waiting_device", cmd(fsm.CmdExecuting, 1, 0, "", ""), offline, wait, t0, moveTo(fsm.CmdWaitingDevice)},
+		{"legacy, sent: asks", cmd(fsm.CmdSent, 1, 0, "", ""), legacyQuery, wait, t0, Decision{Kind: Ask}},
+		{"legacy, sent, asks used up: needs_attention", cmd(fsm.CmdSent, 1, 3, "q-3", ""), legacyQuery, wait, t0, moveTo(fsm.CmdNeedsAttention)},
+		{"legacy, cannot ask: needs_attention", cmd(fsm.CmdSent, 1, 0, "", ""), legacy, wait, t0, moveTo(fsm.CmdNeedsAttention)},
+		{"legacy, offline after publish: needs_attention, never a re-send", cmd(fsm.CmdSent, 1, 0, "", ""), legacyOffline, wait, t0, moveTo(fsm.CmdNeedsAttention)},
+		{"legacy, on_unknown resend: re-send", cmd(fsm.CmdSent, 1, 1, "q-1", "unknown"), legacyQuery, resend, t0, Decision{Kind: Send}},
+		{"expired, dedupe: timeout", cmd(fsm.CmdSent, 2, 2, "q-2", ""), conforming, wait, expires, moveTo(fsm.CmdTimeout)},
+		{"expired, never published: timeout", cmd(fsm.CmdWaitingDevice, 0, 0, "", ""), offline, wait, expires, moveTo(fsm.CmdTimeout)},
+		{"expired, legacy published: needs_attention", cmd(fsm.CmdSent, 1, 0, "", ""), legacy, wait, expires, moveTo(fsm.CmdNeedsAttention)},
+		{"expired, needs_attention: stays for a person", cmd(fsm.CmdNeedsAttention, 1, 3, "", ""), legacy, wait, expires, Decision{Kind: Wait}},
+		{"needs_attention before expiry: look again much later", cmd(fsm.CmdNeedsAttention, 1, 3, "", ""), legacy, wait, t0, postpone(expires.Add(24 * time.Hour))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Decide(tc.c, tc.dev, tc.pol, tc.now)
+			got.Reason = ""
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// Every decision the table makes for a legacy device after a publish is
+// something other than a re-send, unless its policy accepts duplicates.
+func TestDecideNeverResendsToALegacyDevice(t *testing.T) {
+	legacy := store.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Query: true}}
+	pol := Policy{MaxAttempts: 5, Offline: OfflineWait, OnUnknown: UnknownNeedsAttention}
+	for _, st := range []fsm.CommandState{fsm.CmdSent, fsm.CmdReceived, fsm.CmdExecuting, fsm.CmdWaitingDevice} {
+		for _, answer := range []string{"", "unknown", "received"} {
+			for q := 0; q <= 5; q++ {
+				c := store.Command{Status: st, Attempt: 1, Queries: q, LastQueryID: "q", LastAnswer: answer,
+					ExpiresAt: t0.Add(time.Minute), NextCheckAt: t0}
+				require.NotEqual(t, Send, Decide(c, legacy, pol, t0).Kind, "%s, answer %q, %d queries", st, answer, q)
+			}
+		}
+	}
+}
+
+type fakePublisher struct {
+	mu   sync.Mutex
+	sent []string // topics
+}
+
+func (p *fakePublisher) Publish(_ context.Context, topic string, _ byte, _ bool, _ []byte) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sent = append(p.sent, topic)
+	return nil
+}
+
+func (p *fakePublisher) topics() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.sent...)
+}
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// The dispatcher carries the table out against a real SQLite store, with a
+// fake publisher and an injected clock: send, then after the ack timeout ask,
+// then re-send the same command_id, then time out at expires_at.
+func TestDispatcherStepsThroughTheTable(t *testing.T) {
+	ctx := context.Background()
+	clk := &fakeClock{now: t0}
+	st, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	_, err = st.ApplyPresence(ctx, "d1", wire.Presence{Online: true, Session: 1,
+		Capabilities: &wire.Capabilities{Dedupe: true, Query: true}})
+	require.NoError(t, err)
+	pol := Policy{AckTimeout: time.Second, MaxAttempts: 2, TTL: 10 * time.Second, Offline: OfflineWait, OnUnknown: UnknownNeedsAttention}
+	res, err := st.Submit(ctx, store.NewOperation{OperationID: "t:s:d1:v1", Action: "restart", Target: "d1",
+		Params: json.RawMessage(`{}`), RequestHash: "h", CommandID: "c-1", CommandTTL: pol.TTL, QoS: 1,
+		Owner: "i1", LeaseTTL: time.Hour}, nil)
+	require.NoError(t, err)
+	require.True(t, res.Created)
+
+	pub := &fakePublisher{}
+	d := New(Config{Store: st, Publisher: pub, Instance: "i1", TopicRoot: "fleet", Policy: func(string) Policy { return pol },
+		Metrics: metrics.New(), Now: clk.Now})
+	status := func() fsm.CommandState {
+		c, err := st.GetCommand(ctx, "c-1")
+		require.NoError(t, err)
+		return c.Status
+	}
+
+	d.step(ctx, "c-1")
+	require.Equal(t, []string{"fleet/d1/commands"}, pub.topics())
+	require.Equal(t, fsm.CmdSent, status())
+
+	d.step(ctx, "c-1") // before the ack timeout: nothing
+	require.Len(t, pub.topics(), 1)
+
+	clk.Advance(pol.Backoff(0) + time.Millisecond)
+	d.step(ctx, "c-1")
+	require.Equal(t, "fleet/d1/queries", pub.topics()[1], "after the ack timeout it asks first")
+
+	clk.Advance(pol.Backoff(1) + time.Millisecond)
+	d.step(ctx, "c-1")
+	require.Equal(t, "fleet/d1/commands", pub.topics()[2], "an unanswered question: the same command again")
+	c, err := st.GetCommand(ctx, "c-1")
+	require.NoError(t, err)
+	require.Equal(t, 2, c.Attempt)
+
+	clk.Advance(pol.TTL)
+	d.step(ctx, "c-1")
+	require.Equal(t, fsm.CmdTimeout, status())
+	op, err := st.GetOperation(ctx, "t:s:d1:v1")
+	require.NoError(t, err)
+	require.Equal(t, fsm.OpFailedRetryable, op.Status)
+	require.Equal(t, []string{"c-1"}, op.CommandIDs, "no new command_id was minted")
+}
