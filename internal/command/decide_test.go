@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/clock"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/store"
@@ -123,24 +124,12 @@ func (p *fakePublisher) topics() []string {
 	return append([]string(nil), p.sent...)
 }
 
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
 // The dispatcher carries the table out against a real SQLite store, with a
 // fake publisher and an injected clock: send, then after the ack timeout ask,
 // then re-send the same command_id, then time out at expires_at.
 func TestDispatcherStepsThroughTheTable(t *testing.T) {
 	ctx := context.Background()
-	clk := &fakeClock{now: t0}
+	clk := clock.NewFake(t0)
 	st, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })

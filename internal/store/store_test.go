@@ -11,21 +11,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/clock"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
-
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 type countingObserver struct {
 	mu                   sync.Mutex
@@ -48,14 +37,14 @@ func (o *countingObserver) Fenced()             { o.mu.Lock(); o.fenced++; o.mu.
 
 type testBundle struct {
 	s   *SQLite
-	clk *clock
+	clk *clock.Fake
 	obs *countingObserver
 	ctx context.Context
 }
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	clk := &clock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
+	clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
 	obs := newObserver()
 	s, err := Open(context.Background(), Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now, Observer: obs})
 	require.NoError(t, err)
