@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -12,9 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/fleetctl/fleetctl/internal/cli/cmdline"
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -162,22 +166,65 @@ func TestDevicesimBinary(t *testing.T) {
 	}
 }
 
+// A wrong command line exits 2 with a hint, before any device starts; a run
+// that fails exits 1. Both print "devicesim: <message>".
 func TestDevicesimRefusesBadFlags(t *testing.T) {
 	t.Parallel()
-	for name, args := range map[string][]string{
-		"bad spec":      {"run", "--drop-command", "often"},
-		"status alone":  {"run", "--drop-receipt-status", "final"},
-		"bad status":    {"run", "--drop-receipt", "1", "--drop-receipt-status", "done"},
-		"unknown key":   {"run", "--drop-command", "statuses=final"},
-		"bad profile":   {"run", "--faults", "/nonexistent/profile.json"},
-		"no devices":    {"run", "--devices", "0"},
-		"bad log level": {"run", "--log-level", "loud"},
-		"extra arg":     {"run", "x"},
+	for name, tc := range map[string]struct {
+		args []string
+		code int
+	}{
+		"bad spec":      {[]string{"run", "--drop-command", "often"}, 2},
+		"status alone":  {[]string{"run", "--drop-receipt-status", "final"}, 2},
+		"bad status":    {[]string{"run", "--drop-receipt", "1", "--drop-receipt-status", "done"}, 2},
+		"unknown key":   {[]string{"run", "--drop-command", "statuses=final"}, 2},
+		"no devices":    {[]string{"run", "--devices", "0"}, 2},
+		"bad log level": {[]string{"run", "--log-level", "loud"}, 2},
+		"bad duration":  {[]string{"run", "--keepalive", "soon"}, 2},
+		"unknown flag":  {[]string{"run", "--bogus"}, 2},
+		"extra arg":     {[]string{"run", "x"}, 2},
+		"unknown cmd":   {[]string{"rn"}, 2},
+		"bad profile":   {[]string{"run", "--faults", "/nonexistent/profile.json"}, 1},
 	} {
-		cmd := newRootCmd(nopWriter{}, nopWriter{})
-		cmd.SetArgs(append(args, "--state-dir", t.TempDir()))
-		require.Error(t, cmd.ExecuteContext(t.Context()), name)
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		var stderr strings.Builder
+		code := runMain(ctx, append(tc.args, "--state-dir", t.TempDir()), nopWriter{}, &stderr)
+		cancel()
+		require.Equal(t, tc.code, code, "%s: %s", name, stderr.String())
+		require.True(t, strings.HasPrefix(stderr.String(), "devicesim: "), "%s: %s", name, stderr.String())
+		if tc.code == 2 {
+			hint := "Run 'devicesim run --help' for usage."
+			if tc.args[0] == "rn" {
+				hint = "Run 'devicesim --help' for usage."
+			}
+			require.Contains(t, stderr.String(), hint, name)
+		}
 	}
+}
+
+func TestDevicesimHelpNamesEveryVariable(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	require.Equal(t, 0, runMain(t.Context(), []string{"run", "--help"}, &out, nopWriter{}))
+	help := out.String()
+	run, _ := newRunCmd(nopWriter{})
+	n := 0
+	run.Flags().VisitAll(func(f *pflag.Flag) {
+		n++
+		require.Contains(t, help, "(env DEVICESIM_"+strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))+")", f.Name)
+	})
+	require.Greater(t, n, 20)
+	require.Contains(t, help, "(env DEVICESIM_MQTT)")
+	require.Contains(t, help, "Examples:\n  devicesim run --mqtt tcp://127.0.0.1:1883 --devices 5")
+	require.Contains(t, help, "--log-level debug|info|warn|error")
+}
+
+// The examples in run --help parse: every flag exists and takes its value.
+func TestDevicesimExamplesParse(t *testing.T) {
+	t.Parallel()
+	n, err := cmdline.CheckExamples(func() *cobra.Command { return newRootCmd(nopWriter{}, nopWriter{}) }, envPrefix)
+	require.NoError(t, err)
+	require.Equal(t, 5, n)
 }
 
 func TestParseSpec(t *testing.T) {
@@ -227,7 +274,7 @@ func TestFlagsFromEnv(t *testing.T) {
 	t.Setenv("DEVICESIM_DEVICES", "7")
 	cmd, _ := newRunCmd(nopWriter{})
 	require.NoError(t, cmd.Flags().Parse([]string{"--devices", "2"}))
-	require.NoError(t, flagsFromEnv(cmd.Flags()))
+	require.NoError(t, cmdline.FromEnv(cmd.Flags(), envPrefix))
 	get := func(name string) string { return cmd.Flags().Lookup(name).Value.String() }
 	require.Equal(t, "pump-", get("id-prefix"))
 	require.Equal(t, "true", get("legacy"))
@@ -236,7 +283,9 @@ func TestFlagsFromEnv(t *testing.T) {
 	t.Setenv("DEVICESIM_KEEPALIVE", "soon")
 	cmd, _ = newRunCmd(nopWriter{})
 	require.NoError(t, cmd.Flags().Parse(nil))
-	require.ErrorContains(t, flagsFromEnv(cmd.Flags()), "DEVICESIM_KEEPALIVE")
+	err := cmdline.FromEnv(cmd.Flags(), envPrefix)
+	require.ErrorContains(t, err, "DEVICESIM_KEEPALIVE")
+	require.Equal(t, 2, cmdline.ExitCode(err), "a bad value in a variable is a usage error")
 }
 
 type nopWriter struct{}

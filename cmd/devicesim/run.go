@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/fleetctl/fleetctl/internal/cli/cmdline"
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
@@ -22,17 +22,17 @@ import (
 // envPrefix: every flag --some-flag is also read from DEVICESIM_SOME_FLAG.
 const envPrefix = "DEVICESIM_"
 
+// newRootCmd builds the command tree, ready to run (cmdline.Setup done).
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
-		Use:           "devicesim",
-		Short:         "Simulated devices for the fleet controller, with fault injection",
-		SilenceUsage:  true,
-		SilenceErrors: false,
+		Use:   "devicesim",
+		Short: "Simulated devices for the fleet controller, with fault injection",
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	run, _ := newRunCmd(stderr)
 	root.AddCommand(run)
+	cmdline.Setup(root, envPrefix)
 	return root
 }
 
@@ -73,10 +73,19 @@ func newRunCmd(stderr io.Writer) (*cobra.Command, *runOptions) {
 		Use:   "run --mqtt URL --devices N [--id-prefix device-] [--state-dir DIR] [fault flags or --faults FILE]",
 		Short: "Run N simulated devices until SIGINT or SIGTERM",
 		Long:  runHelp,
-		Args:  cobra.NoArgs,
-		PreRunE: func(cmd *cobra.Command, _ []string) error {
-			return flagsFromEnv(cmd.Flags())
-		},
+		Example: `  devicesim run --mqtt tcp://127.0.0.1:1883 --devices 5 --state-dir ./run/devices
+
+  # faults from flags, repeatable with --seed
+  devicesim run --mqtt tcp://127.0.0.1:1883 --devices 20 --state-dir ./run/devices --seed 7 \
+    --drop-receipt 0.1 --drop-receipt-status final --crash 'count=1,at=executed,for=2s'
+
+  # a fault profile with per-device overrides; legacy (dedupe:false) devices
+  devicesim run --devices 10 --id-prefix pump- --faults faults.json
+  devicesim run --devices 3 --legacy --legacy-query
+
+  # the same flags from the environment
+  DEVICESIM_MQTT=tcp://127.0.0.1:1883 DEVICESIM_DEVICES=50 devicesim run`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return o.run(cmd.Context(), cmd.Flags(), stderr)
 		},
@@ -94,7 +103,7 @@ func newRunCmd(stderr io.Writer) (*cobra.Command, *runOptions) {
 	f.DurationVar(&o.keepAlive, "keepalive", sim.DefaultKeepAlive, "MQTT keepalive (the broker fires a silent device's LWT after 1.5x)")
 	f.DurationVar(&o.maxReconnect, "max-reconnect-interval", sim.DefaultMaxReconnectInterval, "cap of the reconnect back-off")
 	f.DurationVar(&o.retention, "retention", sim.DefaultRetention, "how long past expires_at a command stays in the dedupe record")
-	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.Var(cmdline.NewEnum(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level")
 	for _, ff := range faultFlags {
 		o.specs[ff.name] = f.String(ff.name, "", ff.usage+" (SPEC)")
 	}
@@ -107,28 +116,13 @@ func newRunCmd(stderr io.Writer) (*cobra.Command, *runOptions) {
 	return cmd, o
 }
 
-// flagsFromEnv sets every flag not given on the command line from its
-// DEVICESIM_* variable.
-func flagsFromEnv(fs *pflag.FlagSet) error {
-	var err error
-	fs.VisitAll(func(f *pflag.Flag) {
-		if err != nil || f.Changed {
-			return
-		}
-		name := envPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(name); ok {
-			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("%s: %w", name, e)
-			}
-		}
-	})
-	return err
-}
-
 func (o *runOptions) run(ctx context.Context, fs *pflag.FlagSet, stderr io.Writer) error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return cmdline.Usagef("--log-level: %w", err)
+	}
+	if o.devices < 1 {
+		return cmdline.Usagef("--devices %d: at least 1", o.devices)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
@@ -179,7 +173,8 @@ func (o *runOptions) run(ctx context.Context, fs *pflag.FlagSet, stderr io.Write
 }
 
 // profile reads --faults and lays the fault flags over it: a flag replaces
-// that fault for every device, overrides included.
+// that fault for every device, overrides included. A fault flag's bad value
+// is a usage error; a profile file that cannot be read or parsed is not.
 func (o *runOptions) profile(fs *pflag.FlagSet) (sim.Profile, error) {
 	var p sim.Profile
 	if o.faultsFile != "" {
@@ -191,7 +186,7 @@ func (o *runOptions) profile(fs *pflag.FlagSet) (sim.Profile, error) {
 	patch := map[string]json.RawMessage{}
 	for _, name := range receiptFaults {
 		if fs.Changed(name+"-status") && !fs.Changed(name) {
-			return sim.Profile{}, fmt.Errorf("--%s-status needs --%s", name, name)
+			return sim.Profile{}, cmdline.Usagef("--%s-status needs --%s", name, name)
 		}
 	}
 	for _, ff := range faultFlags {
@@ -200,7 +195,7 @@ func (o *runOptions) profile(fs *pflag.FlagSet) (sim.Profile, error) {
 		}
 		obj, err := parseSpec(*o.specs[ff.name])
 		if err != nil {
-			return sim.Profile{}, fmt.Errorf("--%s: %w", ff.name, err)
+			return sim.Profile{}, cmdline.Usagef("--%s: %w", ff.name, err)
 		}
 		if st, ok := o.statuses[ff.name]; ok && fs.Changed(ff.name+"-status") {
 			obj["statuses"] = strings.FieldsFunc(*st, func(r rune) bool { return r == ',' || r == '+' })
@@ -219,11 +214,11 @@ func (o *runOptions) profile(fs *pflag.FlagSet) (sim.Profile, error) {
 	b, _ := json.Marshal(patch)
 	var err error
 	if p.Defaults, err = p.Defaults.Merge(b); err != nil {
-		return sim.Profile{}, fmt.Errorf("fault flags: %w", err)
+		return sim.Profile{}, cmdline.Usagef("fault flags: %w", err)
 	}
 	for i := range p.Devices {
 		if p.Devices[i].Faults, err = p.Devices[i].Faults.Merge(b); err != nil {
-			return sim.Profile{}, fmt.Errorf("fault flags: %w", err)
+			return sim.Profile{}, cmdline.Usagef("fault flags: %w", err)
 		}
 	}
 	return p, nil
@@ -279,7 +274,9 @@ connected, "devicesim: N devices online" is written to stderr; on exit, a
 summary of the counters.
 
 Every flag is also read from an environment variable DEVICESIM_<FLAG>, dashes
-as underscores: DEVICESIM_MQTT, DEVICESIM_DEVICES, DEVICESIM_DROP_RECEIPT...
+as underscores, named in its help: DEVICESIM_MQTT, DEVICESIM_DEVICES,
+DEVICESIM_DROP_RECEIPT... A flag on the command line wins. Exit status: 0
+after a signal, 1 for a failed run, 2 for a wrong command line.
 
 A device conforms to the contract: it keeps a durable record per command_id
 and operation_id (a repeat, or a later command of an operation that already

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -38,6 +39,24 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message) }
+
+// UnreachableError: the request never reached the controller (nothing
+// listens at Server, or the name does not resolve). Nothing was sent, so
+// the same request may be repeated once the daemon is up.
+type UnreachableError struct {
+	Server string
+	Err    error // the transport's error (a *url.Error around a *net.OpError)
+}
+
+func (e *UnreachableError) Error() string {
+	var op *net.OpError
+	if errors.As(e.Err, &op) {
+		return fmt.Sprintf("cannot reach the controller at %s: %v", e.Server, op)
+	}
+	return fmt.Sprintf("cannot reach the controller at %s: %v", e.Server, e.Err)
+}
+
+func (e *UnreachableError) Unwrap() error { return e.Err }
 
 // Code returns the API error code of err, or "".
 func Code(err error) string {
@@ -74,6 +93,10 @@ func (c *Client) Do(ctx context.Context, method, path string, header http.Header
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return 0, &UnreachableError{Server: c.Server, Err: err}
+		}
 		return 0, err
 	}
 	defer resp.Body.Close()
@@ -155,4 +178,68 @@ func (c *Client) Resolve(ctx context.Context, id, outcome, note string) (api.Com
 	_, err := c.Do(ctx, http.MethodPost, "/v1/commands/"+url.PathEscape(id)+"/resolve", nil,
 		api.ResolveRequest{Outcome: outcome, Note: note}, &cmd)
 	return cmd, err
+}
+
+// CreateTask posts a task with plan version 1; the status is 201 for a new
+// task, 200 for a replay of the same request.
+func (c *Client) CreateTask(ctx context.Context, req api.TaskRequest) (api.TaskView, int, error) {
+	var t api.TaskView
+	status, err := c.Do(ctx, http.MethodPost, "/v1/tasks", nil, req, &t)
+	return t, status, err
+}
+
+// UpdatePlan proposes a new plan version.
+func (c *Client) UpdatePlan(ctx context.Context, taskID string, req api.PlanRequest) (api.TaskView, error) {
+	var t api.TaskView
+	_, err := c.Do(ctx, http.MethodPut, "/v1/tasks/"+url.PathEscape(taskID)+"/plan", nil, req, &t)
+	return t, err
+}
+
+// Approve approves one plan version; the status is 201 for a new approval,
+// 200 for an exact replay.
+func (c *Client) Approve(ctx context.Context, taskID string, req api.ApprovalRequest) (api.ApprovalV, int, error) {
+	var a api.ApprovalV
+	status, err := c.Do(ctx, http.MethodPost, "/v1/tasks/"+url.PathEscape(taskID)+"/approvals", nil, req, &a)
+	return a, status, err
+}
+
+// Reject rejects a task before it runs.
+func (c *Client) Reject(ctx context.Context, taskID, reason string) (api.TaskView, error) {
+	var t api.TaskView
+	_, err := c.Do(ctx, http.MethodPost, "/v1/tasks/"+url.PathEscape(taskID)+"/rejections", nil,
+		api.RejectionRequest{Reason: reason}, &t)
+	return t, err
+}
+
+// Task reads a task: status, plan, steps with their operation ids, history.
+func (c *Client) Task(ctx context.Context, taskID string) (api.TaskView, error) {
+	var t api.TaskView
+	_, err := c.Do(ctx, http.MethodGet, "/v1/tasks/"+url.PathEscape(taskID), nil, nil, &t)
+	return t, err
+}
+
+// CreateGrant grants; the status is 201 for a new grant, 200 when the same
+// live grant exists.
+func (c *Client) CreateGrant(ctx context.Context, req api.GrantRequest) (api.GrantView, int, error) {
+	var g api.GrantView
+	status, err := c.Do(ctx, http.MethodPost, "/v1/grants", nil, req, &g)
+	return g, status, err
+}
+
+// Grants lists the live grants, and with all the revoked ones too.
+func (c *Client) Grants(ctx context.Context, all bool) ([]api.GrantView, error) {
+	var gs []api.GrantView
+	path := "/v1/grants"
+	if all {
+		path += "?all=1"
+	}
+	_, err := c.Do(ctx, http.MethodGet, path, nil, nil, &gs)
+	return gs, err
+}
+
+// RevokeGrant revokes a grant (again: the same answer).
+func (c *Client) RevokeGrant(ctx context.Context, grantID string) (api.GrantView, error) {
+	var g api.GrantView
+	_, err := c.Do(ctx, http.MethodDelete, "/v1/grants/"+url.PathEscape(grantID), nil, nil, &g)
+	return g, err
 }

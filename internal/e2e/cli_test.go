@@ -2,9 +2,11 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -55,4 +57,55 @@ func TestClientSubcommands(t *testing.T) {
 		"--action", "set-config", "--params", `{"interval_s":31}`)
 	require.Error(t, err)
 	require.Contains(t, out, "idempotency_key_reused")
+	require.Equal(t, 1, exitCode(err), "an API refusal exits 1")
+
+	// Grants and tasks, in text and as JSON, against the real API.
+	out, err = b.run("grant", "add", "--principal", "agent", "--action", "restart", "--devices", "device-*")
+	require.NoError(t, err, out)
+	require.Regexp(t, `grant\s+g-\S+  \[new\]`, out)
+	require.Regexp(t, `revoked at\s+- \(live\)`, out)
+	out, err = b.run("grant", "list", "--json")
+	require.NoError(t, err, out)
+	var grants []api.GrantView
+	require.NoError(t, json.Unmarshal([]byte(out), &grants))
+	require.Len(t, grants, 1)
+	require.Equal(t, "device-*", grants[0].Devices)
+
+	out, err = b.run("task", "create", "cli-task", "--steps", `[{"step":"restart","action":"restart","target":"device-2","params":{}}]`)
+	require.NoError(t, err, out)
+	require.Regexp(t, `status\s+waiting_approval  \[new\]`, out)
+	require.Contains(t, out, "- (set at approval)")
+	out, err = b.run("task", "approve", "cli-task", "--version", "1")
+	require.NoError(t, err, out)
+	require.Regexp(t, `approved version\s+1  \[new\]`, out)
+	eventually(t, "cli-task completed", 30*time.Second, func() bool {
+		out, err = b.run("task", "get", "cli-task", "--json")
+		var task api.TaskView
+		return err == nil && json.Unmarshal([]byte(out), &task) == nil && task.Status == "completed"
+	})
+	out, err = b.run("task", "get", "cli-task")
+	require.NoError(t, err, out)
+	for _, re := range []string{`status\s+completed`, `version\s+1`, `steps:`, `cli-task:restart:device-2:approval-v1`, `history:`} {
+		require.Regexp(t, re, out)
+	}
+	out, err = b.run("grant", "revoke", grants[0].GrantID)
+	require.NoError(t, err, out)
+	require.Regexp(t, `revoked at\s+\d{4}-\d\d-\d\dT`, out)
+
+	// A usage error exits 2 and names the command's help.
+	out, err = b.run("task", "get")
+	require.Equal(t, 2, exitCode(err), out)
+	require.Contains(t, out, "controller: accepts 1 arg(s), received 0\nRun 'controller task get --help' for usage.")
+}
+
+// exitCode is a finished child's exit status (0 for a nil error).
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
 }
