@@ -75,7 +75,7 @@ func serveCmd() *cobra.Command {
   controller serve --db ./run/controller.db --mqtt tcp://127.0.0.1:1883 --http 127.0.0.1:8080 --instance-id c1
 
   # with API tokens (required off loopback), per-action policies and a slower device link
-  controller serve --db /var/lib/fleet/controller.db --mqtt tcp://broker.lan:1883 --http 0.0.0.0:8080 \
+  controller serve --db /var/lib/fleet/controller.db --mqtt tcp://127.0.0.1:1883 --http 0.0.0.0:8080 \
     --tokens tokens.json --policy policy.json --ack-timeout 10s --command-ttl 30m --offline fail
 
   # the same flags from the environment
