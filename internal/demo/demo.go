@@ -26,7 +26,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/client"
-	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // Config configures a demo run.
@@ -334,7 +334,7 @@ func summary(ctx context.Context, c *client.Client, cfg Config, db, stateDir str
 	if err != nil {
 		return err
 	}
-	execs, err := sim.ReadExecutions(stateDir)
+	execs, err := witness.ReadExecutions(stateDir)
 	if err != nil {
 		return err
 	}

@@ -18,8 +18,8 @@ import (
 
 	_ "github.com/mattn/go-sqlite3" // the sqlite3 driver
 
-	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/verify"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // Config says what to read.
@@ -100,13 +100,13 @@ func Write(ctx context.Context, w io.Writer, cfg Config) error {
 		}
 		rows.Close()
 	}
-	var execs []sim.Execution
-	var pubs []sim.PublishedReceipt
+	var execs []witness.Execution
+	var pubs []witness.PublishedReceipt
 	if cfg.StateDir != "" {
-		if execs, err = sim.ReadExecutions(cfg.StateDir); err != nil {
+		if execs, err = witness.ReadExecutions(cfg.StateDir); err != nil {
 			return err
 		}
-		if pubs, err = sim.ReadReceipts(cfg.StateDir); err != nil {
+		if pubs, err = witness.ReadReceipts(cfg.StateDir); err != nil {
 			return err
 		}
 	}
@@ -149,7 +149,7 @@ func Write(ctx context.Context, w io.Writer, cfg Config) error {
 	return pageTmpl.Execute(w, p)
 }
 
-func commandMarks(ctx context.Context, db *sql.DB, id, device string, execs []sim.Execution, pubs []sim.PublishedReceipt) ([]mark, error) {
+func commandMarks(ctx context.Context, db *sql.DB, id, device string, execs []witness.Execution, pubs []witness.PublishedReceipt) ([]mark, error) {
 	var ms []mark
 	add := func(q string, f func(sc func(...any) error) (mark, error), args ...any) error {
 		rows, err := db.QueryContext(ctx, q, args...)

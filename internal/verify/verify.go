@@ -15,7 +15,7 @@ import (
 	_ "github.com/mattn/go-sqlite3" // the sqlite3 driver
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
-	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // Verdict is one invariant's result.
@@ -44,13 +44,13 @@ func Run(ctx context.Context, cfg Config) ([]Verdict, error) {
 	if cfg.Now.IsZero() {
 		cfg.Now = time.Now()
 	}
-	var execs []sim.Execution
-	var rcpts []sim.PublishedReceipt
+	var execs []witness.Execution
+	var rcpts []witness.PublishedReceipt
 	if cfg.StateDir != "" {
-		if execs, err = sim.ReadExecutions(cfg.StateDir); err != nil {
+		if execs, err = witness.ReadExecutions(cfg.StateDir); err != nil {
 			return nil, err
 		}
-		if rcpts, err = sim.ReadReceipts(cfg.StateDir); err != nil {
+		if rcpts, err = witness.ReadReceipts(cfg.StateDir); err != nil {
 			return nil, err
 		}
 	}
@@ -104,7 +104,7 @@ func (v *verifier) rows(q string, args ...any) [][]any {
 }
 
 // 1. On dedupe devices, each operation_id is executed at most once.
-func (v *verifier) once(execs []sim.Execution) Verdict {
+func (v *verifier) once(execs []witness.Execution) Verdict {
 	legacy := map[string]bool{}
 	for _, r := range v.rows(`SELECT device_id FROM devices WHERE seen = 1 AND dedupe = 0`) {
 		legacy[r[0].(string)] = true
@@ -188,7 +188,7 @@ func (v *verifier) notStuck() Verdict {
 
 // 4. Every final receipt a device published is reflected: in the state, or
 // as a late outcome (of that command, or of the command asked about).
-func (v *verifier) reflected(rcpts []sim.PublishedReceipt) Verdict {
+func (v *verifier) reflected(rcpts []witness.PublishedReceipt) Verdict {
 	type cmd struct{ status, late, op string }
 	cmds := map[string]cmd{}
 	for _, r := range v.rows(`SELECT command_id, status, late_outcome, operation_id FROM commands`) {
