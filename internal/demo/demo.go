@@ -1,12 +1,12 @@
 // Package demo runs `make demo`: a broker, a controller and a simulated
 // fleet on free loopback ports, a batch of operations through faults, and a
-// summary a person can read. It drives the system only through the
-// binaries, the HTTP API and the devices' witness files.
+// summary a person can read. It drives the system through the binaries and
+// the HTTP API, and reads the outcome from the devices' witness files and
+// the controller's database (read-only, through store.Audit).
 package demo
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -22,10 +22,10 @@ import (
 	"syscall"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3"
-
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/client"
+	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
@@ -296,43 +296,34 @@ func bar(out io.Writer, done, total int) {
 }
 
 func summary(ctx context.Context, c *client.Client, cfg Config, db, stateDir string, res batchResult, out io.Writer) error {
-	conn, err := sql.Open("sqlite3", "file:"+db+"?mode=ro&_busy_timeout=5000")
+	a, err := store.OpenAudit(ctx, db)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	count := func(q string) (map[string]int, error) {
-		rows, err := conn.QueryContext(ctx, q)
-		if err != nil {
-			return nil, err
+	defer a.Close()
+	ops, err := countMap(a.OperationsByStatus(ctx))
+	if err != nil {
+		return err
+	}
+	cmds, err := countMap(a.CommandsByStatus(ctx))
+	if err != nil {
+		return err
+	}
+	effects, err := countMap(a.ReceiptsByEffect(ctx))
+	if err != nil {
+		return err
+	}
+	commands, err := a.Commands(ctx)
+	if err != nil {
+		return err
+	}
+	var publishes, queries, resent int
+	for _, cmd := range commands {
+		publishes += cmd.Attempt
+		queries += cmd.Queries
+		if cmd.Attempt > 1 {
+			resent++
 		}
-		defer rows.Close()
-		m := map[string]int{}
-		for rows.Next() {
-			var k string
-			var n int
-			if err := rows.Scan(&k, &n); err != nil {
-				return nil, err
-			}
-			m[k] = n
-		}
-		return m, rows.Err()
-	}
-	ops, err := count(`SELECT status, COUNT(*) FROM operations GROUP BY status`)
-	if err != nil {
-		return err
-	}
-	cmds, err := count(`SELECT status, COUNT(*) FROM commands GROUP BY status`)
-	if err != nil {
-		return err
-	}
-	effects, err := count(`SELECT effect, COUNT(*) FROM receipts GROUP BY effect`)
-	if err != nil {
-		return err
-	}
-	sends, err := count(`SELECT 'publishes', COALESCE(SUM(attempt), 0) FROM commands UNION ALL SELECT 'queries', COALESCE(SUM(queries), 0) FROM commands UNION ALL SELECT 'resent', COUNT(*) FROM commands WHERE attempt > 1`)
-	if err != nil {
-		return err
 	}
 	execs, err := witness.ReadExecutions(stateDir)
 	if err != nil {
@@ -353,15 +344,15 @@ func summary(ctx context.Context, c *client.Client, cfg Config, db, stateDir str
 	fmt.Fprintf(out, "    commands by state:    %s\n", fmtCounts(cmds))
 	fmt.Fprintf(out, "    receipts by effect:   %s\n", fmtCounts(effects))
 	fmt.Fprintf(out, "    publishes:            %d commands (%d commands re-sent with the same command_id), %d queries\n",
-		sends["publishes"], sends["resent"], sends["queries"])
+		publishes, resent, queries)
 	fmt.Fprintf(out, "    executions on devices: %d for %d operations; operations executed twice: %d\n", len(execs), len(perOp), dupExec)
 	fmt.Fprintf(out, "    duplicates prevented: %d retried POSTs answered 200 with the stored record, %d key reuses refused (422),\n",
 		res.retried, res.reused)
 	fmt.Fprintf(out, "                          %d duplicate receipts ignored, %d re-sends of a command_id (after a lost command or receipt)\n",
-		effects["duplicate"], max(sends["publishes"]-len(res.ids), 0))
+		effects[store.EffectDuplicate], max(publishes-len(res.ids), 0))
 	var problems []string
-	if ops["started"] > 0 {
-		problems = append(problems, fmt.Sprintf("%d operations not final", ops["started"]))
+	if n := ops[string(fsm.OpStarted)]; n > 0 {
+		problems = append(problems, fmt.Sprintf("%d operations not final", n))
 	}
 	if dupExec > 0 {
 		problems = append(problems, fmt.Sprintf("%d operations executed twice", dupExec))
@@ -374,6 +365,17 @@ func summary(ctx context.Context, c *client.Client, cfg Config, db, stateDir str
 	}
 	fmt.Fprintln(out, "    verdict: every operation final, none executed twice")
 	return nil
+}
+
+func countMap(counts []store.AuditCount, err error) (map[string]int, error) {
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]int, len(counts))
+	for _, c := range counts {
+		m[c.Name] = c.N
+	}
+	return m, nil
 }
 
 func fmtCounts(m map[string]int) string {
