@@ -8,27 +8,70 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/fleetctl/fleetctl/internal/demo"
 )
 
+const usage = `Usage: demo [flags]
+
+Starts Mosquitto, the controller and a simulated fleet on free loopback
+ports, runs a batch of operations through injected faults, prints a summary
+and the task-88 walkthrough, and stops everything. Run it from the
+repository's root (it uses mosquitto/broker.sh).
+
+The run's files (logs, the controller's database, the broker's and the
+devices' state) go in a new directory under $TMPDIR (/tmp if unset), which
+is removed when the demo ends, also when it fails or is interrupted
+(Ctrl-C or SIGTERM: the demo stops its processes, removes its files, and
+exits 130). With --keep, or --dir, the files are kept and the demo prints
+where they are.
+
+Flags:
+`
+
 func main() {
 	cfg := demo.Config{Out: os.Stdout}
+	var keep bool
 	flag.StringVar(&cfg.Bin, "bin", "bin", "directory holding the controller and devicesim binaries")
-	flag.StringVar(&cfg.Dir, "dir", "", "working directory (default demo-run/<time>)")
+	flag.StringVar(&cfg.Dir, "dir", "", "keep the run's files in this directory (created if missing); implies --keep")
+	flag.BoolVar(&keep, "keep", false, "keep the run's files when the demo ends (in a new directory under $TMPDIR unless --dir is given) and print where they are")
 	flag.IntVar(&cfg.Devices, "devices", 20, "simulated devices")
 	flag.IntVar(&cfg.Operations, "operations", 200, "operations to run")
+	flag.Usage = func() {
+		fmt.Fprint(flag.CommandLine.Output(), usage)
+		flag.PrintDefaults()
+	}
 	flag.Parse()
-	if cfg.Dir == "" {
-		cfg.Dir = filepath.Join("demo-run", time.Now().UTC().Format("20060102-150405"))
+	if keep && cfg.Dir == "" {
+		dir, err := os.MkdirTemp("", "fleetctl-demo-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "demo failed:", err)
+			os.Exit(1)
+		}
+		cfg.Dir = dir
 	}
+	keep = cfg.Dir != ""
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := demo.Run(ctx, cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "demo failed:", err)
-		os.Exit(1)
+	// Run stops its processes and, unless the files are kept, removes them
+	// before it returns, however it ends.
+	err := demo.Run(ctx, cfg)
+	interrupted := ctx.Err() != nil
+	stop()
+	if err == nil {
+		return
 	}
+	kept := ""
+	if keep {
+		kept = "; its files are in " + cfg.Dir
+	}
+	if interrupted {
+		fmt.Fprintf(os.Stderr, "demo interrupted (%v)%s\n", err, kept)
+		os.Exit(130)
+	}
+	fmt.Fprintf(os.Stderr, "demo failed: %v%s\n", err, kept)
+	if !keep {
+		fmt.Fprintln(os.Stderr, "(its files are removed: run it again with --keep to keep the logs and the database)")
+	}
+	os.Exit(1)
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // buildDevicesim builds the binary into a temporary directory.
@@ -134,13 +135,13 @@ func TestDevicesimBinary(t *testing.T) {
 	require.Equal(t, wire.ReceiptSucceeded, r.Status)
 	require.Equal(t, "device-2", r.Device)
 
-	ex, err := sim.ReadExecutions(stateDir)
+	ex, err := witness.ReadExecutions(stateDir)
 	require.NoError(t, err)
 	require.Len(t, ex, 2)
 	require.Equal(t, []string{"c-1", "c-2"}, []string{ex[0].CommandID, ex[1].CommandID})
 	require.Equal(t, "device-2", ex[1].DeviceID)
 	require.Eventually(t, func() bool {
-		rs, err := sim.ReadReceipts(stateDir)
+		rs, err := witness.ReadReceipts(stateDir)
 		return err == nil && len(rs) == 2 && rs[1].CommandID == "c-2" && rs[1].Seq == 3
 	}, 10*time.Second, 10*time.Millisecond)
 

@@ -1,12 +1,18 @@
 // Package demo runs `make demo`: a broker, a controller and a simulated
 // fleet on free loopback ports, a batch of operations through faults, and a
-// summary a person can read. It drives the system only through the
-// binaries, the HTTP API and the devices' witness files.
+// summary a person can read. It drives the system through the binaries and
+// the HTTP API, and reads the outcome from the devices' witness files and
+// the controller's database (read-only, through store.Audit).
+//
+// Everything a run creates (the broker's, the controller's and the devices'
+// files and logs) lives in one directory, under $TMPDIR unless the caller
+// names one; a directory Run made itself is removed when Run returns, after
+// it stopped every process it started, on success, failure and cancellation
+// alike (cmd/demo cancels on SIGINT and SIGTERM).
 package demo
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -22,17 +28,20 @@ import (
 	"syscall"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3"
-
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/client"
-	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // Config configures a demo run.
 type Config struct {
-	Bin        string // directory with controller and devicesim
-	Dir        string // working directory for the run's files
+	Bin string // directory with controller and devicesim
+	// Dir is the directory for the run's files, created if missing and kept
+	// (Run prints where it is). "" makes a fresh directory under $TMPDIR that
+	// Run removes when it returns.
+	Dir        string
 	Devices    int
 	Operations int
 	Out        io.Writer
@@ -62,12 +71,22 @@ func (p *proc) stop() {
 	}
 }
 
+// ownGroup puts a child in a process group of its own, so that a Ctrl-C at
+// the terminal reaches only the demo, which then stops its children in
+// order (the controller and the devices before the broker they need to shut
+// down cleanly). In the demo's group, Mosquitto would die first and the
+// others would wait for it until their stop times out.
+func ownGroup(cmd *exec.Cmd) *exec.Cmd {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd
+}
+
 func start(name, logFile string, args []string, env ...string) (*proc, error) {
 	log, err := os.Create(logFile)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(args[0], args[1:]...)
+	cmd := ownGroup(exec.Command(args[0], args[1:]...))
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Env = append(os.Environ(), env...)
 	if err := cmd.Start(); err != nil {
@@ -88,16 +107,30 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(what string, timeout time.Duration, cond func() bool) error {
+// waitFor polls cond until it holds, the deadline passes or ctx is done.
+func waitFor(ctx context.Context, what string, timeout time.Duration, cond func() bool) error {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("timed out after %s waiting for %s", timeout, what)
 		}
-		time.Sleep(50 * time.Millisecond)
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
 	}
 	return nil
+}
+
+// sleep waits d, or less if ctx is done first (then it returns ctx's error).
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func fileContains(path, s string) bool {
@@ -105,12 +138,35 @@ func fileContains(path, s string) bool {
 	return err == nil && strings.Contains(string(b), s)
 }
 
-// Run runs the demo and returns an error if any invariant it checks fails.
-func Run(ctx context.Context, cfg Config) error {
+// Run runs the demo and returns an error if any invariant it checks fails,
+// or ctx's error if ctx is done first. Before it returns it stops every
+// process it started and, unless cfg.Dir names the directory to keep,
+// removes every file it made.
+func Run(ctx context.Context, cfg Config) (err error) {
 	out := cfg.Out
 	step := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
-		return err
+	keep := cfg.Dir != ""
+	if keep {
+		if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+			return err
+		}
+	} else {
+		if cfg.Dir, err = os.MkdirTemp("", "fleetctl-demo-"); err != nil {
+			return err
+		}
+		// Deferred first, so it runs last: after every process is stopped.
+		defer func() {
+			if rerr := os.RemoveAll(cfg.Dir); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("remove the run's files: %w", rerr))
+			}
+		}()
+	}
+	// where names a file's place only when the run's files are kept.
+	where := func(format string, args ...any) string {
+		if !keep {
+			return ""
+		}
+		return fmt.Sprintf(format, args...)
 	}
 	brokerPort, err := freePort()
 	if err != nil {
@@ -125,12 +181,14 @@ func Run(ctx context.Context, cfg Config) error {
 	stateDir := filepath.Join(cfg.Dir, "devices")
 	db := filepath.Join(cfg.Dir, "controller.db")
 
-	step("starting Mosquitto on 127.0.0.1:%d (files in %s)", brokerPort, cfg.Dir)
+	step("starting Mosquitto on 127.0.0.1:%d%s", brokerPort, where(" (files in %s)", cfg.Dir))
 	brokerDir := filepath.Join(cfg.Dir, "broker")
-	if b, err := exec.Command("mosquitto/broker.sh", "start", fmt.Sprint(brokerPort), brokerDir).CombinedOutput(); err != nil {
+	// Stopped even when the start fails half way (the broker may be up
+	// without its port); stop is a no-op when nothing started.
+	defer exec.Command("mosquitto/broker.sh", "stop", brokerDir).Run()
+	if b, err := ownGroup(exec.Command("mosquitto/broker.sh", "start", fmt.Sprint(brokerPort), brokerDir)).CombinedOutput(); err != nil {
 		return fmt.Errorf("start broker: %v\n%s", err, b)
 	}
-	defer exec.Command("mosquitto/broker.sh", "stop", brokerDir).Run()
 
 	step("starting %d simulated devices (faults: 15%% of final receipts dropped, 10%% of receipts duplicated, 5%% of commands dropped)", cfg.Devices)
 	simLog := filepath.Join(cfg.Dir, "devicesim.log")
@@ -142,7 +200,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer fleet.stop()
-	if err := waitFor("devices online", 30*time.Second, func() bool { return fileContains(simLog, "devices online") }); err != nil {
+	if err := waitFor(ctx, "devices online", 30*time.Second, func() bool { return fileContains(simLog, "devices online") }); err != nil {
 		return err
 	}
 
@@ -154,7 +212,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer sim1001.stop()
 
-	step("starting the controller (API %s, database %s, tokens for agent, alice and admin)", apiURL, db)
+	step("starting the controller (API %s%s, tokens for agent, alice and admin)", apiURL, where(", database %s", db))
 	tokens := filepath.Join(cfg.Dir, "tokens.json")
 	if err := os.WriteFile(tokens, []byte(demoTokens), 0o600); err != nil {
 		return err
@@ -167,7 +225,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer ctl.stop()
-	if err := waitFor("controller healthy", 20*time.Second, func() bool {
+	if err := waitFor(ctx, "controller healthy", 20*time.Second, func() bool {
 		resp, err := http.Get(apiURL + "/healthz")
 		if err != nil {
 			return false
@@ -189,7 +247,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := summary(ctx, c, cfg, db, stateDir, res, out); err != nil {
 		return err
 	}
-	if err := waitFor("device-1001 online", 30*time.Second, func() bool {
+	if err := waitFor(ctx, "device-1001 online", 30*time.Second, func() bool {
 		d, err := c.Device(ctx, "device-1001")
 		return err == nil && d.Online
 	}); err != nil {
@@ -198,7 +256,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := walkthrough(ctx, apiURL, out); err != nil {
 		return fmt.Errorf("walkthrough: %w", err)
 	}
-	fmt.Fprintf(out, "\n==> done; logs and the database are in %s\n", cfg.Dir)
+	if keep {
+		fmt.Fprintf(out, "\n==> done; logs and the database are in %s\n", cfg.Dir)
+	} else {
+		fmt.Fprintln(out, "\n==> done; stopping everything and removing the run's files")
+	}
 	return nil
 }
 
@@ -282,7 +344,10 @@ func runBatch(ctx context.Context, c *client.Client, cfg Config, out io.Writer) 
 			fmt.Fprintln(out)
 			return res, fmt.Errorf("%d operations still started after 3 minutes", len(res.ids)-final)
 		}
-		time.Sleep(300 * time.Millisecond)
+		if err := sleep(ctx, 300*time.Millisecond); err != nil {
+			fmt.Fprintln(out)
+			return res, err
+		}
 	}
 	fmt.Fprintln(out)
 	res.elapsed = time.Since(start)
@@ -296,45 +361,36 @@ func bar(out io.Writer, done, total int) {
 }
 
 func summary(ctx context.Context, c *client.Client, cfg Config, db, stateDir string, res batchResult, out io.Writer) error {
-	conn, err := sql.Open("sqlite3", "file:"+db+"?mode=ro&_busy_timeout=5000")
+	a, err := store.OpenAudit(ctx, db)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	count := func(q string) (map[string]int, error) {
-		rows, err := conn.QueryContext(ctx, q)
-		if err != nil {
-			return nil, err
+	defer a.Close()
+	ops, err := countMap(a.OperationsByStatus(ctx))
+	if err != nil {
+		return err
+	}
+	cmds, err := countMap(a.CommandsByStatus(ctx))
+	if err != nil {
+		return err
+	}
+	effects, err := countMap(a.ReceiptsByEffect(ctx))
+	if err != nil {
+		return err
+	}
+	commands, err := a.Commands(ctx)
+	if err != nil {
+		return err
+	}
+	var publishes, queries, resent int
+	for _, cmd := range commands {
+		publishes += cmd.Attempt
+		queries += cmd.Queries
+		if cmd.Attempt > 1 {
+			resent++
 		}
-		defer rows.Close()
-		m := map[string]int{}
-		for rows.Next() {
-			var k string
-			var n int
-			if err := rows.Scan(&k, &n); err != nil {
-				return nil, err
-			}
-			m[k] = n
-		}
-		return m, rows.Err()
 	}
-	ops, err := count(`SELECT status, COUNT(*) FROM operations GROUP BY status`)
-	if err != nil {
-		return err
-	}
-	cmds, err := count(`SELECT status, COUNT(*) FROM commands GROUP BY status`)
-	if err != nil {
-		return err
-	}
-	effects, err := count(`SELECT effect, COUNT(*) FROM receipts GROUP BY effect`)
-	if err != nil {
-		return err
-	}
-	sends, err := count(`SELECT 'publishes', COALESCE(SUM(attempt), 0) FROM commands UNION ALL SELECT 'queries', COALESCE(SUM(queries), 0) FROM commands UNION ALL SELECT 'resent', COUNT(*) FROM commands WHERE attempt > 1`)
-	if err != nil {
-		return err
-	}
-	execs, err := sim.ReadExecutions(stateDir)
+	execs, err := witness.ReadExecutions(stateDir)
 	if err != nil {
 		return err
 	}
@@ -353,15 +409,15 @@ func summary(ctx context.Context, c *client.Client, cfg Config, db, stateDir str
 	fmt.Fprintf(out, "    commands by state:    %s\n", fmtCounts(cmds))
 	fmt.Fprintf(out, "    receipts by effect:   %s\n", fmtCounts(effects))
 	fmt.Fprintf(out, "    publishes:            %d commands (%d commands re-sent with the same command_id), %d queries\n",
-		sends["publishes"], sends["resent"], sends["queries"])
+		publishes, resent, queries)
 	fmt.Fprintf(out, "    executions on devices: %d for %d operations; operations executed twice: %d\n", len(execs), len(perOp), dupExec)
 	fmt.Fprintf(out, "    duplicates prevented: %d retried POSTs answered 200 with the stored record, %d key reuses refused (422),\n",
 		res.retried, res.reused)
 	fmt.Fprintf(out, "                          %d duplicate receipts ignored, %d re-sends of a command_id (after a lost command or receipt)\n",
-		effects["duplicate"], max(sends["publishes"]-len(res.ids), 0))
+		effects[store.EffectDuplicate], max(publishes-len(res.ids), 0))
 	var problems []string
-	if ops["started"] > 0 {
-		problems = append(problems, fmt.Sprintf("%d operations not final", ops["started"]))
+	if n := ops[string(fsm.OpStarted)]; n > 0 {
+		problems = append(problems, fmt.Sprintf("%d operations not final", n))
 	}
 	if dupExec > 0 {
 		problems = append(problems, fmt.Sprintf("%d operations executed twice", dupExec))
@@ -374,6 +430,17 @@ func summary(ctx context.Context, c *client.Client, cfg Config, db, stateDir str
 	}
 	fmt.Fprintln(out, "    verdict: every operation final, none executed twice")
 	return nil
+}
+
+func countMap(counts []store.AuditCount, err error) (map[string]int, error) {
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]int, len(counts))
+	for _, c := range counts {
+		m[c.Name] = c.N
+	}
+	return m, nil
 }
 
 func fmtCounts(m map[string]int) string {

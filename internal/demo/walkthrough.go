@@ -75,7 +75,9 @@ func walkthrough(ctx context.Context, apiURL string, out io.Writer) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("task-88 still %s after 60s", v.Status)
 		}
-		time.Sleep(100 * time.Millisecond)
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
 		if _, err := alice.Do(ctx, http.MethodGet, "/v1/tasks/task-88", nil, nil, &v); err != nil {
 			return err
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // runLoad submits n operations at a steady pace from 4 callers that retry
@@ -80,7 +80,7 @@ func TestBrokerRestartCleanAndKill9DuringARun(t *testing.T) {
 	// What the broker lost and the controller recovered: final receipts a
 	// device published (not answers to queries) that never reached the
 	// controller, whose outcome was then learned by asking.
-	pub, err := sim.ReadReceipts(b.stateDir)
+	pub, err := witness.ReadReceipts(b.stateDir)
 	require.NoError(t, err)
 	published := map[string]bool{}
 	for _, r := range pub {

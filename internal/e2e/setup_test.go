@@ -22,6 +22,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/testenv"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 func TestMain(m *testing.M) {
@@ -104,7 +105,7 @@ func (b *bundle) waitFinal(id string) api.Operation {
 // executions counts the device witness lines per operation_id.
 func (b *bundle) executions() map[string]int {
 	b.t.Helper()
-	ex, err := sim.ReadExecutions(b.stateDir)
+	ex, err := witness.ReadExecutions(b.stateDir)
 	require.NoError(b.t, err)
 	out := map[string]int{}
 	for _, e := range ex {

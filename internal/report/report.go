@@ -8,7 +8,6 @@ package report
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"html/template"
 	"io"
@@ -16,10 +15,9 @@ import (
 	"strings"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3" // the sqlite3 driver
-
-	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/verify"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // Config says what to read.
@@ -65,163 +63,117 @@ func Write(ctx context.Context, w io.Writer, cfg Config) error {
 	if cfg.Max <= 0 {
 		cfg.Max = 12
 	}
-	db, err := sql.Open("sqlite3", "file:"+cfg.DB+"?mode=ro&_busy_timeout=5000")
-	if err != nil {
-		return err
-	}
-	defer db.Close()
 	vs, err := verify.Run(ctx, verify.Config{DB: cfg.DB, StateDir: cfg.StateDir, Slack: time.Minute})
 	if err != nil {
 		return err
 	}
+	a, err := store.OpenAudit(ctx, cfg.DB)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
 	p := page{Title: cfg.Title, Generated: time.Now().UTC().Format(time.RFC3339), Verdicts: vs}
 	if p.Title == "" {
 		p.Title = "fleetctl run report"
 	}
 	for _, q := range []struct {
-		dst *[]countRow
-		sql string
+		dst   *[]countRow
+		count func(context.Context) ([]store.AuditCount, error)
 	}{
-		{&p.Operations, `SELECT status, COUNT(*) FROM operations GROUP BY 1 ORDER BY 1`},
-		{&p.Commands, `SELECT status, COUNT(*) FROM commands GROUP BY 1 ORDER BY 1`},
-		{&p.Effects, `SELECT effect, COUNT(*) FROM receipts GROUP BY 1 ORDER BY 1`},
+		{&p.Operations, a.OperationsByStatus},
+		{&p.Commands, a.CommandsByStatus},
+		{&p.Effects, a.ReceiptsByEffect},
 	} {
-		rows, err := db.QueryContext(ctx, q.sql)
+		counts, err := q.count(ctx)
 		if err != nil {
 			return err
 		}
-		for rows.Next() {
-			var r countRow
-			if err := rows.Scan(&r.Name, &r.N); err != nil {
-				rows.Close()
-				return err
-			}
-			*q.dst = append(*q.dst, r)
+		for _, c := range counts {
+			*q.dst = append(*q.dst, countRow{Name: c.Name, N: c.N})
 		}
-		rows.Close()
 	}
-	var execs []sim.Execution
-	var pubs []sim.PublishedReceipt
+	var execs []witness.Execution
+	var pubs []witness.PublishedReceipt
 	if cfg.StateDir != "" {
-		if execs, err = sim.ReadExecutions(cfg.StateDir); err != nil {
+		if execs, err = witness.ReadExecutions(cfg.StateDir); err != nil {
 			return err
 		}
-		if pubs, err = sim.ReadReceipts(cfg.StateDir); err != nil {
+		if pubs, err = witness.ReadReceipts(cfg.StateDir); err != nil {
 			return err
 		}
 	}
 	// The most eventful commands first.
-	rows, err := db.QueryContext(ctx, `SELECT c.command_id, c.operation_id, c.device_id, c.status,
-		(c.attempt > 1) * 3 + (c.queries > 0) * 2 + (c.late_outcome != '') * 4 + (c.status IN ('timeout','needs_attention','failed','cancelled')) * 3
-		 + (c.executed_as != '') * 2 + (SELECT COUNT(*) FROM events e WHERE e.entity_id = c.command_id AND e.refused = 1) * 2 AS score,
-		c.attempt, c.queries, c.late_outcome
-		FROM commands c ORDER BY score DESC, c.created_at LIMIT ?`, cfg.Max)
+	picks, err := a.EventfulCommands(ctx, cfg.Max)
 	if err != nil {
 		return err
 	}
-	type pick struct {
-		id, op, dev, status, late string
-		attempt, queries          int
-	}
-	var picks []pick
-	for rows.Next() {
-		var k pick
-		var score int
-		if err := rows.Scan(&k.id, &k.op, &k.dev, &k.status, &score, &k.attempt, &k.queries, &k.late); err != nil {
-			rows.Close()
-			return err
-		}
-		picks = append(picks, k)
-	}
-	rows.Close()
 	for _, k := range picks {
-		marks, err := commandMarks(ctx, db, k.id, k.dev, execs, pubs)
+		marks, err := commandMarks(ctx, a, k.CommandID, k.DeviceID, execs, pubs)
 		if err != nil {
 			return err
 		}
-		why := fmt.Sprintf("%d publishes, %d queries", k.attempt, k.queries)
-		if k.late != "" {
-			why += ", late outcome " + k.late
+		why := fmt.Sprintf("%d publishes, %d queries", k.Attempt, k.Queries)
+		if k.LateOutcome != "" {
+			why += ", late outcome " + k.LateOutcome
 		}
-		p.Timelines = append(p.Timelines, timeline{CommandID: k.id, OperationID: k.op, Device: k.dev, Status: k.status,
-			Why: why, SVG: draw(marks)})
+		p.Timelines = append(p.Timelines, timeline{CommandID: k.CommandID, OperationID: k.OperationID, Device: k.DeviceID,
+			Status: string(k.Status), Why: why, SVG: draw(marks)})
 	}
 	return pageTmpl.Execute(w, p)
 }
 
-func commandMarks(ctx context.Context, db *sql.DB, id, device string, execs []sim.Execution, pubs []sim.PublishedReceipt) ([]mark, error) {
+func commandMarks(ctx context.Context, a *store.Audit, id, device string, execs []witness.Execution, pubs []witness.PublishedReceipt) ([]mark, error) {
 	var ms []mark
-	add := func(q string, f func(sc func(...any) error) (mark, error), args ...any) error {
-		rows, err := db.QueryContext(ctx, q, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			m, err := f(rows.Scan)
-			if err != nil {
-				return err
-			}
-			ms = append(ms, m)
-		}
-		return rows.Err()
+	events, err := a.EventsOf(ctx, id)
+	if err != nil {
+		return nil, err
 	}
-	err := add(`SELECT at, from_state, to_state, reason, refused FROM events WHERE entity_id = ? ORDER BY id`, func(sc func(...any) error) (mark, error) {
-		var at int64
-		var from, to, reason string
-		var refused bool
-		err := sc(&at, &from, &to, &reason, &refused)
-		label, color := to, "#2563eb"
-		if from == to {
-			label = reason
+	for _, e := range events {
+		label, color := e.To, "#2563eb"
+		if e.From == e.To {
+			label = e.Reason
 		}
-		if strings.HasPrefix(reason, "publish attempt") && from == to {
-			label, color = "re-send "+strings.TrimPrefix(reason, "publish "), "#d97706"
+		if strings.HasPrefix(e.Reason, "publish attempt") && e.From == e.To {
+			label, color = "re-send "+strings.TrimPrefix(e.Reason, "publish "), "#d97706"
 		}
-		if refused {
-			label, color = "refused "+to+" ("+reason+")", "#dc2626"
+		if e.Refused {
+			label, color = "refused "+e.To+" ("+e.Reason+")", "#dc2626"
 		}
-		switch to {
+		switch e.To {
 		case "succeeded":
 			color = "#16a34a"
 		case "failed", "timeout", "needs_attention", "cancelled":
 			color = "#dc2626"
 		}
-		return mark{At: time.UnixMilli(at), Lane: 0, Label: label, Color: color, Shape: "circle"}, err
-	}, id)
+		ms = append(ms, mark{At: e.At, Lane: 0, Label: label, Color: color, Shape: "circle"})
+	}
+	queries, err := a.Queries(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if err := add(`SELECT sent_at, answered_at, answer FROM queries WHERE command_id = ? ORDER BY sent_at`, func(sc func(...any) error) (mark, error) {
-		var sent int64
-		var answered sql.NullInt64
-		var answer string
-		err := sc(&sent, &answered, &answer)
+	for _, q := range queries {
 		label := "query"
-		if answered.Valid {
-			label += " → " + answer
+		if q.AnsweredAt != nil {
+			label += " → " + q.Answer
 		} else {
 			label += " (no answer)"
 		}
-		return mark{At: time.UnixMilli(sent), Lane: 1, Label: label, Color: "#7c3aed", Shape: "triangle"}, err
-	}, id); err != nil {
+		ms = append(ms, mark{At: q.SentAt, Lane: 1, Label: label, Color: "#7c3aed", Shape: "triangle"})
+	}
+	receipts, err := a.Receipts(ctx, id)
+	if err != nil {
 		return nil, err
 	}
-	if err := add(`SELECT received_at, status, effect, query_id FROM receipts WHERE command_id = ? ORDER BY id`, func(sc func(...any) error) (mark, error) {
-		var at int64
-		var status, effect, qid string
-		err := sc(&at, &status, &effect, &qid)
+	for _, r := range receipts {
 		color := "#16a34a"
-		if effect != "applied" {
+		if r.Effect != store.EffectApplied {
 			color = "#9ca3af"
 		}
-		label := status + " (" + effect + ")"
-		if qid != "" {
+		label := r.Status + " (" + r.Effect + ")"
+		if r.QueryID != "" {
 			label += " answer"
 		}
-		return mark{At: time.UnixMilli(at), Lane: 2, Label: label, Color: color, Shape: "square"}, err
-	}, id); err != nil {
-		return nil, err
+		ms = append(ms, mark{At: r.ReceivedAt, Lane: 2, Label: label, Color: color, Shape: "square"})
 	}
 	for _, r := range pubs {
 		if r.CommandID == id {
@@ -235,18 +187,16 @@ func commandMarks(ctx context.Context, db *sql.DB, id, device string, execs []si
 	}
 	if len(ms) > 0 {
 		lo, hi := span(ms)
-		if err := add(`SELECT at, to_state, reason FROM events WHERE machine = 'device' AND entity_id = ? AND at BETWEEN ? AND ? ORDER BY id`,
-			func(sc func(...any) error) (mark, error) {
-				var at int64
-				var to, reason string
-				err := sc(&at, &to, &reason)
-				color := "#16a34a"
-				if to == "offline" {
-					color = "#dc2626"
-				}
-				return mark{At: time.UnixMilli(at), Lane: 5, Label: to + " (" + reason + ")", Color: color, Shape: "triangle"}, err
-			}, device, lo.UnixMilli()-500, hi.UnixMilli()+500); err != nil {
+		presence, err := a.PresenceEvents(ctx, device, lo.Add(-500*time.Millisecond), hi.Add(500*time.Millisecond))
+		if err != nil {
 			return nil, err
+		}
+		for _, e := range presence {
+			color := "#16a34a"
+			if e.To == "offline" {
+				color = "#dc2626"
+			}
+			ms = append(ms, mark{At: e.At, Lane: 5, Label: e.To + " (" + e.Reason + ")", Color: color, Shape: "triangle"})
 		}
 	}
 	sort.SliceStable(ms, func(i, j int) bool { return ms[i].At.Before(ms[j].At) })

@@ -10,6 +10,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 func TestNormalCommandReceiptsAndWitness(t *testing.T) {
@@ -30,10 +31,10 @@ func TestNormalCommandReceiptsAndWitness(t *testing.T) {
 
 	ex := executions(t, b.dir, "c-1")
 	require.Len(t, ex, 1)
-	require.Equal(t, sim.Execution{DeviceID: "device-1", CommandID: "c-1", OperationID: "op-1", Action: "restart", At: ex[0].At}, ex[0])
+	require.Equal(t, witness.Execution{DeviceID: "device-1", CommandID: "c-1", OperationID: "op-1", Action: "restart", At: ex[0].At}, ex[0])
 	eventually(t, "final receipt witnessed", func() bool { return len(witnessedReceipts(t, b.dir, "c-1")) == 1 })
 	w := witnessedReceipts(t, b.dir, "c-1")[0]
-	require.Equal(t, sim.PublishedReceipt{DeviceID: "device-1", CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptSucceeded, Seq: 3, At: rs[2].At}, w)
+	require.Equal(t, witness.PublishedReceipt{DeviceID: "device-1", CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptSucceeded, Seq: 3, At: rs[2].At}, w)
 
 	// set-config merges (null removes a key) and reports the previous config.
 	p.Command("device-1", command("c-2", "op-2", sim.ActionSetConfig, map[string]any{"a": 1, "b": "x"}))
@@ -157,7 +158,7 @@ func TestDedupeComesBeforeExpiry(t *testing.T) {
 	r := p.WaitReceipt(final("c-3"))
 	require.Equal(t, sim.ErrExpired, r.Error)
 	require.Len(t, executions(t, b.dir, ""), 0)
-	all, err := sim.ReadExecutions(b.dir)
+	all, err := witness.ReadExecutions(b.dir)
 	require.NoError(t, err)
 	require.Len(t, all, 1)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // Device is one simulated device. Its methods are safe for concurrent use.
@@ -313,7 +314,7 @@ func (d *Device) recoverLocked(st *durableState) ([]wire.Receipt, []job, error) 
 		switch rec.Latest.Status {
 		case wire.ReceiptExecuting:
 			if counts == nil {
-				execs, err := ReadExecutions(d.f.cfg.StateDir)
+				execs, err := witness.ReadExecutions(d.f.cfg.StateDir)
 				if err != nil {
 					return nil, nil, err
 				}

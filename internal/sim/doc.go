@@ -18,7 +18,7 @@
 //	_ = d.Restart()                   // crash-and-restart now
 //	_ = d.SetFaults(sim.Faults{Legacy: sim.Legacy{Enabled: true}})
 //	stats := d.Stats()
-//	execs, _ := sim.ReadExecutions(fleet.StateDir())
+//	execs, _ := witness.ReadExecutions(fleet.StateDir())
 //
 // Devices are numbered from 1 (IDPrefix "device-", Devices 3: device-1 to
 // device-3), or named by Config.IDs. Each has one MQTT connection whose client
@@ -131,8 +131,9 @@
 // receipt's own at. Lines are appended under a mutex, one write each, to
 // files opened O_APPEND, each followed by fsync, so devices and processes
 // sharing a state dir never interleave; one device id must not run in two
-// fleets at once. ReadExecutions and ReadReceipts parse the files (a torn
-// last line is ignored).
+// fleets at once. Package witness holds the record types, the appender and
+// the readers (witness.ReadExecutions and witness.ReadReceipts; a torn last
+// line is ignored).
 //
 // # Fault profile
 //

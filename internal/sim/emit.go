@@ -7,6 +7,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // outgoing is a receipt on its way out, after the receipt faults decided
@@ -194,7 +195,7 @@ func (inc *incarnation) confirm(tok mqtt.Token, r wire.Receipt, gen uint64) {
 		return
 	}
 	d.stats.FinalReceiptsPublished++
-	err := d.f.wit.receipt(PublishedReceipt{
+	err := d.f.wit.Receipt(witness.PublishedReceipt{
 		DeviceID: d.id, CommandID: r.CommandID, OperationID: r.OperationID,
 		Status: r.Status, Seq: r.Seq, At: r.At, Error: r.Error, QueryID: r.QueryID,
 	})

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // ErrStopped is returned by waits and restarts on a stopped fleet.
@@ -22,7 +23,7 @@ var ErrStopped = errors.New("sim: fleet stopped")
 type Fleet struct {
 	cfg     Config
 	log     *slog.Logger
-	wit     *witness
+	wit     *witness.Appender
 	devices []*Device
 	byID    map[string]*Device
 
@@ -47,7 +48,7 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, DevicesDir), 0o755); err != nil {
 		return nil, fmt.Errorf("sim: state dir: %w", err)
 	}
-	wit, err := openWitness(cfg.StateDir)
+	wit, err := witness.Open(cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
@@ -104,7 +105,7 @@ func (f *Fleet) Stop() {
 			go func() { defer wg.Done(); d.stop() }()
 		}
 		wg.Wait()
-		if err := f.wit.close(); err != nil {
+		if err := f.wit.Close(); err != nil {
 			f.log.Error("close witness files", "err", err)
 		}
 		close(f.done)

@@ -8,6 +8,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // Actions the simulated devices support.
@@ -265,7 +266,7 @@ func (inc *incarnation) execute(j job) {
 		inc.finishLocked(rec)
 		return
 	}
-	err := d.f.wit.execution(Execution{DeviceID: d.id, CommandID: cmd.CommandID, OperationID: cmd.OperationID, Action: cmd.Action, At: now})
+	err := d.f.wit.Execution(witness.Execution{DeviceID: d.id, CommandID: cmd.CommandID, OperationID: cmd.OperationID, Action: cmd.Action, At: now})
 	if err != nil {
 		d.log.Error("cannot write the execution witness; crashing", "err", err)
 		d.crashLocked(time.Second, true)

@@ -13,6 +13,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 const root = "fleet"
@@ -103,11 +104,11 @@ func statuses(rs []testenv.ProbeReceipt) []string {
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 
 // executions returns the witness lines of one command.
-func executions(t *testing.T, dir, commandID string) []sim.Execution {
+func executions(t *testing.T, dir, commandID string) []witness.Execution {
 	t.Helper()
-	all, err := sim.ReadExecutions(dir)
+	all, err := witness.ReadExecutions(dir)
 	require.NoError(t, err)
-	var out []sim.Execution
+	var out []witness.Execution
 	for _, e := range all {
 		if e.CommandID == commandID {
 			out = append(out, e)
@@ -117,11 +118,11 @@ func executions(t *testing.T, dir, commandID string) []sim.Execution {
 }
 
 // witnessedReceipts returns the receipts.jsonl lines of one command.
-func witnessedReceipts(t *testing.T, dir, commandID string) []sim.PublishedReceipt {
+func witnessedReceipts(t *testing.T, dir, commandID string) []witness.PublishedReceipt {
 	t.Helper()
-	all, err := sim.ReadReceipts(dir)
+	all, err := witness.ReadReceipts(dir)
 	require.NoError(t, err)
-	var out []sim.PublishedReceipt
+	var out []witness.PublishedReceipt
 	for _, r := range all {
 		if r.CommandID == commandID {
 			out = append(out, r)

@@ -90,27 +90,6 @@ func TestFaultsMerge(t *testing.T) {
 	require.Error(t, err)
 }
 
-func TestWitnessReaders(t *testing.T) {
-	t.Parallel()
-	dir := t.TempDir()
-	ex, err := sim.ReadExecutions(dir)
-	require.NoError(t, err)
-	require.Empty(t, ex, "no file, no executions")
-
-	lines := `{"device_id":"d-1","command_id":"c-1","operation_id":"o-1","action":"restart","at":"2030-01-02T03:04:05Z"}
-{"device_id":"d-1","command_id":"c-2","operation_id":"o-2","action":"set-config","at":"2030-01-02T03:04:06Z"}
-{"device_id":"d-1","comm`
-	require.NoError(t, os.WriteFile(filepath.Join(dir, sim.ExecutionsFile), []byte(lines), 0o644))
-	ex, err = sim.ReadExecutions(dir)
-	require.NoError(t, err)
-	require.Len(t, ex, 2, "a torn last line is ignored")
-	require.Equal(t, sim.Execution{DeviceID: "d-1", CommandID: "c-2", OperationID: "o-2", Action: "set-config", At: time.Date(2030, 1, 2, 3, 4, 6, 0, time.UTC)}, ex[1])
-
-	require.NoError(t, os.WriteFile(filepath.Join(dir, sim.ReceiptsFile), []byte("{\"device_id\":\"d-1\",\"status\":\"succeeded\",\"seq\":3}\nnot json\n"), 0o644))
-	_, err = sim.ReadReceipts(dir)
-	require.ErrorContains(t, err, ":2:")
-}
-
 func TestStartValidatesConfig(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()

@@ -10,6 +10,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // A thousand devices in one process: all come online, each executes one
@@ -29,7 +30,7 @@ func TestThousandDevices(t *testing.T) {
 	b.probe.WaitFor(30*time.Second, "all finals", func() bool {
 		return len(b.probe.Receipts(func(r testenv.ProbeReceipt) bool { return r.Status == wire.ReceiptSucceeded })) == n
 	})
-	ex, err := sim.ReadExecutions(b.dir)
+	ex, err := witness.ReadExecutions(b.dir)
 	require.NoError(t, err)
 	require.Len(t, ex, n)
 	t.Logf("%d commands executed after %v", n, time.Since(start))

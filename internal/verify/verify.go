@@ -1,21 +1,22 @@
 // Package verify checks the contract's seven invariants on any run, from the
-// controller's database (read-only) and the devices' witness files
-// (executions.jsonl and receipts.jsonl), independently of the code that
-// made the run. `controller verify` prints one verdict line per invariant.
+// controller's database (read-only, one snapshot, through store.Audit) and
+// the devices' witness files (executions.jsonl and receipts.jsonl, through
+// package witness), independently of the code that made the run: the store
+// only hands over rows; every judgement is made here. `controller verify`
+// prints one verdict line per invariant.
 package verify
 
 import (
+	"bytes"
 	"context"
-	"database/sql"
 	"fmt"
 	"io"
 	"sort"
 	"time"
 
-	_ "github.com/mattn/go-sqlite3" // the sqlite3 driver
-
 	"github.com/fleetctl/fleetctl/internal/fsm"
-	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // Verdict is one invariant's result.
@@ -36,82 +37,68 @@ type Config struct {
 
 // Run checks every invariant.
 func Run(ctx context.Context, cfg Config) ([]Verdict, error) {
-	db, err := sql.Open("sqlite3", "file:"+cfg.DB+"?mode=ro&_busy_timeout=5000")
-	if err != nil {
-		return nil, err
-	}
-	defer db.Close()
 	if cfg.Now.IsZero() {
 		cfg.Now = time.Now()
 	}
-	var execs []sim.Execution
-	var rcpts []sim.PublishedReceipt
+	var execs []witness.Execution
+	var rcpts []witness.PublishedReceipt
+	var err error
 	if cfg.StateDir != "" {
-		if execs, err = sim.ReadExecutions(cfg.StateDir); err != nil {
+		if execs, err = witness.ReadExecutions(cfg.StateDir); err != nil {
 			return nil, err
 		}
-		if rcpts, err = sim.ReadReceipts(cfg.StateDir); err != nil {
+		if rcpts, err = witness.ReadReceipts(cfg.StateDir); err != nil {
 			return nil, err
 		}
 	}
-	v := &verifier{ctx: ctx, db: db, cfg: cfg}
-	out := []Verdict{
-		v.once(execs), v.forward(), v.notStuck(), v.reflected(rcpts), v.keysKept(), v.fencing(), v.successKept(),
-	}
-	return out, v.err
-}
-
-type verifier struct {
-	ctx context.Context
-	db  *sql.DB
-	cfg Config
-	err error
-}
-
-func (v *verifier) rows(q string, args ...any) [][]any {
-	if v.err != nil {
-		return nil
-	}
-	rs, err := v.db.QueryContext(v.ctx, q, args...)
+	a, err := store.OpenAudit(ctx, cfg.DB)
 	if err != nil {
-		v.err = err
-		return nil
+		return nil, err
 	}
-	defer rs.Close()
-	cols, _ := rs.Columns()
-	var out [][]any
-	for rs.Next() {
-		vals := make([]any, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if err := rs.Scan(ptrs...); err != nil {
-			v.err = err
-			return nil
-		}
-		for i, x := range vals {
-			if b, ok := x.([]byte); ok {
-				vals[i] = string(b)
-			}
-		}
-		out = append(out, vals)
+	defer a.Close()
+	r, err := read(ctx, a)
+	if err != nil {
+		return nil, err
 	}
-	if err := rs.Err(); err != nil {
-		v.err = err
+	return []Verdict{
+		r.once(execs), r.forward(), r.notStuck(cfg.Now.Add(-cfg.Slack)), r.reflected(rcpts), r.keysKept(), r.fencing(), r.successKept(),
+	}, nil
+}
+
+// run is what the checks read from the database, from one snapshot.
+type run struct {
+	legacy     map[string]bool // devices without dedupe
+	events     []store.Event   // the whole log, in order
+	commands   []store.AuditCommand
+	operations []store.AuditOperation
+}
+
+func read(ctx context.Context, a *store.Audit) (*run, error) {
+	r := &run{legacy: map[string]bool{}}
+	legacy, err := a.LegacyDevices(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return out
+	for _, id := range legacy {
+		r.legacy[id] = true
+	}
+	if r.events, err = a.Events(ctx); err != nil {
+		return nil, err
+	}
+	if r.commands, err = a.Commands(ctx); err != nil {
+		return nil, err
+	}
+	if r.operations, err = a.Operations(ctx); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // 1. On dedupe devices, each operation_id is executed at most once.
-func (v *verifier) once(execs []sim.Execution) Verdict {
-	legacy := map[string]bool{}
-	for _, r := range v.rows(`SELECT device_id FROM devices WHERE seen = 1 AND dedupe = 0`) {
-		legacy[r[0].(string)] = true
-	}
+func (r *run) once(execs []witness.Execution) Verdict {
 	per := map[string]int{}
 	for _, e := range execs {
-		if !legacy[e.DeviceID] {
+		if !r.legacy[e.DeviceID] {
 			per[e.OperationID]++
 		}
 	}
@@ -127,12 +114,15 @@ func (v *verifier) once(execs []sim.Execution) Verdict {
 
 // 2. No command moves backwards; no terminal state is rewritten: every
 // applied event replayed against the fsm tables.
-func (v *verifier) forward() Verdict {
+func (r *run) forward() Verdict {
 	bad, checked := 0, 0
 	var first string
 	state := map[string]string{}
-	for _, r := range v.rows(`SELECT machine, entity_id, from_state, to_state FROM events WHERE refused = 0 AND machine IN ('command','operation','task') ORDER BY id`) {
-		machine, id, from, to := r[0].(string), r[1].(string), r[2].(string), r[3].(string)
+	for _, e := range r.events {
+		machine, id, from, to := e.Machine, e.EntityID, e.From, e.To
+		if e.Refused || (machine != fsm.Command.Name() && machine != fsm.Operation.Name() && machine != fsm.Task.Name()) {
+			continue
+		}
 		key := machine + "/" + id
 		checked++
 		prev, seen := state[key]
@@ -142,11 +132,11 @@ func (v *verifier) forward() Verdict {
 		case seen && from != prev:
 			ok = false // the log skipped a state: something moved without a record
 		case from == to: // annotations: late outcomes, re-sends, retries asking
-		case machine == "command":
+		case machine == fsm.Command.Name():
 			ok = fsm.Command.Can(fsm.CommandState(from), fsm.CommandState(to))
-		case machine == "operation":
+		case machine == fsm.Operation.Name():
 			ok = fsm.Operation.Can(fsm.OperationState(from), fsm.OperationState(to))
-		case machine == "task":
+		case machine == fsm.Task.Name():
 			ok = fsm.Task.Can(fsm.TaskState(from), fsm.TaskState(to))
 		}
 		if !ok {
@@ -158,8 +148,8 @@ func (v *verifier) forward() Verdict {
 		state[key] = to
 	}
 	// The stored state must be the last one the log reached.
-	for _, r := range v.rows(`SELECT command_id, status FROM commands`) {
-		if s, ok := state["command/"+r[0].(string)]; ok && s != r[1].(string) {
+	for _, c := range r.commands {
+		if s, ok := state[fsm.Command.Name()+"/"+c.CommandID]; ok && s != string(c.Status) {
 			bad++
 		}
 	}
@@ -167,47 +157,47 @@ func (v *verifier) forward() Verdict {
 		fmt.Sprintf("%d transitions replayed against the fsm tables, %d illegal%s", checked, bad, first)}
 }
 
+// settled: terminal, or parked for a person in needs_attention.
+func settled(s fsm.CommandState) bool { return s.Terminal() || s == fsm.CmdNeedsAttention }
+
 // 3. Every command is terminal, or parked in needs_attention, by expires_at
-// plus the slack.
-func (v *verifier) notStuck() Verdict {
-	deadline := v.cfg.Now.Add(-v.cfg.Slack).UnixMilli()
-	stuck := v.rows(`SELECT command_id FROM commands WHERE status NOT IN ('succeeded','failed','timeout','cancelled','needs_attention') AND expires_at < ?`, deadline)
-	open := v.rows(`SELECT COUNT(*) FROM commands WHERE status NOT IN ('succeeded','failed','timeout','cancelled','needs_attention')`)
-	total := v.rows(`SELECT COUNT(*) FROM commands`)
-	n := 0
-	if len(total) > 0 {
-		n = int(total[0][0].(int64))
+// plus the slack (deadline is now minus the slack).
+func (r *run) notStuck(deadline time.Time) Verdict {
+	open, stuck := 0, 0
+	for _, c := range r.commands {
+		if settled(c.Status) {
+			continue
+		}
+		open++
+		if c.ExpiresAt.UnixMilli() < deadline.UnixMilli() {
+			stuck++
+		}
 	}
-	o := 0
-	if len(open) > 0 {
-		o = int(open[0][0].(int64))
-	}
-	return Verdict{3, "nothing stuck past expires_at + sweep + lease ttl", len(stuck) == 0,
-		fmt.Sprintf("%d commands, %d still open within their deadline, %d stuck past it", n, o, len(stuck))}
+	return Verdict{3, "nothing stuck past expires_at + sweep + lease ttl", stuck == 0,
+		fmt.Sprintf("%d commands, %d still open within their deadline, %d stuck past it", len(r.commands), open, stuck)}
 }
 
 // 4. Every final receipt a device published is reflected: in the state, or
 // as a late outcome (of that command, or of the command asked about).
-func (v *verifier) reflected(rcpts []sim.PublishedReceipt) Verdict {
-	type cmd struct{ status, late, op string }
-	cmds := map[string]cmd{}
-	for _, r := range v.rows(`SELECT command_id, status, late_outcome, operation_id FROM commands`) {
-		cmds[r[0].(string)] = cmd{r[1].(string), r[2].(string), r[3].(string)}
-	}
+func (r *run) reflected(rcpts []witness.PublishedReceipt) Verdict {
+	cmds := map[string]store.AuditCommand{}
 	adopted := map[string]bool{} // commands that ran as another command_id's answer
-	for _, r := range v.rows(`SELECT executed_as FROM commands WHERE executed_as != '' AND status IN ('succeeded','failed')`) {
-		adopted[r[0].(string)] = true
+	for _, c := range r.commands {
+		cmds[c.CommandID] = c
+		if c.ExecutedAs != "" && (c.Status == fsm.CmdSucceeded || c.Status == fsm.CmdFailed) {
+			adopted[c.ExecutedAs] = true
+		}
 	}
 	finals := map[string]bool{}
 	missing := 0
-	for _, r := range rcpts {
-		if !r.Status.Final() || finals[r.CommandID] {
+	for _, p := range rcpts {
+		if !p.Status.Final() || finals[p.CommandID] {
 			continue
 		}
-		finals[r.CommandID] = true
-		c, ok := cmds[r.CommandID]
-		done := ok && (c.status == "succeeded" || c.status == "failed" || c.late != "" || c.status == "needs_attention")
-		if !done && !adopted[r.CommandID] {
+		finals[p.CommandID] = true
+		c, ok := cmds[p.CommandID]
+		done := ok && (c.Status == fsm.CmdSucceeded || c.Status == fsm.CmdFailed || c.LateOutcome != "" || c.Status == fsm.CmdNeedsAttention)
+		if !done && !adopted[p.CommandID] {
 			missing++
 		}
 	}
@@ -217,65 +207,78 @@ func (v *verifier) reflected(rcpts []sim.PublishedReceipt) Verdict {
 
 // 5. A reused key never changed anything: every command of an operation
 // carries the operation's own action, target and params.
-func (v *verifier) keysKept() Verdict {
-	diff := v.rows(`SELECT c.command_id FROM commands c JOIN operations o USING (operation_id)
-		WHERE c.action != o.action OR c.device_id != o.target OR c.params != o.params`)
-	ops := v.rows(`SELECT COUNT(*) FROM operations`)
-	n := int64(0)
-	if len(ops) > 0 {
-		n = ops[0][0].(int64)
+func (r *run) keysKept() Verdict {
+	ops := map[string]store.AuditOperation{}
+	for _, o := range r.operations {
+		ops[o.OperationID] = o
 	}
-	return Verdict{5, "a reused key with other params changed nothing", len(diff) == 0,
-		fmt.Sprintf("%d operations, %d commands differing from their operation's request", n, len(diff))}
+	diff := 0
+	for _, c := range r.commands {
+		if o, ok := ops[c.OperationID]; ok && (c.Action != o.Action || c.DeviceID != o.Target || !bytes.Equal(c.Params, o.Params)) {
+			diff++
+		}
+	}
+	return Verdict{5, "a reused key with other params changed nothing", diff == 0,
+		fmt.Sprintf("%d operations, %d commands differing from their operation's request", len(r.operations), diff)}
 }
 
 // 6. No decision carrying a stale fencing token was applied: per entity,
 // the tokens of applied decisions never go down.
-func (v *verifier) fencing() Verdict {
-	maxTok := map[string]int64{}
+func (r *run) fencing() Verdict {
 	opOf := map[string]string{}
-	for _, r := range v.rows(`SELECT command_id, operation_id FROM commands`) {
-		opOf[r[0].(string)] = r[1].(string)
+	for _, c := range r.commands {
+		opOf[c.CommandID] = c.OperationID
 	}
-	applied, stale := 0, 0
-	refused := v.rows(`SELECT COUNT(*) FROM events WHERE refused = 1 AND reason = 'fenced'`)
-	for _, r := range v.rows(`SELECT machine, entity_id, fencing_token FROM events WHERE refused = 0 AND fencing_token > 0 ORDER BY id`) {
-		machine, id, tok := r[0].(string), r[1].(string), r[2].(int64)
-		op := id
-		if machine == "command" {
-			op = opOf[id]
-		}
-		if machine == "lease" && tok == 0 {
+	maxTok := map[string]int64{}
+	applied, stale, refused := 0, 0, 0
+	for _, e := range r.events {
+		if e.Refused {
+			if e.Reason == store.ReasonFenced {
+				refused++
+			}
 			continue
 		}
+		if e.FencingToken <= 0 {
+			continue
+		}
+		op := e.EntityID
+		if e.Machine == fsm.Command.Name() {
+			op = opOf[e.EntityID]
+		}
 		applied++
-		if tok < maxTok[op] {
+		if e.FencingToken < maxTok[op] {
 			stale++
 		}
-		if tok > maxTok[op] {
-			maxTok[op] = tok
+		if e.FencingToken > maxTok[op] {
+			maxTok[op] = e.FencingToken
 		}
 	}
-	nref := int64(0)
-	if len(refused) > 0 {
-		nref = refused[0][0].(int64)
-	}
 	return Verdict{6, "no decision with a stale fencing token applied", stale == 0,
-		fmt.Sprintf("%d fenced decisions applied, %d with a token older than one already used, %d refused as fenced", applied, stale, nref)}
+		fmt.Sprintf("%d fenced decisions applied, %d with a token older than one already used, %d refused as fenced", applied, stale, refused)}
 }
 
 // 7. Nothing reported succeeded is lost: every operation the log shows
 // reaching succeeded is still succeeded.
-func (v *verifier) successKept() Verdict {
-	lost := v.rows(`SELECT DISTINCT e.entity_id FROM events e JOIN operations o ON o.operation_id = e.entity_id
-		WHERE e.machine = 'operation' AND e.to_state = 'succeeded' AND e.refused = 0 AND o.status != 'succeeded'`)
-	ok := v.rows(`SELECT COUNT(*) FROM operations WHERE status = 'succeeded'`)
-	n := int64(0)
-	if len(ok) > 0 {
-		n = ok[0][0].(int64)
+func (r *run) successKept() Verdict {
+	status := map[string]fsm.OperationState{}
+	succeeded := 0
+	for _, o := range r.operations {
+		status[o.OperationID] = o.Status
+		if o.Status == fsm.OpSucceeded {
+			succeeded++
+		}
+	}
+	lost := map[string]bool{}
+	for _, e := range r.events {
+		if e.Refused || e.Machine != fsm.Operation.Name() || e.To != string(fsm.OpSucceeded) {
+			continue
+		}
+		if s, ok := status[e.EntityID]; ok && s != fsm.OpSucceeded {
+			lost[e.EntityID] = true
+		}
 	}
 	return Verdict{7, "nothing reported succeeded is lost", len(lost) == 0,
-		fmt.Sprintf("%d operations succeeded, %d that once succeeded and are not now", n, len(lost))}
+		fmt.Sprintf("%d operations succeeded, %d that once succeeded and are not now", succeeded, len(lost))}
 }
 
 // Print writes one line per verdict and returns whether all passed.

@@ -1,4 +1,20 @@
-package sim
+// Package witness holds the simulator's witness files, the independent
+// record that invariants 1 and 4 of the contract are checked against: under
+// a state dir, executions.jsonl gets one JSON line per real execution of an
+// action on a device, and receipts.jsonl one per final receipt a device
+// published and the broker acknowledged.
+//
+// The simulator (package sim) writes them with an Appender; the checker
+// (verify), the report and the demo read them with ReadExecutions and
+// ReadReceipts, without linking the simulator. Other tools read the files
+// too: the names and the line formats are part of the contract and must not
+// change.
+//
+// Durability: every line is one write, under a mutex, to a file opened with
+// O_APPEND, followed by fsync before the append returns. Lines of devices
+// (and processes) sharing a state dir never interleave; a process killed
+// mid-write leaves at most a torn last line, which the readers ignore.
+package witness
 
 import (
 	"bufio"
@@ -46,17 +62,17 @@ type PublishedReceipt struct {
 	QueryID     string             `json:"query_id,omitempty"`
 }
 
-// witness appends to the two witness files. One write per line, under a
-// mutex, on files opened with O_APPEND, each followed by fsync: lines of
-// devices (and processes) sharing the files never interleave.
-type witness struct {
-	dir  string
+// Appender appends to the two witness files of one state dir. It is safe
+// for concurrent use; each append returns once its line is fsynced.
+type Appender struct {
 	mu   sync.Mutex
 	exec *os.File
 	rcpt *os.File
 }
 
-func openWitness(dir string) (*witness, error) {
+// Open opens (creating if needed) the witness files in dir for appending.
+// The directory must exist.
+func Open(dir string) (*Appender, error) {
 	open := func(name string) (*os.File, error) {
 		return os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	}
@@ -69,21 +85,23 @@ func openWitness(dir string) (*witness, error) {
 		e.Close()
 		return nil, fmt.Errorf("open witness: %w", err)
 	}
-	return &witness{dir: dir, exec: e, rcpt: r}, nil
+	return &Appender{exec: e, rcpt: r}, nil
 }
 
-func (w *witness) execution(e Execution) error { return w.append(w.exec, e) }
+// Execution appends one line to executions.jsonl.
+func (a *Appender) Execution(e Execution) error { return a.append(a.exec, e) }
 
-func (w *witness) receipt(r PublishedReceipt) error { return w.append(w.rcpt, r) }
+// Receipt appends one line to receipts.jsonl.
+func (a *Appender) Receipt(r PublishedReceipt) error { return a.append(a.rcpt, r) }
 
-func (w *witness) append(f *os.File, v any) error {
+func (a *Appender) append(f *os.File, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
 	b = append(b, '\n')
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	if _, err := f.Write(b); err != nil {
 		return fmt.Errorf("append %s: %w", f.Name(), err)
 	}
@@ -93,10 +111,11 @@ func (w *witness) append(f *os.File, v any) error {
 	return nil
 }
 
-func (w *witness) close() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return errors.Join(w.exec.Close(), w.rcpt.Close())
+// Close closes both files.
+func (a *Appender) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return errors.Join(a.exec.Close(), a.rcpt.Close())
 }
 
 // ReadExecutions parses <stateDir>/executions.jsonl. A missing file is no

@@ -1,0 +1,157 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// These tests change the process's TMPDIR and working directory, so none of
+// them runs in parallel.
+
+// repoRoot is where mosquitto/broker.sh is found.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// lockedBuffer collects the demo's output while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// isolate points TMPDIR at an empty directory of the test's, and the working
+// directory at the repository's root, and returns that TMPDIR.
+func isolate(t *testing.T) string {
+	t.Helper()
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	t.Chdir(repoRoot(t))
+	return tmp
+}
+
+func requireEmpty(t *testing.T, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	require.Empty(t, names, "left behind in %s", dir)
+}
+
+var portRE = regexp.MustCompile(`127\.0\.0\.1:(\d+)`)
+
+// requirePortsClosed checks that nothing listens any more on the loopback
+// ports the output names (the broker's, the API's): their processes are gone.
+func requirePortsClosed(t *testing.T, out string) {
+	t.Helper()
+	ms := portRE.FindAllStringSubmatch(out, -1)
+	require.NotEmpty(t, ms, "the output names the broker's port: %s", out)
+	for _, m := range ms {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+m[1], time.Second)
+		if err == nil {
+			c.Close()
+			t.Errorf("something still listens on 127.0.0.1:%s", m[1])
+		}
+	}
+}
+
+// A failing run removes the directory it made under $TMPDIR and stops the
+// broker it started; its output does not point at files it removed.
+func TestFailedRunRemovesItsFiles(t *testing.T) {
+	tmp := isolate(t)
+	var out lockedBuffer
+	err := Run(context.Background(), Config{Bin: t.TempDir(), Devices: 1, Operations: 1, Out: &out}) // no binaries there
+	require.ErrorContains(t, err, "start devicesim")
+	requireEmpty(t, tmp)
+	requirePortsClosed(t, out.String())
+	require.NotContains(t, out.String(), tmp, "no path to files that are gone")
+}
+
+// A named Dir is kept, and the output says where it is.
+func TestNamedDirIsKept(t *testing.T) {
+	tmp := isolate(t)
+	dir := filepath.Join(t.TempDir(), "run")
+	var out lockedBuffer
+	err := Run(context.Background(), Config{Bin: t.TempDir(), Dir: dir, Devices: 1, Operations: 1, Out: &out})
+	require.ErrorContains(t, err, "start devicesim")
+	require.DirExists(t, filepath.Join(dir, "broker"))
+	require.FileExists(t, filepath.Join(dir, "broker", "mosquitto.log"))
+	require.Contains(t, out.String(), "(files in "+dir+")")
+	requireEmpty(t, tmp)
+	requirePortsClosed(t, out.String())
+}
+
+// Cancelling the context (what SIGINT does in cmd/demo) in the middle of the
+// batch stops every process and removes every file, promptly.
+func TestInterruptedRunCleansUp(t *testing.T) {
+	if _, err := os.Stat("/usr/sbin/mosquitto"); err != nil {
+		t.Skip("needs Mosquitto at /usr/sbin/mosquitto")
+	}
+	bin := t.TempDir() // outside the TMPDIR under test: the test's binaries, not the demo's
+	for _, name := range []string{"controller", "devicesim"} {
+		build := exec.Command("go", "build", "-o", filepath.Join(bin, name), "./cmd/"+name)
+		build.Dir = repoRoot(t)
+		b, err := build.CombinedOutput()
+		require.NoError(t, err, "go build ./cmd/%s\n%s", name, b)
+	}
+	tmp := isolate(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out lockedBuffer
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, Config{Bin: bin, Devices: 3, Operations: 400, Out: &out}) }()
+
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(out.String(), "==> submitting") {
+		select {
+		case err := <-done:
+			t.Fatalf("the demo ended before its batch: %v\n%s", err, out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "no batch after 60s:\n%s", out.String())
+	}
+	entries, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "the run's one directory, under TMPDIR")
+	cancel()
+	cancelled := time.Now()
+	select {
+	case err := <-done:
+		require.True(t, errors.Is(err, context.Canceled), "%v", err)
+	case <-time.After(45 * time.Second):
+		t.Fatalf("the demo did not return 45s after its context was cancelled\n%s", out.String())
+	}
+	t.Logf("returned %s after the cancel", time.Since(cancelled).Round(time.Millisecond))
+	requireEmpty(t, tmp)
+	requirePortsClosed(t, out.String())
+	require.NotContains(t, out.String(), tmp)
+}

@@ -1,0 +1,396 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
+)
+
+// Audit reads a controller's database for the invariant checker (verify),
+// the HTML report and the demo's summary: the store's read-only door for
+// code that judges a run, so that no code outside the store opens the file
+// or writes SQL against it.
+//
+// An Audit is one read transaction on a read-only connection: every method
+// sees the same snapshot, the database as it was at OpenAudit, even while a
+// controller goes on writing (SQLite's WAL keeps the snapshot readable).
+// Open a new Audit to see later commits; Close it promptly, since the WAL
+// cannot be checkpointed past an open snapshot. Use an Audit from one
+// goroutine at a time.
+type Audit struct {
+	db *sql.DB
+	tx *sql.Tx
+}
+
+// OpenAudit opens the database at path read-only (mode=ro: it neither
+// creates the file nor applies migrations) and takes its snapshot. A missing
+// or unreadable file is an error here, not at the first read.
+func OpenAudit(ctx context.Context, path string) (*Audit, error) {
+	if path == "" {
+		return nil, errors.New("store: empty database path")
+	}
+	db, err := sql.Open("sqlite3", "file:"+url.PathEscape(path)+"?mode=ro&_busy_timeout=5000")
+	if err != nil {
+		return nil, fmt.Errorf("open %s read-only: %w", path, err)
+	}
+	db.SetMaxOpenConns(1) // the transaction's connection; no query runs outside it
+	// The transaction outlives ctx: it ends at Close, not when ctx is done.
+	tx, err := db.BeginTx(context.Background(), nil)
+	if err == nil {
+		// A deferred transaction takes its snapshot at its first read.
+		var n int
+		err = tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_master`).Scan(&n)
+		if err != nil {
+			tx.Rollback()
+		}
+	}
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open %s read-only: %w", path, err)
+	}
+	return &Audit{db: db, tx: tx}, nil
+}
+
+// Close ends the snapshot and closes the connection. Calling it again does
+// nothing.
+func (a *Audit) Close() error {
+	err := a.tx.Rollback()
+	if errors.Is(err, sql.ErrTxDone) {
+		err = nil
+	}
+	return errors.Join(err, a.db.Close())
+}
+
+// AuditCount is one row of a count by state (or by receipt effect).
+type AuditCount struct {
+	Name string
+	N    int
+}
+
+// OperationsByStatus counts the operations in each status, by status name;
+// statuses with no operation are absent.
+func (a *Audit) OperationsByStatus(ctx context.Context) ([]AuditCount, error) {
+	return a.counts(ctx, "operations by status", `SELECT status, COUNT(*) FROM operations GROUP BY status ORDER BY status`)
+}
+
+// CommandsByStatus counts the commands in each status, by status name;
+// statuses with no command are absent.
+func (a *Audit) CommandsByStatus(ctx context.Context) ([]AuditCount, error) {
+	return a.counts(ctx, "commands by status", `SELECT status, COUNT(*) FROM commands GROUP BY status ORDER BY status`)
+}
+
+// ReceiptsByEffect counts the receipt log's lines by effect (EffectApplied,
+// EffectDuplicate, ...), by effect name; effects never recorded are absent.
+func (a *Audit) ReceiptsByEffect(ctx context.Context) ([]AuditCount, error) {
+	return a.counts(ctx, "receipts by effect", `SELECT effect, COUNT(*) FROM receipts GROUP BY effect ORDER BY effect`)
+}
+
+func (a *Audit) counts(ctx context.Context, what, query string) ([]AuditCount, error) {
+	rows, err := a.tx.QueryContext(ctx, query)
+	if err != nil {
+		return nil, fmt.Errorf("audit: count %s: %w", what, err)
+	}
+	defer rows.Close()
+	out := []AuditCount{}
+	for rows.Next() {
+		var c AuditCount
+		if err := rows.Scan(&c.Name, &c.N); err != nil {
+			return nil, fmt.Errorf("audit: count %s: %w", what, err)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: count %s: %w", what, err)
+	}
+	return out, nil
+}
+
+// AuditOperation is an operation as the invariant checks read it: its
+// request and its status.
+type AuditOperation struct {
+	OperationID string
+	Action      string
+	Target      string
+	Params      json.RawMessage // as stored: RFC 8785 canonical JSON
+	Status      fsm.OperationState
+}
+
+// Operations lists every operation, by operation_id.
+func (a *Audit) Operations(ctx context.Context) ([]AuditOperation, error) {
+	rows, err := a.tx.QueryContext(ctx, `SELECT operation_id, action, target, params, status FROM operations ORDER BY operation_id`)
+	if err != nil {
+		return nil, fmt.Errorf("audit: list operations: %w", err)
+	}
+	defer rows.Close()
+	out := []AuditOperation{}
+	for rows.Next() {
+		var (
+			o      AuditOperation
+			params string
+		)
+		if err := rows.Scan(&o.OperationID, &o.Action, &o.Target, &params, &o.Status); err != nil {
+			return nil, fmt.Errorf("audit: list operations: %w", err)
+		}
+		o.Params = json.RawMessage(params)
+		out = append(out, o)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: list operations: %w", err)
+	}
+	return out, nil
+}
+
+// AuditCommand is a command as the invariant checks and the demo read it.
+type AuditCommand struct {
+	CommandID   string
+	OperationID string
+	DeviceID    string
+	Action      string
+	Params      json.RawMessage // as stored, copied from the operation at submit
+	Status      fsm.CommandState
+	ExpiresAt   time.Time
+	Attempt     int    // committed publish decisions
+	Queries     int    // committed query decisions
+	ExecutedAs  string // the command_id the device ran it as, when another
+	LateOutcome string // a final receipt that came after a terminal state
+	CreatedAt   time.Time
+}
+
+// Commands lists every command, oldest first (by created_at, then command_id).
+func (a *Audit) Commands(ctx context.Context) ([]AuditCommand, error) {
+	rows, err := a.tx.QueryContext(ctx, `SELECT command_id, operation_id, device_id, action, params, status, expires_at,
+		attempt, queries, executed_as, late_outcome, created_at FROM commands ORDER BY created_at, command_id`)
+	if err != nil {
+		return nil, fmt.Errorf("audit: list commands: %w", err)
+	}
+	defer rows.Close()
+	out := []AuditCommand{}
+	for rows.Next() {
+		var (
+			c                AuditCommand
+			params           string
+			expires, created int64
+		)
+		if err := rows.Scan(&c.CommandID, &c.OperationID, &c.DeviceID, &c.Action, &params, &c.Status, &expires,
+			&c.Attempt, &c.Queries, &c.ExecutedAs, &c.LateOutcome, &created); err != nil {
+			return nil, fmt.Errorf("audit: list commands: %w", err)
+		}
+		c.Params, c.ExpiresAt, c.CreatedAt = json.RawMessage(params), fromMS(expires), fromMS(created)
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: list commands: %w", err)
+	}
+	return out, nil
+}
+
+// LegacyDevices lists, by id, the devices that announced themselves (a
+// birth was applied) without the dedupe capability: devices that may run a
+// re-sent command twice, which invariant 1 does not cover.
+func (a *Audit) LegacyDevices(ctx context.Context) ([]string, error) {
+	rows, err := a.tx.QueryContext(ctx, `SELECT device_id FROM devices WHERE seen = 1 AND dedupe = 0 ORDER BY device_id`)
+	if err != nil {
+		return nil, fmt.Errorf("audit: list legacy devices: %w", err)
+	}
+	defer rows.Close()
+	out := []string{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("audit: list legacy devices: %w", err)
+		}
+		out = append(out, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: list legacy devices: %w", err)
+	}
+	return out, nil
+}
+
+// presenceMachine is the events log's machine of presence changes (the
+// device has no fsm table: presence is ordered by rank, not by transitions).
+const presenceMachine = "device"
+
+const auditEventColumns = `id, at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused`
+
+// Events lists the whole events log, applied and refused lines of every
+// machine, in the order they were written (by id).
+func (a *Audit) Events(ctx context.Context) ([]Event, error) {
+	return a.events(ctx, "", `SELECT `+auditEventColumns+` FROM events ORDER BY id`)
+}
+
+// EventsOf lists the events log of one entity (an operation, command, task,
+// device or instance id), in the order written.
+func (a *Audit) EventsOf(ctx context.Context, entityID string) ([]Event, error) {
+	return a.events(ctx, " of "+entityID, `SELECT `+auditEventColumns+` FROM events WHERE entity_id = ? ORDER BY id`, entityID)
+}
+
+// PresenceEvents lists the presence changes (online, offline) recorded for
+// one device with from <= at <= to (millisecond precision), in the order
+// written.
+func (a *Audit) PresenceEvents(ctx context.Context, deviceID string, from, to time.Time) ([]Event, error) {
+	return a.events(ctx, " of device "+deviceID, `SELECT `+auditEventColumns+` FROM events
+		WHERE machine = ? AND entity_id = ? AND at BETWEEN ? AND ? ORDER BY id`, presenceMachine, deviceID, ms(from), ms(to))
+}
+
+func (a *Audit) events(ctx context.Context, what, query string, args ...any) ([]Event, error) {
+	rows, err := a.tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("audit: list events%s: %w", what, err)
+	}
+	defer rows.Close()
+	out := []Event{}
+	for rows.Next() {
+		var (
+			e  Event
+			at int64
+		)
+		if err := rows.Scan(&e.ID, &at, &e.Machine, &e.EntityID, &e.From, &e.To, &e.Reason, &e.Instance,
+			&e.FencingToken, &e.Refused); err != nil {
+			return nil, fmt.Errorf("audit: list events%s: %w", what, err)
+		}
+		e.At = fromMS(at)
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: list events%s: %w", what, err)
+	}
+	return out, nil
+}
+
+// Receipts lists the receipt log of one command (the receipts applied to it,
+// or naming it), in the order received.
+func (a *Audit) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
+	rows, err := a.tx.QueryContext(ctx, `SELECT command_id, sent_as, device_id, status, seq, at, received_at, query_id,
+		effect, error, result, instance FROM receipts WHERE command_id = ? ORDER BY id`, commandID)
+	if err != nil {
+		return nil, fmt.Errorf("audit: list receipts of %s: %w", commandID, err)
+	}
+	defer rows.Close()
+	out := []ReceiptRecord{}
+	for rows.Next() {
+		var (
+			r      ReceiptRecord
+			recv   int64
+			result sql.NullString
+		)
+		if err := rows.Scan(&r.CommandID, &r.SentAs, &r.DeviceID, &r.Status, &r.Seq, &r.At, &recv, &r.QueryID,
+			&r.Effect, &r.Error, &result, &r.Instance); err != nil {
+			return nil, fmt.Errorf("audit: list receipts of %s: %w", commandID, err)
+		}
+		r.ReceivedAt = fromMS(recv)
+		if result.Valid {
+			r.Result = json.RawMessage(result.String)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: list receipts of %s: %w", commandID, err)
+	}
+	return out, nil
+}
+
+// AuditQuery is one query the controller sent about a command, and the
+// device's answer if one came.
+type AuditQuery struct {
+	QueryID      string
+	CommandID    string
+	Instance     string // the instance that asked
+	FencingToken int64
+	SentAt       time.Time
+	AnsweredAt   *time.Time // nil: no answer (yet)
+	Answer       string     // the answered status, "unknown" if the device never saw the command
+}
+
+// Queries lists the queries sent about one command, by the time they were sent.
+func (a *Audit) Queries(ctx context.Context, commandID string) ([]AuditQuery, error) {
+	rows, err := a.tx.QueryContext(ctx, `SELECT query_id, command_id, instance, fencing_token, sent_at, answered_at, answer
+		FROM queries WHERE command_id = ? ORDER BY sent_at`, commandID)
+	if err != nil {
+		return nil, fmt.Errorf("audit: list queries of %s: %w", commandID, err)
+	}
+	defer rows.Close()
+	out := []AuditQuery{}
+	for rows.Next() {
+		var (
+			q        AuditQuery
+			sent     int64
+			answered sql.NullInt64
+		)
+		if err := rows.Scan(&q.QueryID, &q.CommandID, &q.Instance, &q.FencingToken, &sent, &answered, &q.Answer); err != nil {
+			return nil, fmt.Errorf("audit: list queries of %s: %w", commandID, err)
+		}
+		q.SentAt, q.AnsweredAt = fromMS(sent), fromNullMS(answered)
+		out = append(out, q)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: list queries of %s: %w", commandID, err)
+	}
+	return out, nil
+}
+
+// EventfulCommand is a command with the score EventfulCommands ranks it by.
+type EventfulCommand struct {
+	CommandID   string
+	OperationID string
+	DeviceID    string
+	Status      fsm.CommandState
+	Score       int
+	Attempt     int
+	Queries     int
+	LateOutcome string
+}
+
+// troubledCommandStates are the command states that count as a bad end in
+// EventfulCommands: every terminal state but succeeded, and needs_attention.
+func troubledCommandStates() []fsm.CommandState {
+	var out []fsm.CommandState
+	for _, s := range fsm.Command.States() {
+		if (s.Terminal() && s != fsm.CmdSucceeded) || s == fsm.CmdNeedsAttention {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// EventfulCommands lists up to limit commands, most eventful first (ties:
+// the oldest first). The score adds 3 for a re-send (attempt > 1), 2 for any
+// query, 4 for a late outcome, 3 for a bad end (troubledCommandStates), 2
+// for running as another command_id, and 2 per refused transition.
+func (a *Audit) EventfulCommands(ctx context.Context, limit int) ([]EventfulCommand, error) {
+	troubled := troubledCommandStates()
+	args := make([]any, 0, len(troubled)+1)
+	for _, s := range troubled {
+		args = append(args, string(s))
+	}
+	args = append(args, limit)
+	in := strings.TrimSuffix(strings.Repeat("?,", len(troubled)), ",")
+	rows, err := a.tx.QueryContext(ctx, `SELECT c.command_id, c.operation_id, c.device_id, c.status,
+		(c.attempt > 1) * 3 + (c.queries > 0) * 2 + (c.late_outcome != '') * 4 + (c.status IN (`+in+`)) * 3
+		 + (c.executed_as != '') * 2 + (SELECT COUNT(*) FROM events e WHERE e.entity_id = c.command_id AND e.refused = 1) * 2 AS score,
+		c.attempt, c.queries, c.late_outcome
+		FROM commands c ORDER BY score DESC, c.created_at LIMIT ?`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("audit: rank commands: %w", err)
+	}
+	defer rows.Close()
+	out := []EventfulCommand{}
+	for rows.Next() {
+		var c EventfulCommand
+		if err := rows.Scan(&c.CommandID, &c.OperationID, &c.DeviceID, &c.Status, &c.Score, &c.Attempt, &c.Queries, &c.LateOutcome); err != nil {
+			return nil, fmt.Errorf("audit: rank commands: %w", err)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: rank commands: %w", err)
+	}
+	return out, nil
+}
