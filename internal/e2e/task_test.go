@@ -36,20 +36,17 @@ func setupTasks(t *testing.T, o setupOpts) *taskBundle {
 		o.ids = []string{"device-1001", "device-1", "device-2"}
 	}
 	o.args = append(o.args, "--tokens", filepath.Join(dir, "tokens.json"), "--policy", filepath.Join(dir, "policy.json"))
+	o.token = "t-viewer"
 	b := setup(t, o)
 	tb := &taskBundle{bundle: b,
 		agent: client.New(b.ctl.URL, "t-agent"), bob: client.New(b.ctl.URL, "t-bob"), alice: client.New(b.ctl.URL, "t-alice"),
-		admin: client.New(b.ctl.URL, "t-admin"), viewer: client.New(b.ctl.URL, "t-viewer")}
-	b.client = tb.viewer
+		admin: client.New(b.ctl.URL, "t-admin"), viewer: b.client}
 	for _, who := range []string{"agent", "bob"} {
 		for _, action := range []string{"restart", "set-config"} {
 			status, err := tb.admin.Do(b.ctx(), http.MethodPost, "/v1/grants", nil, api.GrantRequest{Principal: who, Action: action, Devices: "device-*"}, nil)
 			require.NoError(t, err)
 			require.Equal(t, http.StatusCreated, status)
 		}
-	}
-	for _, id := range o.ids {
-		b.waitDevice(id, true)
 	}
 	return tb
 }
