@@ -33,11 +33,14 @@ func (b *bundle) waitCommand(id, status string) api.Command {
 	return c
 }
 
+// waitDevice waits until the controller shows the device online, or
+// offline. Offline must be a presence the controller applied (the device was
+// seen), never the default of a device it has not heard of yet.
 func (b *bundle) waitDevice(id string, online bool) {
 	b.t.Helper()
 	eventually(b.t, fmt.Sprintf("%s online=%v", id, online), 30*time.Second, func() bool {
 		d, err := b.client.Device(b.ctx(), id)
-		return err == nil && d.Online == online
+		return err == nil && d.Seen && d.Online == online
 	})
 }
 

@@ -50,6 +50,7 @@ type setupOpts struct {
 	env     []string
 	args    []string
 	faults  sim.Profile
+	token   string // the bundle's API token, when the controller runs with --tokens
 }
 
 func setup(t testing.TB, o setupOpts) *bundle {
@@ -73,8 +74,43 @@ func setup(t testing.TB, o setupOpts) *bundle {
 		DB: b.db, MQTT: b.broker.URL(), Env: o.env,
 		Args: append([]string{"--ack-timeout", "1s", "--sweep-interval", "100ms"}, o.args...),
 	})
-	b.client = client.New(b.ctl.URL, "")
+	b.client = client.New(b.ctl.URL, o.token)
+	b.waitFleetSeen()
 	return b
+}
+
+// waitFleetSeen waits until the controller has ingested every device's
+// current birth: GET /v1/devices/{id} shows it seen, online, with the
+// session the device connected with. A device the controller has not seen
+// yet reads as offline by default, so without this wait a test that drops a
+// device and waits for "offline" could go on before the retained birth
+// lands, and then see the device come online after all.
+func (b *bundle) waitFleetSeen() {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pending := b.fleet.Devices()
+	for {
+		rest := pending[:0]
+		for _, d := range pending {
+			got, err := b.client.Device(ctx, d.ID())
+			if err != nil || !got.Seen || !got.Online || got.Session != d.Session() {
+				rest = append(rest, d)
+			}
+		}
+		pending = rest
+		if len(pending) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			d := pending[0]
+			got, err := b.client.Device(context.Background(), d.ID())
+			b.t.Fatalf("the controller has not seen %d devices' births within 30s; %s (session %d) reads %+v (err %v)\n%s",
+				len(pending), d.ID(), d.Session(), got, err, b.ctl.Output())
+		case <-time.After(20 * time.Millisecond): // poll interval of a deadline-bounded wait
+		}
+	}
 }
 
 func (b *bundle) ctx() context.Context {

@@ -36,20 +36,17 @@ func setupTasks(t *testing.T, o setupOpts) *taskBundle {
 		o.ids = []string{"device-1001", "device-1", "device-2"}
 	}
 	o.args = append(o.args, "--tokens", filepath.Join(dir, "tokens.json"), "--policy", filepath.Join(dir, "policy.json"))
+	o.token = "t-viewer"
 	b := setup(t, o)
 	tb := &taskBundle{bundle: b,
 		agent: client.New(b.ctl.URL, "t-agent"), bob: client.New(b.ctl.URL, "t-bob"), alice: client.New(b.ctl.URL, "t-alice"),
-		admin: client.New(b.ctl.URL, "t-admin"), viewer: client.New(b.ctl.URL, "t-viewer")}
-	b.client = tb.viewer
+		admin: client.New(b.ctl.URL, "t-admin"), viewer: b.client}
 	for _, who := range []string{"agent", "bob"} {
 		for _, action := range []string{"restart", "set-config"} {
 			status, err := tb.admin.Do(b.ctx(), http.MethodPost, "/v1/grants", nil, api.GrantRequest{Principal: who, Action: action, Devices: "device-*"}, nil)
 			require.NoError(t, err)
 			require.Equal(t, http.StatusCreated, status)
 		}
-	}
-	for _, id := range o.ids {
-		b.waitDevice(id, true)
 	}
 	return tb
 }
@@ -157,7 +154,8 @@ func TestDoubleClickedApproval(t *testing.T) {
 func TestPlanRetryAndStaleApproval(t *testing.T) {
 	t.Parallel()
 	tb := setupTasks(t, setupOpts{})
-	do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-p", "steps": steps("device-1")}, nil)
+	status, code := do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-p", "steps": steps("device-1")}, nil)
+	require.Equal(t, http.StatusCreated, status, code)
 	var v api.TaskView
 	// A plan update retried after a lost response: no new version.
 	for range 2 {
@@ -165,7 +163,7 @@ func TestPlanRetryAndStaleApproval(t *testing.T) {
 		require.Equal(t, http.StatusOK, status, code)
 		require.Equal(t, 2, v.Version)
 	}
-	status, code := do(t, tb.agent, http.MethodPut, "/v1/tasks/task-p/plan", map[string]any{"steps": steps("device-1001"), "base_version": 1}, nil)
+	status, code = do(t, tb.agent, http.MethodPut, "/v1/tasks/task-p/plan", map[string]any{"steps": steps("device-1001"), "base_version": 1}, nil)
 	require.Equal(t, http.StatusConflict, status)
 	require.Equal(t, "stale_version", code)
 	// Approving the superseded version 1: refused; nothing runs.
@@ -173,6 +171,7 @@ func TestPlanRetryAndStaleApproval(t *testing.T) {
 	require.Equal(t, http.StatusConflict, status)
 	require.Equal(t, "stale_version", code)
 	status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-p/approvals", map[string]any{"version": 2, "plan_hash": "0000"}, nil)
+	require.Equal(t, http.StatusConflict, status)
 	require.Equal(t, "stale_version", code, "a plan_hash that differs")
 	require.Equal(t, "waiting_approval", tb.task("task-p").Status)
 	require.Equal(t, []string{"0"}, tb.rows(`SELECT COUNT(*) FROM operations`))
@@ -182,8 +181,8 @@ func TestPlanRetryAndStaleApproval(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, status)
 	require.Equal(t, "invalid_plan", code)
 	// The same create replayed: 200; other content: 422.
-	status, _ = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-p", "steps": steps("device-1")}, nil)
-	require.Equal(t, http.StatusOK, status)
+	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-p", "steps": steps("device-1")}, nil)
+	require.Equal(t, http.StatusOK, status, code)
 	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-p", "steps": steps("device-2")}, nil)
 	require.Equal(t, http.StatusUnprocessableEntity, status)
 	require.Equal(t, "idempotency_key_reused", code)
@@ -239,9 +238,9 @@ func TestPermissionsAndFourEyes(t *testing.T) {
 	status, _ = do(t, tb.admin, http.MethodPost, "/v1/grants", api.GrantRequest{Principal: "carol", Action: "restart", Devices: "device-1"}, nil)
 	require.Equal(t, http.StatusOK, status, "a live grant posted again")
 	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "t-nodev", "steps": steps("device-9")}, nil)
-	require.Equal(t, http.StatusCreated, status, "agent may restart device-*")
+	require.Equal(t, http.StatusCreated, status, "agent may restart device-*: %s", code)
 	status, code = do(t, tb.admin, http.MethodPost, "/v1/grants", api.GrantRequest{Principal: "agent", Action: "reboot", Devices: "device-1"}, nil)
-	require.Equal(t, http.StatusCreated, status)
+	require.Equal(t, http.StatusCreated, status, code)
 	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "t-other",
 		"steps": []map[string]any{{"step": "s", "action": "reboot", "target": "device-2"}}}, nil)
 	require.Equal(t, http.StatusForbidden, status)
@@ -256,31 +255,38 @@ func TestPermissionsAndFourEyes(t *testing.T) {
 	require.Equal(t, []string{"0"}, tb.rows(`SELECT COUNT(*) FROM operations`))
 
 	// Four eyes: bob wrote v2, so bob cannot approve it; agent, the task's creator, can.
-	do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "t-4", "steps": steps("device-1")}, nil)
+	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "t-4", "steps": steps("device-1")}, nil)
+	require.Equal(t, http.StatusCreated, status, code)
 	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks/t-4/approvals", map[string]any{"version": 1}, nil)
 	require.Equal(t, http.StatusForbidden, status)
 	require.Equal(t, "four_eyes", code, "agent wrote v1")
-	do(t, tb.bob, http.MethodPut, "/v1/tasks/t-4/plan", map[string]any{"steps": steps("device-2")}, nil)
+	status, code = do(t, tb.bob, http.MethodPut, "/v1/tasks/t-4/plan", map[string]any{"steps": steps("device-2")}, nil)
+	require.Equal(t, http.StatusOK, status, code)
 	status, code = do(t, tb.bob, http.MethodPost, "/v1/tasks/t-4/approvals", map[string]any{"version": 2}, nil)
+	require.Equal(t, http.StatusForbidden, status)
 	require.Equal(t, "four_eyes", code, "bob wrote v2")
 	status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/t-4/approvals", map[string]any{"version": 2}, nil)
 	require.Equal(t, http.StatusCreated, status, code)
 	v := tb.waitTask("t-4", "completed")
 	require.Equal(t, "bob", v.Requester)
-	do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "t-5", "steps": steps("device-1")}, nil)
-	do(t, tb.bob, http.MethodPut, "/v1/tasks/t-5/plan", map[string]any{"steps": steps("device-2")}, nil)
+	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "t-5", "steps": steps("device-1")}, nil)
+	require.Equal(t, http.StatusCreated, status, code)
+	status, code = do(t, tb.bob, http.MethodPut, "/v1/tasks/t-5/plan", map[string]any{"steps": steps("device-2")}, nil)
+	require.Equal(t, http.StatusOK, status, code)
 	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks/t-5/approvals", map[string]any{"version": 2}, nil)
 	require.Equal(t, http.StatusCreated, status, "the creator approves a version someone else wrote: %s", code)
 
 	// Late approval or plan change of a completed task: replayed or refused.
-	status, _ = do(t, tb.alice, http.MethodPost, "/v1/tasks/t-4/approvals", map[string]any{"version": 2}, nil)
-	require.Equal(t, http.StatusOK, status, "exact replay")
+	status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/t-4/approvals", map[string]any{"version": 2}, nil)
+	require.Equal(t, http.StatusOK, status, "exact replay: %s", code)
 	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks/t-4/approvals", map[string]any{"version": 2}, nil)
 	require.Equal(t, http.StatusConflict, status)
 	require.Equal(t, "illegal_state", code)
 	status, code = do(t, tb.bob, http.MethodPut, "/v1/tasks/t-4/plan", map[string]any{"steps": steps("device-1001")}, nil)
+	require.Equal(t, http.StatusConflict, status)
 	require.Equal(t, "illegal_state", code)
 	status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/t-4/rejections", map[string]any{"reason": "late"}, nil)
+	require.Equal(t, http.StatusConflict, status)
 	require.Equal(t, "illegal_state", code)
 	require.Equal(t, "completed", tb.task("t-4").Status)
 	require.Equal(t, 1, tb.executions()["t-4:restart-device:device-2:approval-v2"])
@@ -292,16 +298,20 @@ func TestTaskSurvivesCrashes(t *testing.T) {
 	tb := setupTasks(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-step-insert=1*crash"},
 		faults: sim.Profile{Devices: []sim.Override{{Match: "device-2", Faults: sim.Faults{
 			SlowExecution: sim.ActionFault{Trigger: sim.Trigger{P: 1}, Delay: sim.Duration(1500 * time.Millisecond)}}}}}})
-	do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-c", "steps": steps("device-1")}, nil)
-	do(t, tb.alice, http.MethodPost, "/v1/tasks/task-c/approvals", map[string]any{"version": 1}, nil)
+	status, code := do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-c", "steps": steps("device-1")}, nil)
+	require.Equal(t, http.StatusCreated, status, code)
+	status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-c/approvals", map[string]any{"version": 1}, nil)
+	require.Equal(t, http.StatusCreated, status, code)
 	require.Equal(t, 137, tb.ctl.ExitCode(), "crashed between approval and execution")
 	tb.ctl.Restart()
 	tb.waitTask("task-c", "completed")
 	require.Equal(t, 1, tb.executions()["task-c:restart-device:device-1:approval-v1"])
 
 	// kill -9 during execution.
-	do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-k", "steps": steps("device-2")}, nil)
-	do(t, tb.alice, http.MethodPost, "/v1/tasks/task-k/approvals", map[string]any{"version": 1}, nil)
+	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-k", "steps": steps("device-2")}, nil)
+	require.Equal(t, http.StatusCreated, status, code)
+	status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-k/approvals", map[string]any{"version": 1}, nil)
+	require.Equal(t, http.StatusCreated, status, code)
 	const opID = "task-k:restart-device:device-2:approval-v1"
 	eventually(t, "step running", 20*time.Second, func() bool {
 		op, err := tb.viewer.Operation(tb.ctx(), opID, 0)
@@ -337,17 +347,18 @@ func TestCompensation(t *testing.T) {
 	require.Equal(t, "cfg-1:compensate:v1", c.OperationID)
 	require.Equal(t, "cfg-1", c.Compensates)
 	require.Equal(t, "device-2", c.Target)
-	status, _ = do(t, tb.agent, http.MethodPost, path, comp, &c)
-	require.Equal(t, http.StatusOK, status, "a retry returns it")
+	status, code = do(t, tb.agent, http.MethodPost, path, comp, &c)
+	require.Equal(t, http.StatusOK, status, "a retry returns it: %s", code)
 	comp["params"] = map[string]any{"interval_s": 61}
 	status, code = do(t, tb.agent, http.MethodPost, path, comp, nil)
 	require.Equal(t, http.StatusUnprocessableEntity, status)
 	require.Equal(t, "idempotency_key_reused", code)
 	comp["business_version"] = "approval-v2"
-	status, _ = do(t, tb.agent, http.MethodPost, path, comp, nil)
-	require.Equal(t, http.StatusBadRequest, status)
+	status, code = do(t, tb.agent, http.MethodPost, path, comp, nil)
+	require.Equal(t, http.StatusBadRequest, status, "a business_version that looks like an approval: %s", code)
 	comp["business_version"], comp["action"] = "v2", "restart"
 	status, code = do(t, tb.agent, http.MethodPost, path, comp, nil)
+	require.Equal(t, http.StatusForbidden, status)
 	require.Equal(t, "approval_required", code)
 
 	final := tb.waitFinal("cfg-1:compensate:v1")
