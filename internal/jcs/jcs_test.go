@@ -254,7 +254,7 @@ func TestMarshal(t *testing.T) {
 		Action string         `json:"action"`
 		Params params         `json:"params"`
 		Extra  map[string]any `json:"extra"`
-	}{"device-1", "restart", params{"<stuck>", 1}, map[string]any{"z": -0.0, "a": []any{1e21, "€"}}}
+	}{"device-1", "restart", params{"<stuck>", 1}, map[string]any{"z": math.Copysign(0, -1), "a": []any{1e21, "€"}}}
 	out, err := jcs.Marshal(v)
 	require.NoError(t, err)
 	require.Equal(t,
