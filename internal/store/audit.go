@@ -218,83 +218,28 @@ func (a *Audit) LegacyDevices(ctx context.Context) ([]string, error) {
 // device has no fsm table: presence is ordered by rank, not by transitions).
 const presenceMachine = "device"
 
-const auditEventColumns = `id, at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused`
-
 // Events lists the whole events log, applied and refused lines of every
 // machine, in the order they were written (by id).
-func (a *Audit) Events(ctx context.Context) ([]Event, error) {
-	return a.events(ctx, "", `SELECT `+auditEventColumns+` FROM events ORDER BY id`)
-}
+func (a *Audit) Events(ctx context.Context) ([]Event, error) { return listEvents(ctx, a.tx, ``) }
 
 // EventsOf lists the events log of one entity (an operation, command, task,
 // device or instance id), in the order written.
 func (a *Audit) EventsOf(ctx context.Context, entityID string) ([]Event, error) {
-	return a.events(ctx, " of "+entityID, `SELECT `+auditEventColumns+` FROM events WHERE entity_id = ? ORDER BY id`, entityID)
+	return listEvents(ctx, a.tx, `WHERE entity_id = ?`, entityID)
 }
 
 // PresenceEvents lists the presence changes (online, offline) recorded for
 // one device with from <= at <= to (millisecond precision), in the order
 // written.
 func (a *Audit) PresenceEvents(ctx context.Context, deviceID string, from, to time.Time) ([]Event, error) {
-	return a.events(ctx, " of device "+deviceID, `SELECT `+auditEventColumns+` FROM events
-		WHERE machine = ? AND entity_id = ? AND at BETWEEN ? AND ? ORDER BY id`, presenceMachine, deviceID, ms(from), ms(to))
-}
-
-func (a *Audit) events(ctx context.Context, what, query string, args ...any) ([]Event, error) {
-	rows, err := a.tx.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("audit: list events%s: %w", what, err)
-	}
-	defer rows.Close()
-	out := []Event{}
-	for rows.Next() {
-		var (
-			e  Event
-			at int64
-		)
-		if err := rows.Scan(&e.ID, &at, &e.Machine, &e.EntityID, &e.From, &e.To, &e.Reason, &e.Instance,
-			&e.FencingToken, &e.Refused); err != nil {
-			return nil, fmt.Errorf("audit: list events%s: %w", what, err)
-		}
-		e.At = fromMS(at)
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("audit: list events%s: %w", what, err)
-	}
-	return out, nil
+	return listEvents(ctx, a.tx, `WHERE machine = ? AND entity_id = ? AND at BETWEEN ? AND ?`,
+		presenceMachine, deviceID, ms(from), ms(to))
 }
 
 // Receipts lists the receipt log of one command (the receipts applied to it,
 // or naming it), in the order received.
 func (a *Audit) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
-	rows, err := a.tx.QueryContext(ctx, `SELECT command_id, sent_as, device_id, status, seq, at, received_at, query_id,
-		effect, error, result, instance FROM receipts WHERE command_id = ? ORDER BY id`, commandID)
-	if err != nil {
-		return nil, fmt.Errorf("audit: list receipts of %s: %w", commandID, err)
-	}
-	defer rows.Close()
-	out := []ReceiptRecord{}
-	for rows.Next() {
-		var (
-			r      ReceiptRecord
-			recv   int64
-			result sql.NullString
-		)
-		if err := rows.Scan(&r.CommandID, &r.SentAs, &r.DeviceID, &r.Status, &r.Seq, &r.At, &recv, &r.QueryID,
-			&r.Effect, &r.Error, &result, &r.Instance); err != nil {
-			return nil, fmt.Errorf("audit: list receipts of %s: %w", commandID, err)
-		}
-		r.ReceivedAt = fromMS(recv)
-		if result.Valid {
-			r.Result = json.RawMessage(result.String)
-		}
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("audit: list receipts of %s: %w", commandID, err)
-	}
-	return out, nil
+	return listReceipts(ctx, a.tx, commandID)
 }
 
 // AuditQuery is one query the controller sent about a command, and the

@@ -121,7 +121,11 @@ type Event struct {
 
 // Receipts lists the receipt log of one command, oldest first.
 func (s *SQLite) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT command_id, sent_as, device_id, status, seq, at, received_at, query_id,
+	return listReceipts(ctx, s.r, commandID)
+}
+
+func listReceipts(ctx context.Context, q queryer, commandID string) ([]ReceiptRecord, error) {
+	rows, err := q.QueryContext(ctx, `SELECT command_id, sent_as, device_id, status, seq, at, received_at, query_id,
 		effect, error, result, instance FROM receipts WHERE command_id = ? ORDER BY id`, commandID)
 	if err != nil {
 		return nil, fmt.Errorf("list receipts of %s: %w", commandID, err)
@@ -136,7 +140,7 @@ func (s *SQLite) Receipts(ctx context.Context, commandID string) ([]ReceiptRecor
 		)
 		if err := rows.Scan(&r.CommandID, &r.SentAs, &r.DeviceID, &r.Status, &r.Seq, &r.At, &recv, &r.QueryID,
 			&r.Effect, &r.Error, &result, &r.Instance); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("list receipts of %s: %w", commandID, err)
 		}
 		r.ReceivedAt = fromMS(recv)
 		if result.Valid {
@@ -149,14 +153,15 @@ func (s *SQLite) Receipts(ctx context.Context, commandID string) ([]ReceiptRecor
 
 // Events lists the events log of one entity (operation or command id), oldest first.
 func (s *SQLite) Events(ctx context.Context, entityID string) ([]Event, error) {
-	return s.events(ctx, `WHERE entity_id = ?`, entityID)
+	return listEvents(ctx, s.r, `WHERE entity_id = ?`, entityID)
 }
 
 // AllEvents lists the whole events log, oldest first (for verification).
-func (s *SQLite) AllEvents(ctx context.Context) ([]Event, error) { return s.events(ctx, ``) }
+func (s *SQLite) AllEvents(ctx context.Context) ([]Event, error) { return listEvents(ctx, s.r, ``) }
 
-func (s *SQLite) events(ctx context.Context, where string, args ...any) ([]Event, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
+// listEvents lists the events that match where, oldest first.
+func listEvents(ctx context.Context, q queryer, where string, args ...any) ([]Event, error) {
+	rows, err := q.QueryContext(ctx, `SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
 		fencing_token, refused FROM events `+where+` ORDER BY id`, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
