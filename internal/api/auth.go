@@ -82,7 +82,9 @@ func (s *Server) need(role string, h http.HandlerFunc) http.HandlerFunc {
 			h(w, r)
 			return
 		}
-		bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		// The scheme is case-insensitive (RFC 7235 section 2.1).
+		scheme, bearer, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+		ok = ok && strings.EqualFold(scheme, "Bearer")
 		tok, found := s.cfg.Auth.lookup(strings.TrimSpace(bearer))
 		if !ok || !found {
 			writeError(w, s.cfg.Logger, apiErr(http.StatusUnauthorized, "unauthorized", "a valid bearer token is required"))

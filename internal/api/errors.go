@@ -63,6 +63,7 @@ var kindStatus = map[ops.Kind]int{
 	ops.KindInvalid:   http.StatusBadRequest,
 	ops.KindForbidden: http.StatusForbidden,
 	ops.KindConflict:  http.StatusConflict,
+	ops.KindTooLarge:  http.StatusRequestEntityTooLarge,
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/jcs"
+	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -122,6 +125,11 @@ func decodeBody(r *http.Request, v any) error {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		return err
+	}
+	// I-JSON (RFC 7493) first: a duplicate key, anywhere, or a number that
+	// would change on its way to the device is refused, never resolved.
+	if err := jcs.CheckIJSON(body); err != nil {
+		return fmt.Errorf("%w: request body: %v", opid.ErrInvalid, err)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

@@ -119,6 +119,7 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.InstanceID, "instance-id", cfg.InstanceID, "this instance's id (default: the host name)")
 	f.StringVar(&cfg.Tokens, "tokens", cfg.Tokens, "API tokens file (JSON); without it every caller is anonymous with every role")
 	f.BoolVar(&cfg.FourEyes, "four-eyes", cfg.FourEyes, "nobody approves a plan version they wrote")
+	f.IntVar(&cfg.MaxCommandBytes, "max-command-bytes", cfg.MaxCommandBytes, "refuse (413) a submit whose encoded command would be larger")
 	f.DurationVar(&cfg.SweepInterval, "sweep-interval", cfg.SweepInterval, "how often the sweeper looks for due commands")
 	f.Var(cmdline.NewEnum(&logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level")
 	return cmd

@@ -376,7 +376,11 @@ func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand, dev store.D
 	c = dec.Command
 	msg := wire.Command{CommandID: c.CommandID, OperationID: c.OperationID, Action: c.Action,
 		Params: json.RawMessage(c.Params), IssuedAt: c.IssuedAt, ExpiresAt: c.ExpiresAt, Attempt: c.Attempt}
-	payload, _ := json.Marshal(msg)
+	payload, err := wire.Encode(msg)
+	if err != nil {
+		d.cfg.Logger.Error("encode command", "command_id", c.CommandID, "err", err)
+		return
+	}
 	d.publish(ctx, "command", wire.Topic(d.cfg.TopicRoot, c.DeviceID, wire.KindCommands), byte(c.QoS), payload, c.CommandID)
 }
 
@@ -397,7 +401,7 @@ func (d *Dispatcher) ask(ctx context.Context, c store.Command, f store.Fence, de
 	if !d.trusted(dec.LeaseExpiresAt) {
 		return
 	}
-	payload, _ := json.Marshal(wire.Query{QueryID: qid, CommandID: c.CommandID, OperationID: c.OperationID})
+	payload, _ := wire.Encode(wire.Query{QueryID: qid, CommandID: c.CommandID, OperationID: c.OperationID})
 	d.publish(ctx, "query", wire.Topic(d.cfg.TopicRoot, c.DeviceID, wire.KindQueries), 1, payload, c.CommandID)
 }
 

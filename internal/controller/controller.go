@@ -34,20 +34,22 @@ import (
 
 // Config is everything `controller serve` takes.
 type Config struct {
-	DB            string
-	MQTT          string
-	HTTP          string
-	TopicRoot     string
-	AckTimeout    time.Duration
-	CommandTTL    time.Duration
-	MaxAttempts   int
-	Offline       string
-	PolicyFile    string
-	LeaseTTL      time.Duration
-	InstanceID    string
-	Tokens        string
-	FourEyes      bool
-	SweepInterval time.Duration
+	DB          string
+	MQTT        string
+	HTTP        string
+	TopicRoot   string
+	AckTimeout  time.Duration
+	CommandTTL  time.Duration
+	MaxAttempts int
+	Offline     string
+	PolicyFile  string
+	LeaseTTL    time.Duration
+	InstanceID  string
+	Tokens      string
+	FourEyes    bool
+	// MaxCommandBytes bounds an encoded command (413 too_large at submit).
+	MaxCommandBytes int
+	SweepInterval   time.Duration
 }
 
 // DefaultConfig holds the contract's defaults.
@@ -55,7 +57,7 @@ func DefaultConfig() Config {
 	return Config{
 		DB: "controller.db", MQTT: "tcp://127.0.0.1:1883", HTTP: "127.0.0.1:8080", TopicRoot: wire.DefaultTopicRoot,
 		AckTimeout: 5 * time.Second, CommandTTL: 10 * time.Minute, MaxAttempts: 5, Offline: "wait",
-		LeaseTTL: 10 * time.Second, FourEyes: true, SweepInterval: 500 * time.Millisecond,
+		LeaseTTL: 10 * time.Second, FourEyes: true, SweepInterval: 500 * time.Millisecond, MaxCommandBytes: ops.DefaultMaxCommandBytes,
 	}
 }
 
@@ -72,6 +74,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--offline %q: want wait or fail", c.Offline)
 	case c.LeaseTTL < time.Second:
 		return fmt.Errorf("--lease-ttl %s: at least 1s", c.LeaseTTL)
+	case c.MaxCommandBytes < 1024 || c.MaxCommandBytes > wire.MaxPayload:
+		return fmt.Errorf("--max-command-bytes %d: between 1024 and %d (what devices accept)", c.MaxCommandBytes, wire.MaxPayload)
 	}
 	return c.basePolicy().Validate()
 }
@@ -181,7 +185,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	})
 	svc := ops.New(ops.Config{
 		Store: c.store, Instance: cfg.InstanceID, LeaseTTL: cfg.LeaseTTL, Policy: policy, Failpoints: fp,
-		EnforceGrants: auth.Enabled(), FourEyes: cfg.FourEyes && auth.Enabled(), Submitted: c.disp.Kick, Changed: changed,
+		EnforceGrants: auth.Enabled(), FourEyes: cfg.FourEyes && auth.Enabled(), MaxCommandBytes: cfg.MaxCommandBytes,
+		Submitted: c.disp.Kick, Changed: changed,
 	})
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
 		Metrics: met.Handler(), Auth: auth, Failpoints: fp})

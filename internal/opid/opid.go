@@ -10,6 +10,7 @@
 package opid
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -91,6 +92,28 @@ func CanonicalParams(params json.RawMessage) (json.RawMessage, error) {
 		return nil, invalid("params: %v", err)
 	}
 	return out, nil
+}
+
+// Params checks a request's params and returns them twice: as sent
+// (compacted, every value and key order kept, no HTML escaping), which is
+// what the device receives, and canonical (RFC 8785), which only the hash
+// uses. Absent or null is {}; anything but an I-JSON object is invalid.
+func Params(params json.RawMessage) (sent, canonical json.RawMessage, err error) {
+	if canonical, err = CanonicalParams(params); err != nil {
+		return nil, nil, err
+	}
+	if err := jcs.CheckIJSON(params); err != nil {
+		return nil, nil, invalid("params: %v", err)
+	}
+	trimmed := bytes.TrimSpace(params)
+	if len(trimmed) == 0 || string(trimmed) == "null" {
+		return canonical, canonical, nil
+	}
+	var b bytes.Buffer
+	if err := json.Compact(&b, trimmed); err != nil {
+		return nil, nil, invalid("params: %v", err)
+	}
+	return b.Bytes(), canonical, nil
 }
 
 // RequestHash is the hex SHA-256 of the canonical JSON of {action, target, params}.

@@ -34,7 +34,12 @@ const (
 	KindInvalid   Kind = iota + 1 // the request is malformed (400)
 	KindForbidden                 // the caller may not do this (403)
 	KindConflict                  // the entity's state does not allow it (409)
+	KindTooLarge                  // the command would be too large to publish (413)
 )
+
+// DefaultMaxCommandBytes bounds an encoded command: what devicesim accepts
+// (wire.MaxPayload), well under the shipped broker's max_packet_size.
+const DefaultMaxCommandBytes = wire.MaxPayload
 
 // Error is a refusal by a domain rule, with the contract's stable code.
 type Error struct {
@@ -61,7 +66,9 @@ type Config struct {
 	EnforceGrants bool
 	// FourEyes: an approver may not approve a version they wrote.
 	FourEyes bool
-	Now      func() time.Time
+	// MaxCommandBytes bounds an encoded command (DefaultMaxCommandBytes when 0).
+	MaxCommandBytes int
+	Now             func() time.Time
 	// Submitted is told of each command that needs a first decision (a new
 	// operation, or a retry): the dispatcher's kick.
 	Submitted func(commandID string)
@@ -76,6 +83,9 @@ type Service struct{ cfg Config }
 func New(cfg Config) *Service {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.MaxCommandBytes <= 0 {
+		cfg.MaxCommandBytes = DefaultMaxCommandBytes
 	}
 	if cfg.Submitted == nil {
 		cfg.Submitted = func(string) {}
@@ -131,12 +141,16 @@ func (s *Service) Prepare(ctx context.Context, id string, in Intent) (store.NewO
 	if err := opid.ValidateAction(in.Action); err != nil {
 		return store.NewOperation{}, err
 	}
-	params, err := opid.CanonicalParams(in.Params)
+	params, canonical, err := opid.Params(in.Params)
 	if err != nil {
 		return store.NewOperation{}, err
 	}
-	hash, err := opid.RequestHash(in.Action, in.Target, params)
+	hash, err := opid.RequestHash(in.Action, in.Target, canonical)
 	if err != nil {
+		return store.NewOperation{}, err
+	}
+	pol := s.cfg.Policy(in.Action)
+	if err := s.checkSize(id, in.Action, params, pol); err != nil {
 		return store.NewOperation{}, err
 	}
 	dev, err := s.cfg.Store.GetDevice(ctx, in.Target)
@@ -149,9 +163,25 @@ func (s *Service) Prepare(ctx context.Context, id string, in Intent) (store.NewO
 	return store.NewOperation{
 		OperationID: id, Action: in.Action, Target: in.Target, Params: params, RequestHash: hash,
 		TaskID: in.TaskID, Step: in.Step, BusinessVersion: in.BusinessVersion,
-		CommandID: command.NewCommandID(s.cfg.Now()), CommandTTL: s.cfg.Policy(in.Action).TTL, QoS: command.QoS(dev),
+		CommandID: command.NewCommandID(s.cfg.Now()), CommandTTL: pol.TTL, QoS: command.QoS(dev),
 		Owner: s.cfg.Instance, LeaseTTL: s.cfg.LeaseTTL,
 	}, nil
+}
+
+// checkSize refuses (too_large) an operation whose command, encoded as it
+// will be published, would exceed MaxCommandBytes: a broker or a device
+// refusing it later would leave the operation in doubt.
+func (s *Service) checkSize(id, action string, params []byte, pol command.Policy) error {
+	now := s.cfg.Now()
+	payload, err := wire.Encode(wire.Command{CommandID: command.NewCommandID(now), OperationID: id, Action: action,
+		Params: params, IssuedAt: now, ExpiresAt: now.Add(pol.TTL), Attempt: pol.MaxAttempts})
+	if err != nil {
+		return err
+	}
+	if len(payload) > s.cfg.MaxCommandBytes {
+		return refuse(KindTooLarge, "too_large", "the command would be %d bytes, over --max-command-bytes %d", len(payload), s.cfg.MaxCommandBytes)
+	}
+	return nil
 }
 
 // operationID picks the whole id (body, else header) or derives it from the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -228,4 +229,37 @@ func TestResolveValidatesTheOutcome(t *testing.T) {
 	require.ErrorIs(t, err, opid.ErrInvalid)
 	_, err = b.svc.Resolve(b.ctx, "c-1", "succeeded", "", "alice")
 	require.ErrorIs(t, err, store.ErrNotFound)
+}
+
+// The device receives params as the caller sent them (compacted); only the
+// hash uses the canonical form. Values that would change are refused.
+func TestParamsAsSentAndIJSON(t *testing.T) {
+	b := setup(t, false)
+	n, err := b.svc.Prepare(b.ctx, "op-1", Intent{Target: "device-1", Action: "restart",
+		Params: json.RawMessage(`{ "z": "<b>", "a": 1.50, "n": 9007199254740991 }`)})
+	require.NoError(t, err)
+	require.Equal(t, `{"z":"<b>","a":1.50,"n":9007199254740991}`, string(n.Params))
+	m, err := b.svc.Prepare(b.ctx, "op-1", Intent{Target: "device-1", Action: "restart",
+		Params: json.RawMessage(`{"n":9007199254740991,"a":1.5,"z":"\u003cb>"}`)})
+	require.NoError(t, err)
+	require.Equal(t, n.RequestHash, m.RequestHash, "JSON-equivalent params are the same request")
+
+	for _, bad := range []string{`{"n":9007199254740993}`, `{"n":1` + "0000000000000000000000000000000000000000" + `}`,
+		`{"a":1,"a":2}`, `{"f":1e400}`} {
+		_, err := b.svc.Prepare(b.ctx, "op-2", Intent{Target: "device-1", Action: "restart", Params: json.RawMessage(bad)})
+		require.ErrorIs(t, err, opid.ErrInvalid, bad)
+	}
+}
+
+func TestCommandSizeIsCheckedAtSubmit(t *testing.T) {
+	b := setup(t, false)
+	b.svc.cfg.MaxCommandBytes = 2048
+	small := json.RawMessage(`{"s":"` + strings.Repeat("<", 1000) + `"}`) // 1 byte each on the wire
+	_, _, err := b.svc.Submit(b.ctx, Intent{OperationID: "op-1", Target: "device-1", Action: "restart", Params: small}, "", "alice")
+	require.NoError(t, err)
+	big := json.RawMessage(`{"s":"` + strings.Repeat("x", 2048) + `"}`)
+	_, _, err = b.svc.Submit(b.ctx, Intent{OperationID: "op-2", Target: "device-1", Action: "restart", Params: big}, "", "alice")
+	require.Equal(t, "too_large", code(err))
+	_, err = b.st.GetOperation(b.ctx, "op-2")
+	require.ErrorIs(t, err, store.ErrNotFound, "nothing was stored")
 }

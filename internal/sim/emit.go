@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"encoding/json"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
@@ -159,7 +158,7 @@ func (inc *incarnation) publish(r wire.Receipt) {
 	client, gen := inc.client, inc.gen.Load()
 	inc.inflight++
 	d.mu.Unlock()
-	payload, _ := json.Marshal(r)
+	payload, _ := wire.Encode(r)
 	tok := client.Publish(d.topics.receipts, 1, false, payload)
 	go inc.confirm(tok, r, gen)
 }

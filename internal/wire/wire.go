@@ -22,9 +22,11 @@ var deviceIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 var ErrInvalidDeviceID = errors.New("invalid device id")
 
 // ValidDeviceID reports whether id is a legal device id: [A-Za-z0-9._-]{1,64},
-// not starting with "controller-" (that prefix belongs to controller client ids).
+// not starting with "controller-" (that prefix belongs to controller client
+// ids), and not made only of dots ("." and ".." would make topics such as
+// fleet/../commands).
 func ValidDeviceID(id string) bool {
-	return deviceIDPattern.MatchString(id) && !strings.HasPrefix(id, "controller-")
+	return deviceIDPattern.MatchString(id) && !strings.HasPrefix(id, "controller-") && strings.Trim(id, ".") != ""
 }
 
 // Kind names the four per-device topics.
@@ -130,8 +132,16 @@ func (r *Receipt) Validate() error {
 		return errors.New("receipt: unknown carries seq 0")
 	case r.Status != ReceiptUnknown && r.Seq < 1:
 		return errors.New("receipt: seq counts from 1")
+	case !objectOrAbsent(r.Result):
+		return errors.New("receipt: result must be a JSON object")
 	}
 	return nil
+}
+
+// objectOrAbsent reports whether raw is absent, null or a JSON object.
+func objectOrAbsent(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || bytes.Equal(t, []byte("null")) || t[0] == '{'
 }
 
 // Query is what the controller publishes to {root}/{d}/queries to ask about
@@ -168,6 +178,18 @@ func (p Presence) Rank() int64 {
 		r++
 	}
 	return r
+}
+
+// Encode marshals v for the wire: compact JSON without HTML escaping, so
+// "<" stays one byte and params reach the device as the caller sent them.
+func Encode(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // Decode unmarshals a payload into v, refusing oversized payloads and
