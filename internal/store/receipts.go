@@ -1,13 +1,16 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/jcs"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
@@ -120,7 +123,7 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 			return out, fmt.Errorf("wake %s: %w", target, err)
 		}
 	case c.Status.Terminal():
-		out.Effect, err = t.lateReceipt(ctx, c, r, sentAs)
+		out.Effect, err = t.lateReceipt(ctx, c, r)
 		if err != nil {
 			return out, err
 		}
@@ -149,10 +152,7 @@ func (t *tx) advance(ctx context.Context, c Command, r wire.Receipt, rank int, s
 	}
 	reason := ""
 	if to == fsm.CmdFailed {
-		reason = r.Error
-		if reason == "" {
-			reason = string(r.Status)
-		}
+		reason = failureReason(r)
 	}
 	var result any
 	if r.Status.Final() && len(r.Result) > 0 {
@@ -191,20 +191,44 @@ func (t *tx) advance(ctx context.Context, c Command, r wire.Receipt, rank int, s
 
 // lateReceipt keeps a receipt that arrives after a terminal state: a final
 // one becomes the late outcome (once; the terminal state is never
-// rewritten), and decides a failed_retryable operation.
-func (t *tx) lateReceipt(ctx context.Context, c Command, r wire.Receipt, sentAs string) (string, error) {
+// rewritten), and decides a failed_retryable operation. A final receipt
+// that repeats what is known (the device's own final receipt, or the late
+// outcome) is a duplicate; one that contradicts it (another status, another
+// result or error) sets late_conflict and is kept, never filed as a duplicate.
+func (t *tx) lateReceipt(ctx context.Context, c Command, r wire.Receipt) (string, error) {
 	if !r.Status.Final() {
 		return EffectStale, nil
 	}
 	deviceState, _ := fsm.CommandStateForReceipt(r.Status)
 	fromDevice := (c.Status == fsm.CmdSucceeded || c.Status == fsm.CmdFailed) && c.ResolvedBy == "" && c.StatusRank == fsm.RankFinal
-	if fromDevice || c.LateOutcome != "" {
+	var known bool // something final is on record to compare with
+	var conflict bool
+	switch {
+	case fromDevice: // compared with the device's own final receipt
+		known = true
+		conflict = deviceState != c.Status ||
+			(deviceState == fsm.CmdSucceeded && !sameJSON(c.Result, r.Result)) ||
+			(deviceState == fsm.CmdFailed && c.Reason != failureReason(r))
+	case c.LateOutcome != "": // compared with the first late outcome
+		known = true
+		conflict = c.LateOutcome != string(r.Status) || !sameJSON(c.LateResult, r.Result)
+	default:
+		conflict = c.ResolvedBy != "" && deviceState != c.Status
+	}
+	if known && !conflict {
 		return EffectDuplicate, nil
 	}
-	conflict := c.ResolvedBy != "" && deviceState != c.Status
 	var result any
 	if len(r.Result) > 0 {
 		result = string(r.Result)
+	}
+	if known {
+		// A contradiction: flagged, and kept in the receipt log; the first
+		// late outcome stays as it was.
+		if _, err := t.Exec(`UPDATE commands SET late_conflict = 1, updated_at = ? WHERE command_id = ?`, ms(t.now), c.CommandID); err != nil {
+			return "", fmt.Errorf("flag late conflict of %s: %w", c.CommandID, err)
+		}
+		return EffectLate, t.event("command", c.CommandID, string(c.Status), string(c.Status), "late conflict "+string(r.Status), 0)
 	}
 	if _, err := t.Exec(`UPDATE commands SET late_outcome = ?, late_result = ?, late_conflict = ?, status_rank = ?,
 			updated_at = ? WHERE command_id = ? AND late_outcome = ''`,
@@ -222,6 +246,29 @@ func (t *tx) lateReceipt(ctx context.Context, c Command, r wire.Receipt, sentAs 
 		return "", err
 	}
 	return EffectLate, nil
+}
+
+// failureReason is the reason a failed or rejected receipt gives a command.
+func failureReason(r wire.Receipt) string {
+	if r.Error != "" {
+		return r.Error
+	}
+	return string(r.Status)
+}
+
+// sameJSON reports whether two results are the same JSON value (absent and
+// null count as the same).
+func sameJSON(a, b json.RawMessage) bool {
+	ca, errA := canonicalResult(a)
+	cb, errB := canonicalResult(b)
+	return errA == nil && errB == nil && bytes.Equal(ca, cb)
+}
+
+func canonicalResult(v json.RawMessage) ([]byte, error) {
+	if t := bytes.TrimSpace(v); len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return nil, nil
+	}
+	return jcs.Canonicalize(v)
 }
 
 func (t *tx) logReceipt(commandID, sentAs, device string, r wire.Receipt, effect string) error {

@@ -486,3 +486,45 @@ func TestWakeRefusesADecisionMadeOnOldPresence(t *testing.T) {
 	require.Equal(t, fsm.CmdPending, c.Status)
 	require.False(t, c.NextCheckAt.After(b.clk.Now()), "still due now")
 }
+
+// A final receipt that contradicts the terminal state (another status, or
+// another result) is flagged late_conflict and kept, never a duplicate.
+func TestContradictingFinalReceiptsAfterSucceeded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sentCommand(t, b)
+	ok := receipt("c-1", wire.ReceiptSucceeded, 3)
+	ok.Result = json.RawMessage(`{"a":1,"b":2}`)
+	out, err := b.s.ApplyReceipt(b.ctx, "device-1", ok, nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectApplied, out.Effect)
+
+	same := ok
+	same.Result = json.RawMessage(`{"b":2.0, "a":1}`)
+	out, err = b.s.ApplyReceipt(b.ctx, "device-1", same, nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectDuplicate, out.Effect, "the same result, spelt otherwise")
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	require.False(t, c.LateConflict)
+
+	failed := receipt("c-1", wire.ReceiptFailed, 4)
+	failed.Error = "disk_full"
+	out, err = b.s.ApplyReceipt(b.ctx, "device-1", failed, nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectLate, out.Effect)
+	c, _ = b.s.GetCommand(b.ctx, "c-1")
+	require.True(t, c.LateConflict)
+	require.Equal(t, fsm.CmdSucceeded, c.Status, "the terminal state is never rewritten")
+
+	other := receipt("c-1", wire.ReceiptSucceeded, 5)
+	other.Result = json.RawMessage(`{"a":2}`)
+	out, err = b.s.ApplyReceipt(b.ctx, "device-1", other, nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectLate, out.Effect, "another result is a conflict too")
+	recs, err := b.s.Receipts(b.ctx, "c-1")
+	require.NoError(t, err)
+	require.Len(t, recs, 4, "every receipt is kept in the log")
+	op, _ := b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, fsm.OpSucceeded, op.Status)
+	require.JSONEq(t, `{"a":1,"b":2}`, string(op.Result), "the operation keeps the first outcome")
+}
