@@ -73,6 +73,7 @@ func New(cfg Config) *Server {
 		{"POST /v1/commands/{id}/resolve", RoleOperator, s.handleResolve},
 		{"GET /v1/devices", "", s.handleListDevices},
 		{"GET /v1/devices/{id}", "", s.handleGetDevice},
+		{"POST /v1/devices/{id}/presence/reset", RoleAdmin, s.handleResetPresence},
 		{"POST /v1/tasks", RoleOperator, s.handleCreateTask},
 		{"GET /v1/tasks/{id}", "", s.handleGetTask},
 		{"PUT /v1/tasks/{id}/plan", RoleOperator, s.handlePlan},
@@ -284,6 +285,17 @@ func (s *Server) handleGetDevice(r *http.Request) (int, any, error) {
 	if errors.Is(err, store.ErrNotFound) && wire.ValidDeviceID(id) {
 		d, err = store.UnseenDevice(id), nil // never seen: offline, no capabilities
 	}
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, deviceView(d), nil
+}
+
+func (s *Server) handleResetPresence(r *http.Request) (int, any, error) {
+	if err := decodeOptionalBody(r, &struct{}{}); err != nil {
+		return 0, nil, err
+	}
+	d, err := s.cfg.Service.ResetPresence(r.Context(), r.PathValue("id"), principal(r))
 	if err != nil {
 		return 0, nil, err
 	}

@@ -105,6 +105,10 @@ type Device struct {
 	Capabilities Caps       `json:"capabilities"`
 	ClockSkewMS  int64      `json:"clock_skew_ms"`
 	LastSeenAt   *time.Time `json:"last_seen_at"`
+	// StalePresence counts presence messages ignored as stale (a rank lower
+	// than the stored one); LastStaleSession is the latest one's session.
+	StalePresence    int64 `json:"stale_presence"`
+	LastStaleSession int64 `json:"last_stale_session"`
 }
 
 // Caps are a device's capabilities.
@@ -159,5 +163,6 @@ func commandView(c store.Command, receipts []store.ReceiptRecord, events []store
 func deviceView(d store.Device) Device {
 	return Device{DeviceID: d.DeviceID, Online: d.Online, Confirmed: d.Confirmed, Seen: d.Seen, Session: d.Session,
 		Capabilities: Caps{Dedupe: d.Capabilities.Dedupe, Query: d.Capabilities.Query},
-		ClockSkewMS:  d.ClockSkew.Milliseconds(), LastSeenAt: d.LastSeenAt}
+		ClockSkewMS:  d.ClockSkew.Milliseconds(), LastSeenAt: d.LastSeenAt,
+		StalePresence: d.StalePresence, LastStaleSession: d.LastStaleSession}
 }

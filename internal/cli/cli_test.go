@@ -216,6 +216,7 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	answer("POST /v1/commands/{id}/resolve", 200, fakeCmd)
 	answer("GET /v1/devices", 200, []api.Device{fakeDev})
 	answer("GET /v1/devices/{id}", 200, fakeDev)
+	answer("POST /v1/devices/{id}/presence/reset", 200, fakeDev)
 	answer("POST /v1/tasks", 201, fakeTsk)
 	answer("PUT /v1/tasks/{id}/plan", 200, fakeTsk)
 	answer("POST /v1/tasks/{id}/approvals", 201, fakeApp)
@@ -238,14 +239,15 @@ var clientCases = map[string]struct {
 }{
 	"op submit": {[]string{"--target", "device-1", "--action", "restart", "--task", "t", "--step", "s", "--business-version", "v1"},
 		[]string{"operation", "t:s:device-1:v1", "succeeded  [new]"}},
-	"op get":      {[]string{"t:s:device-1:v1"}, []string{"status", "succeeded", `{"ok":true}`}},
-	"cmd get":     {[]string{"c-1"}, []string{"receipts:", "applied", "pending → sent"}},
-	"cmd cancel":  {[]string{"c-1"}, []string{"command", "c-1", "status"}},
-	"cmd resolve": {[]string{"c-1", "--outcome", "succeeded", "--note", "seen"}, []string{"command", "c-1"}},
-	"device list": {nil, []string{"DEVICE", "device-1"}},
-	"device get":  {[]string{"device-1"}, []string{"DEVICE", "device-1"}},
-	"task create": {[]string{"task-88", "--steps", steps}, []string{"task", "task-88", "[new]", opID}},
-	"task plan":   {[]string{"task-88", "--steps", steps}, []string{"plan hash", "9f86d081"}},
+	"op get":                {[]string{"t:s:device-1:v1"}, []string{"status", "succeeded", `{"ok":true}`}},
+	"cmd get":               {[]string{"c-1"}, []string{"receipts:", "applied", "pending → sent"}},
+	"cmd cancel":            {[]string{"c-1"}, []string{"command", "c-1", "status"}},
+	"cmd resolve":           {[]string{"c-1", "--outcome", "succeeded", "--note", "seen"}, []string{"command", "c-1"}},
+	"device list":           {nil, []string{"DEVICE", "device-1"}},
+	"device get":            {[]string{"device-1"}, []string{"DEVICE", "device-1"}},
+	"device reset-presence": {[]string{"device-1"}, []string{"STALE PRESENCE", "device-1"}},
+	"task create":           {[]string{"task-88", "--steps", steps}, []string{"task", "task-88", "[new]", opID}},
+	"task plan":             {[]string{"task-88", "--steps", steps}, []string{"plan hash", "9f86d081"}},
 	"task approve": {[]string{"task-88", "--version", "3"},
 		[]string{"approved version", "3  [new]", "approver", "bob"}},
 	"task reject":  {[]string{"task-88", "--reason", "no"}, []string{"status", "failed"}},

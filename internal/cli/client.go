@@ -168,7 +168,7 @@ func cmdCmd() *cobra.Command {
 }
 
 func deviceCmd() *cobra.Command {
-	d, cf := clientGroup("device", "Read device presence")
+	d, cf := clientGroup("device", "Device presence")
 	list := &cobra.Command{
 		Use: "list", Short: "List devices", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -189,7 +189,23 @@ func deviceCmd() *cobra.Command {
 			return cf.show(cmd, dev, func(w io.Writer) error { return printDevices(w, []api.Device{dev}) })
 		},
 	}
-	d.AddCommand(list, get)
+	reset := &cobra.Command{
+		Use:   "reset-presence DEVICE_ID",
+		Short: "Forget a device's presence rank, so its next presence applies whatever its session (admin)",
+		Long: `Forget a device's stored presence rank. Use it for a device whose births are ignored as stale
+(stale_presence > 0 in 'device get'): its session counter went backwards after a reflash or lost
+storage, or a forged retained message poisoned the rank. Its next presence message then applies.`,
+		Example: `  controller device reset-presence device-5 --token "$ADMIN_TOKEN"`,
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dev, err := cf.client().ResetPresence(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return cf.show(cmd, dev, func(w io.Writer) error { return printDevices(w, []api.Device{dev}) })
+		},
+	}
+	d.AddCommand(list, get, reset)
 	return d
 }
 

@@ -137,10 +137,14 @@ func printCommand(w io.Writer, c api.Command) error {
 
 func printDevices(w io.Writer, devs []api.Device) error {
 	tw := newTab(w)
-	fmt.Fprintln(tw, "DEVICE\tONLINE\tCONFIRMED\tSESSION\tDEDUPE\tQUERY\tSKEW\tLAST SEEN")
+	fmt.Fprintln(tw, "DEVICE\tONLINE\tCONFIRMED\tSESSION\tDEDUPE\tQUERY\tSKEW\tSTALE PRESENCE\tLAST SEEN")
 	for _, d := range devs {
-		fmt.Fprintf(tw, "%s\t%v\t%v\t%d\t%v\t%v\t%dms\t%s\n", d.DeviceID, d.Online, d.Confirmed, d.Session,
-			d.Capabilities.Dedupe, d.Capabilities.Query, d.ClockSkewMS, stampPtr(d.LastSeenAt))
+		stale := "0"
+		if d.StalePresence > 0 {
+			stale = fmt.Sprintf("%d (last session %d)", d.StalePresence, d.LastStaleSession)
+		}
+		fmt.Fprintf(tw, "%s\t%v\t%v\t%d\t%v\t%v\t%dms\t%s\t%s\n", d.DeviceID, d.Online, d.Confirmed, d.Session,
+			d.Capabilities.Dedupe, d.Capabilities.Query, d.ClockSkewMS, stale, stampPtr(d.LastSeenAt))
 	}
 	return tw.Flush()
 }

@@ -165,6 +165,13 @@ func (c *Client) Device(ctx context.Context, id string) (api.Device, error) {
 	return d, err
 }
 
+// ResetPresence forgets a device's presence rank (admin).
+func (c *Client) ResetPresence(ctx context.Context, id string) (api.Device, error) {
+	var d api.Device
+	_, err := c.Do(ctx, http.MethodPost, "/v1/devices/"+url.PathEscape(id)+"/presence/reset", nil, nil, &d)
+	return d, err
+}
+
 // Cancel cancels a command that was never published.
 func (c *Client) Cancel(ctx context.Context, id string) (api.Command, error) {
 	var cmd api.Command

@@ -318,6 +318,15 @@ func (s *Service) Resolve(ctx context.Context, commandID, outcome, note, who str
 	return out.Command, nil
 }
 
+// ResetPresence forgets a device's presence rank, so its next presence
+// message applies whatever its session (see store.ResetPresence).
+func (s *Service) ResetPresence(ctx context.Context, device, who string) (store.Device, error) {
+	if !wire.ValidDeviceID(device) {
+		return store.Device{}, fmt.Errorf("%w: %q is not a device id", opid.ErrInvalid, device)
+	}
+	return s.cfg.Store.ResetPresence(ctx, device, who)
+}
+
 // StepOperationID is a task step's operation id:
 // {task_id}:{step}:{target}:approval-v{version}.
 func StepOperationID(taskID string, st store.Step, version int) string {

@@ -20,15 +20,20 @@ type Device struct {
 	PresenceRank int64
 	Capabilities wire.Capabilities
 	ClockSkew    time.Duration // device clock minus controller clock, from its birth
-	LastSeenAt   *time.Time
-	UpdatedAt    time.Time
+	// StalePresence counts presence messages ignored for a rank lower than
+	// the stored one; LastStaleSession is the session of the latest.
+	StalePresence    int64
+	LastStaleSession int64
+	LastSeenAt       *time.Time
+	UpdatedAt        time.Time
 }
 
 // UnseenDevice is a device never seen: offline, and assumed unable to
 // deduplicate or answer queries until its first birth.
 func UnseenDevice(id string) Device { return Device{DeviceID: id} }
 
-const deviceColumns = `device_id, online, confirmed, seen, session, presence_rank, dedupe, query, clock_skew_ms, last_seen_at, updated_at`
+const deviceColumns = `device_id, online, confirmed, seen, session, presence_rank, dedupe, query, clock_skew_ms,
+	stale_presence, last_stale_session, last_seen_at, updated_at`
 
 func scanDevice(row interface{ Scan(...any) error }) (Device, error) {
 	var (
@@ -37,7 +42,7 @@ func scanDevice(row interface{ Scan(...any) error }) (Device, error) {
 		last     sql.NullInt64
 	)
 	if err := row.Scan(&d.DeviceID, &d.Online, &d.Confirmed, &d.Seen, &d.Session, &d.PresenceRank,
-		&d.Capabilities.Dedupe, &d.Capabilities.Query, &skew, &last, &up); err != nil {
+		&d.Capabilities.Dedupe, &d.Capabilities.Query, &skew, &d.StalePresence, &d.LastStaleSession, &last, &up); err != nil {
 		return Device{}, err
 	}
 	d.ClockSkew, d.LastSeenAt, d.UpdatedAt = time.Duration(skew)*time.Millisecond, fromNullMS(last), fromMS(up)
@@ -79,6 +84,7 @@ type PresenceOutcome struct {
 	Applied    bool
 	Device     Device // after the message
 	WentOnline bool   // offline (or never seen) → online
+	Stale      bool   // ignored for a rank lower than the stored one
 }
 
 // ApplyPresence applies a birth, a clean offline or an LWT, guarded by rank:
@@ -98,6 +104,15 @@ func (s *SQLite) ApplyPresence(ctx context.Context, device string, p wire.Presen
 		}
 		rank := p.Rank()
 		if rank <= before.PresenceRank {
+			// Equal: the same message again (a retained one re-delivered).
+			// Lower: stale, counted so a device whose births are ignored shows.
+			if rank < before.PresenceRank {
+				out.Stale = true
+				if _, err := t.Exec(`UPDATE devices SET stale_presence = stale_presence + 1, last_stale_session = ?
+					WHERE device_id = ?`, p.Session, device); err != nil {
+					return fmt.Errorf("count stale presence of %s: %w", device, err)
+				}
+			}
 			out.Device = before
 			return nil
 		}
@@ -133,6 +148,28 @@ func onlineWord(online bool) string {
 		return "online"
 	}
 	return "offline"
+}
+
+// ResetPresence forgets a device's stored presence rank (and its stale
+// count), so that the next presence message applies whatever its session:
+// for a device whose counter went backwards (a reflash, lost storage) or a
+// rank poisoned by a forged retained message. Its presence is unchanged
+// until that message arrives. An admin's action.
+func (s *SQLite) ResetPresence(ctx context.Context, device, who string) (Device, error) {
+	var out Device
+	err := s.write(ctx, func(t *tx) error {
+		var err error
+		out, err = scanDevice(t.QueryRowContext(ctx, `UPDATE devices SET presence_rank = -1, stale_presence = 0,
+				last_stale_session = 0, updated_at = ? WHERE device_id = ? RETURNING `+deviceColumns, ms(t.now), device))
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("device %s: %w", device, ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("reset presence of %s: %w", device, err)
+		}
+		return t.event("device", device, onlineWord(out.Online), onlineWord(out.Online), "presence rank reset by "+who, 0)
+	})
+	return out, err
 }
 
 // touchDevice records that a device spoke (a receipt): it is confirmed and

@@ -424,6 +424,7 @@ type Store interface {
 	GetDevice(ctx context.Context, id string) (Device, error)
 	ListDevices(ctx context.Context) ([]Device, error)
 	UnconfirmAll(ctx context.Context) error
+	ResetPresence(ctx context.Context, device, who string) (Device, error)
 
 	// Leases.
 	RenewLeases(ctx context.Context, owner string, ttl time.Duration) (int64, time.Time, error)

@@ -528,3 +528,37 @@ func TestContradictingFinalReceiptsAfterSucceeded(t *testing.T) {
 	require.Equal(t, fsm.OpSucceeded, op.Status)
 	require.JSONEq(t, `{"a":1,"b":2}`, string(op.Result), "the operation keeps the first outcome")
 }
+
+// A presence with a huge session poisons the rank: later real births are
+// ignored, counted as stale and shown; an admin's reset lets the next one apply.
+func TestStalePresenceCountedAndReset(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	caps := &wire.Capabilities{Dedupe: true, Query: true}
+	_, err := b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: false, Session: 9007199254740000})
+	require.NoError(t, err)
+	for session := int64(2); session <= 3; session++ {
+		out, err := b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: true, Session: session, Capabilities: caps})
+		require.NoError(t, err)
+		require.False(t, out.Applied)
+		require.True(t, out.Stale)
+	}
+	out, err := b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: false, Session: 9007199254740000})
+	require.NoError(t, err)
+	require.False(t, out.Stale, "the same message again is not stale")
+	d, err := b.s.GetDevice(b.ctx, "device-5")
+	require.NoError(t, err)
+	require.False(t, d.Online)
+	require.EqualValues(t, 2, d.StalePresence)
+	require.EqualValues(t, 3, d.LastStaleSession)
+
+	d, err = b.s.ResetPresence(b.ctx, "device-5", "admin")
+	require.NoError(t, err)
+	require.Zero(t, d.StalePresence)
+	out, err = b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: true, Session: 4, Capabilities: caps})
+	require.NoError(t, err)
+	require.True(t, out.Applied)
+	require.True(t, out.Device.Online)
+	_, err = b.s.ResetPresence(b.ctx, "device-404", "admin")
+	require.ErrorIs(t, err, ErrNotFound)
+}
