@@ -249,10 +249,15 @@ func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.Command
 	if err != nil {
 		return err
 	}
+	deviceFinal := (state == fsm.CmdSucceeded || state == fsm.CmdFailed) && to != fsm.OpFailedRetryable
+	superseded := "" // a newer command of the operation that the late outcome makes moot
 	switch {
 	case op.Status == fsm.OpStarted && op.CommandID == cmd.CommandID:
-	case op.Status == fsm.OpFailedRetryable && (state == fsm.CmdSucceeded || state == fsm.CmdFailed) &&
-		to != fsm.OpFailedRetryable:
+	case op.Status == fsm.OpFailedRetryable && deviceFinal:
+	case op.Status == fsm.OpStarted && late && deviceFinal:
+		// A late final receipt of an earlier command: the device did act on
+		// this operation, so it decides it, whatever the newer command does.
+		superseded = op.CommandID
 	default:
 		return nil
 	}
@@ -274,5 +279,32 @@ func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.Command
 	if err != nil {
 		return err
 	}
-	return t.event("operation", op.OperationID, string(op.Status), string(to), "command "+cmd.CommandID+" "+string(state), op.FencingToken)
+	if err := t.event("operation", op.OperationID, string(op.Status), string(to), "command "+cmd.CommandID+" "+string(state), op.FencingToken); err != nil {
+		return err
+	}
+	if superseded == "" {
+		return nil
+	}
+	return t.supersede(ctx, superseded, cmd.CommandID)
+}
+
+// supersede cancels an operation's newer command after an earlier one was
+// found to have run, if it was never published. A published one is left
+// to the device's operation_id rule: it will not run it, and answers with
+// the receipt of the one that ran.
+func (t *tx) supersede(ctx context.Context, newer, ran string) error {
+	c, err := getCommand(ctx, t.Tx, newer)
+	if err != nil {
+		return err
+	}
+	if c.Attempt > 0 || !fsm.Command.Can(c.Status, fsm.CmdCancelled) {
+		return nil // published (or already over): it stays, and its answers change nothing
+	}
+	ch := change{machine: "command", id: newer, from: string(c.Status), to: string(fsm.CmdCancelled)}
+	if err := t.cas(ctx, ch, nil, `UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
+		WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0`,
+		fsm.CmdCancelled, fsm.ReasonCancelled, ms(t.now), newer, c.Status, c.Version); err != nil {
+		return err
+	}
+	return t.event("command", newer, string(c.Status), string(fsm.CmdCancelled), "superseded: "+ran+" ran", 0)
 }

@@ -562,3 +562,36 @@ func TestStalePresenceCountedAndReset(t *testing.T) {
 	_, err = b.s.ResetPresence(b.ctx, "device-404", "admin")
 	require.ErrorIs(t, err, ErrNotFound)
 }
+
+// A success the controller already holds is adopted: after a retry minted a
+// new command, a late success of the earlier one decides the operation, and
+// the newer command, never published, is cancelled.
+func TestLateSuccessOfAnEarlierCommandDecidesTheOperation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sentCommand(t, b)
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	_, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdTimeout, fsm.ReasonTimeout, fence, b.clk.Now())
+	require.NoError(t, err)
+	res, err := b.s.Submit(b.ctx, newOp("op-1", "c-x"), nil) // the caller's retry
+	require.NoError(t, err)
+	require.True(t, res.Retried)
+	r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
+	require.NoError(t, err)
+	f := Fence{Owner: "i1", Token: r.Operation.FencingToken}
+	require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1)) // the device said unknown
+	op, _ := b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, fsm.OpStarted, op.Status)
+	require.Equal(t, "c-2", op.CommandID)
+
+	ok := receipt("c-1", wire.ReceiptSucceeded, 3)
+	ok.Result = json.RawMessage(`{"boots":2}`)
+	out, err := b.s.ApplyReceipt(b.ctx, "device-1", ok, nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectLate, out.Effect)
+	op, _ = b.s.GetOperation(b.ctx, "op-1")
+	require.Equal(t, fsm.OpSucceeded, op.Status, "the device's own success decides the operation")
+	require.JSONEq(t, `{"boots":2}`, string(op.Result))
+	c2, _ := b.s.GetCommand(b.ctx, "c-2")
+	require.Equal(t, fsm.CmdCancelled, c2.Status, "the newer command, never published, is cancelled")
+}
