@@ -70,6 +70,9 @@ func TestDecideTable(t *testing.T) {
 		{"sent, sends and asks used up: wait for expiry", cmd(fsm.CmdSent, 3, 3, "q-3", ""), conforming, wait, t0, postpone(expires)},
 		{"sent, no query capability: re-send", cmd(fsm.CmdSent, 1, 0, "", ""), noQuery, wait, t0, Decision{Kind: Send}},
 		{"received, asked, unanswered: ask again, never re-send", cmd(fsm.CmdReceived, 1, 1, "q-1", ""), conforming, wait, t0, Decision{Kind: Ask}},
+		{"executing, asks used up: asked again (slowly) until expiry", cmd(fsm.CmdExecuting, 1, 3, "q-3", ""), conforming, wait, t0, Decision{Kind: Ask}},
+		{"received, asks used up: asked again (slowly) until expiry", cmd(fsm.CmdReceived, 1, 5, "q-5", "received"), conforming, wait, t0, Decision{Kind: Ask}},
+		{"legacy received, asks used up: needs_attention", cmd(fsm.CmdReceived, 1, 3, "q-3", ""), legacyQuery, wait, t0, moveTo(fsm.CmdNeedsAttention)},
 		{"executing, went offline: waiting_device", cmd(fsm.CmdExecuting, 1, 0, "", ""), offline, wait, t0, moveTo(fsm.CmdWaitingDevice)},
 		{"legacy, sent: asks", cmd(fsm.CmdSent, 1, 0, "", ""), legacyQuery, wait, t0, Decision{Kind: Ask}},
 		{"legacy, sent, asks used up: needs_attention", cmd(fsm.CmdSent, 1, 3, "q-3", ""), legacyQuery, wait, t0, moveTo(fsm.CmdNeedsAttention)},
@@ -177,4 +180,30 @@ func TestDispatcherStepsThroughTheTable(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, fsm.OpFailedRetryable, op.Status)
 	require.Equal(t, []string{"c-1"}, op.CommandIDs, "no new command_id was minted")
+}
+
+// The asks after a reconnect are not counted against max_attempts.
+func TestReconnectAsksDoNotUseTheBudget(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(t0)
+	st, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	_, err = st.ApplyPresence(ctx, "d1", wire.Presence{Online: true, Session: 1, Capabilities: &wire.Capabilities{Dedupe: true, Query: true}})
+	require.NoError(t, err)
+	pol := Policy{AckTimeout: time.Second, MaxAttempts: 2, TTL: time.Minute, Offline: OfflineWait, OnUnknown: UnknownNeedsAttention}
+	_, err = st.Submit(ctx, store.NewOperation{OperationID: "op", Action: "restart", Target: "d1", Params: json.RawMessage(`{}`),
+		RequestHash: "h", CommandID: "c-1", CommandTTL: pol.TTL, QoS: 1, Owner: "i1", LeaseTTL: time.Hour}, nil)
+	require.NoError(t, err)
+	pub := &fakePublisher{}
+	d := New(Config{Store: st, Publisher: pub, Instance: "i1", TopicRoot: "fleet", Policy: func(string) Policy { return pol },
+		Metrics: metrics.New(), Now: clk.Now})
+	d.step(ctx, "c-1") // published
+	for i := 0; i < 3; i++ {
+		d.reconnected(ctx)
+	}
+	c, err := st.GetCommand(ctx, "c-1")
+	require.NoError(t, err)
+	require.Equal(t, 0, c.Queries, "three reconnect asks, none counted")
+	require.Len(t, pub.topics(), 4, "one command and three queries were published")
 }

@@ -218,7 +218,7 @@ func (d *Dispatcher) step(ctx context.Context, commandID string) {
 	case Send:
 		d.send(ctx, oc, dev, pol)
 	case Ask:
-		d.ask(ctx, oc.Command, oc.Fence, dev, pol)
+		d.ask(ctx, oc.Command, oc.Fence, dev, pol, true)
 	case Move:
 		d.move(ctx, oc, dec.To, dec.Reason, dec.Until)
 	case Postpone:
@@ -326,6 +326,11 @@ func check(c store.Command, dev store.Device, pol Policy) Decision {
 		return Decision{Kind: Send}
 	case dev.Capabilities.Query && c.Queries < pol.MaxAttempts:
 		return Decision{Kind: Ask}
+	case dev.Capabilities.Query && canResend(dev, pol) && (c.Status == fsm.CmdReceived || c.Status == fsm.CmdExecuting):
+		// The device has it and said so: one lost answer must not hide a
+		// finished action, so it is asked again, at the capped back-off,
+		// until expires_at.
+		return Decision{Kind: Ask}
 	case !canResend(dev, pol) && c.Attempt > 0:
 		return Decision{Kind: Move, To: fsm.CmdNeedsAttention, Reason: "asks used up, outcome unproven (device cannot deduplicate)", Until: c.ExpiresAt}
 	default:
@@ -384,14 +389,15 @@ func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand, dev store.D
 	d.publish(ctx, "command", wire.Topic(d.cfg.TopicRoot, c.DeviceID, wire.KindCommands), byte(c.QoS), payload, c.CommandID)
 }
 
-// ask commits a query decision about c and publishes the Query.
-func (d *Dispatcher) ask(ctx context.Context, c store.Command, f store.Fence, dev store.Device, pol Policy) {
+// ask commits a query decision about c and publishes the Query; counted
+// says whether it uses the command's budget of asks.
+func (d *Dispatcher) ask(ctx context.Context, c store.Command, f store.Fence, dev store.Device, pol Policy, counted bool) {
 	if !dev.Capabilities.Query {
 		return
 	}
 	qid := NewQueryID(d.cfg.Now())
 	next := d.cfg.Now().Add(pol.Backoff(c.Queries))
-	dec, err := d.cfg.Store.ClaimQuery(ctx, c.CommandID, qid, c.Status, c.Queries, f, next)
+	dec, err := d.cfg.Store.ClaimQuery(ctx, c.CommandID, qid, c.Status, c.Queries, counted, f, next)
 	if err != nil {
 		if !errors.Is(err, store.ErrRefused) {
 			d.cfg.Logger.Error("claim query", "command_id", c.CommandID, "err", err)
@@ -425,7 +431,7 @@ func (d *Dispatcher) reconcile(ctx context.Context) {
 			d.Kick(oc.CommandID)
 		case oc.Status == fsm.CmdWaitingDevice:
 		case dev.Capabilities.Query:
-			d.ask(ctx, oc.Command, oc.Fence, dev, d.cfg.Policy(oc.Action))
+			d.ask(ctx, oc.Command, oc.Fence, dev, d.cfg.Policy(oc.Action), false) // not counted: a reconnect is not the device's fault
 		default:
 			d.Kick(oc.CommandID)
 		}
@@ -464,7 +470,7 @@ func (d *Dispatcher) retryStep(ctx context.Context, commandID string) {
 		}
 	case now.Before(last.NextCheckAt):
 	default:
-		d.ask(ctx, last, f, dev, pol) // received/executing answers: adopt it, ask again later
+		d.ask(ctx, last, f, dev, pol, true) // received/executing answers: adopt it, ask again later
 	}
 }
 

@@ -86,7 +86,7 @@ func newAuditRun(t *testing.T) *auditRun {
 	r.submit(t, "op-1", "c-1", "device-1", `{}`)
 	r.send(t, "c-1", fsm.CmdPending, 0)
 	r.tick()
-	_, err = s.ClaimQuery(ctx, "c-1", "q-1", fsm.CmdSent, 0, auditFence, r.now.Add(time.Second))
+	_, err = s.ClaimQuery(ctx, "c-1", "q-1", fsm.CmdSent, 0, true, auditFence, r.now.Add(time.Second))
 	require.NoError(t, err)
 	require.Equal(t, EffectApplied, r.receipt(t, "device-1", wire.Receipt{CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptExecuting, Seq: 2}))
 	final := wire.Receipt{CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptSucceeded, Seq: 3, QueryID: "q-1"}
@@ -97,7 +97,7 @@ func newAuditRun(t *testing.T) *auditRun {
 	r.send(t, "c-2", fsm.CmdPending, 0)
 	r.send(t, "c-2", fsm.CmdSent, 1)
 	r.tick()
-	_, err = s.ClaimQuery(ctx, "c-2", "q-2", fsm.CmdSent, 0, auditFence, r.now.Add(time.Second))
+	_, err = s.ClaimQuery(ctx, "c-2", "q-2", fsm.CmdSent, 0, true, auditFence, r.now.Add(time.Second))
 	require.NoError(t, err)
 	c2, err := s.GetCommand(ctx, "c-2")
 	require.NoError(t, err)

@@ -254,16 +254,18 @@ func (s *SQLite) ClaimSend(ctx context.Context, commandID string, expect fsm.Com
 }
 
 // ClaimQuery commits the decision to ask the device about a command: the
-// query row and the command's query count, fenced like every decision and
-// conditioned on the command still being in the state the caller saw.
-func (s *SQLite) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, f Fence, nextCheck time.Time) (Decision, error) {
+// query row and, when counted, the command's query count (its budget,
+// max_attempts; the asks after a reconnect are not counted), fenced like
+// every decision and conditioned on the command still being in the state and
+// count the caller saw.
+func (s *SQLite) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, counted bool, f Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
 	err := s.write(ctx, func(t *tx) error {
 		now := ms(t.now)
 		err := t.cas(ctx, t.decision(ctx, commandID, expect, expect, f), t.decided(ctx, &d),
-			`UPDATE commands SET queries = queries + 1, last_query_id = ?, last_answer = '', next_check_at = ?, updated_at = ?
+			`UPDATE commands SET queries = queries + ?, last_query_id = ?, last_answer = '', next_check_at = ?, updated_at = ?
 			WHERE command_id = ? AND status = ? AND queries = ? AND `+commandFenced+` RETURNING `+commandColumns,
-			append([]any{queryID, ms(nextCheck), now, commandID, expect, expectQueries}, f.args(t.now)...)...)
+			append([]any{counted, queryID, ms(nextCheck), now, commandID, expect, expectQueries}, f.args(t.now)...)...)
 		if err != nil {
 			return err
 		}

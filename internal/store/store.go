@@ -409,7 +409,7 @@ type Store interface {
 	OpenCommand(ctx context.Context, commandID string) (OpenCommand, error)
 	DueCommands(ctx context.Context, owner string, now time.Time, all bool, limit int) ([]OpenCommand, error)
 	ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error)
-	ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, f Fence, nextCheck time.Time) (Decision, error)
+	ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, counted bool, f Fence, nextCheck time.Time) (Decision, error)
 	Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error
 	Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error)
 	Wake(ctx context.Context, device string) ([]string, error)

@@ -176,7 +176,7 @@ func TestDecisionsAreFenced(t *testing.T) {
 
 	// A lease that ran out fences its holder too, and a heartbeat cannot revive it.
 	b.clk.Advance(11 * time.Second)
-	_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+	_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, Fence{Owner: "i1", Token: 2}, b.clk.Now())
 	require.ErrorIs(t, err, ErrFenced)
 	renewed, _, err := b.s.RenewLeases(b.ctx, "i1", 10*time.Second)
 	require.NoError(t, err)
@@ -296,7 +296,7 @@ func TestQueryAnswerForAnotherCommandOfTheOperation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	sentCommand(t, b)
-	_, err := b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, fence, b.clk.Now().Add(time.Second))
+	_, err := b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, fence, b.clk.Now().Add(time.Second))
 	require.NoError(t, err)
 	r := receipt("c-0", wire.ReceiptSucceeded, 3) // the device ran another command of op-1
 	r.QueryID = "q-1"
@@ -313,7 +313,7 @@ func TestQueryAnswerForAnotherCommandOfTheOperation(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
 	require.NoError(t, err)
-	_, err = b.s.ClaimQuery(b.ctx, "c-2", "q-2", fsm.CmdSent, 0, fence, b.clk.Now())
+	_, err = b.s.ClaimQuery(b.ctx, "c-2", "q-2", fsm.CmdSent, 0, true, fence, b.clk.Now())
 	require.NoError(t, err)
 	out, err = b.s.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: "c-2", OperationID: "op-2", Status: wire.ReceiptUnknown, QueryID: "q-2"}, nil)
 	require.NoError(t, err)
@@ -455,7 +455,7 @@ func TestRetryAsksThenMints(t *testing.T) {
 	r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
 	require.NoError(t, err)
 	f := Fence{Owner: "i1", Token: 2}
-	_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-r", fsm.CmdTimeout, r.Last.Queries, f, b.clk.Now())
+	_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-r", fsm.CmdTimeout, r.Last.Queries, true, f, b.clk.Now())
 	require.NoError(t, err)
 	_, err = b.s.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptUnknown, QueryID: "q-r"}, nil)
 	require.NoError(t, err)
