@@ -12,7 +12,7 @@ start)
 	[ -x "$bin" ] || { echo "mosquitto not found at $bin: run 'make deps' (apt-get install mosquitto)" >&2; exit 1; }
 	mkdir -p "$dir/data"
 	dir=$(cd "$dir" && pwd)
-	sed -e "s|@PORT@|$port|" -e "s|@DATA@|$dir/data|" -e "s|@AUTOSAVE@|1|" \
+	sed -e "s|@PORT@|$port|" -e "s|@DATA@|$dir/data|" -e "s|@AUTOSAVE@|1|" -e "s|@USER@|$(id -un)|" \
 		"$here/mosquitto.conf.tmpl" >"$dir/mosquitto.conf"
 	"$bin" -c "$dir/mosquitto.conf" >"$dir/mosquitto.log" 2>&1 &
 	echo $! >"$dir/mosquitto.pid"

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -64,7 +65,12 @@ func StartBroker(t testing.TB) *Broker {
 	if err != nil {
 		t.Fatalf("read broker config template: %v", err)
 	}
-	conf := strings.NewReplacer("@PORT@", fmt.Sprint(b.Port), "@DATA@", filepath.Join(b.Dir, "data"), "@AUTOSAVE@", "1").Replace(string(tmpl))
+	me, err := user.Current()
+	if err != nil {
+		t.Fatalf("current user: %v", err)
+	}
+	conf := strings.NewReplacer("@PORT@", fmt.Sprint(b.Port), "@DATA@", filepath.Join(b.Dir, "data"), "@AUTOSAVE@", "1",
+		"@USER@", me.Username).Replace(string(tmpl))
 	if err := os.MkdirAll(filepath.Join(b.Dir, "data"), 0o755); err != nil {
 		t.Fatal(err)
 	}
