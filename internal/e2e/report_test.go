@@ -49,6 +49,7 @@ func TestReportRendersInChromium(t *testing.T) {
 	cmd := exec.Command(chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
 		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir="+filepath.Join(dir, "profile"),
 		"--window-size=1280,1400", "--screenshot="+shot, "file://"+html)
+	cmd.Env = append(os.Environ(), "TMPDIR="+chromiumTmp(t))
 	out, err = cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	f, err := os.Open(shot)
@@ -73,4 +74,20 @@ func TestReportRendersInChromium(t *testing.T) {
 	t.Logf("report screenshot %dx%d: %.1f%% non-white, %d coloured samples", bounds.Dx(), bounds.Dy(), 100*float64(nonWhite)/float64(total), coloured)
 	require.Greater(t, float64(nonWhite)/float64(total), 0.01, "the screenshot is not blank")
 	require.Greater(t, coloured, 50, "the timelines are drawn")
+}
+
+// chromiumTmp is a TMPDIR for Chromium, which keeps its singleton socket
+// in TMPDIR/org.chromium.Chromium.XXXXXX/SingletonSocket and aborts when
+// that path is longer than a Unix socket's 107 bytes: the test's own TMPDIR
+// when it is short enough, otherwise a new directory under /tmp, removed
+// when the test ends.
+func chromiumTmp(t *testing.T) string {
+	dir := os.TempDir()
+	if len(dir)+len("/org.chromium.Chromium.XXXXXX/SingletonSocket") < 100 {
+		return dir
+	}
+	dir, err := os.MkdirTemp("/tmp", "chromium")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }

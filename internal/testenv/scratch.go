@@ -85,13 +85,15 @@ type Scratch struct {
 }
 
 // Setup is for the TestMain of a package whose tests start processes. It
-// makes a scratch directory under $TMPDIR and points TMPDIR at it, so that
+// makes a scratch directory under $TMPDIR (a short name: programs such as
+// Chromium put Unix sockets in TMPDIR, and a socket path has at most 107
+// bytes) and points TMPDIR at it, so that
 // t.TempDir, the binaries Binary builds and the children's own temporary
 // files all land inside. On SIGINT or SIGTERM it kills every process
 // started through this package (SIGCONT, then SIGKILL), removes the
 // directory and exits with status 128+signal. Call Close after m.Run.
 func Setup() (*Scratch, error) {
-	dir, err := os.MkdirTemp("", "fleetctl-test-")
+	dir, err := os.MkdirTemp("", "e2e")
 	if err != nil {
 		return nil, fmt.Errorf("testenv: scratch directory: %w", err)
 	}
