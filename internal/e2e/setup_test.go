@@ -99,6 +99,13 @@ func setup(t testing.TB, o setupOpts) *bundle {
 		DB: b.db, MQTT: b.broker.URL(), Env: o.env,
 		Args: append([]string{"--ack-timeout", "1s", "--sweep-interval", "100ms"}, o.args...),
 	})
+	if dir := os.Getenv(reportDirEnv); dir != "" {
+		// The first cleanup to run: the report shows the system as the test
+		// left it, still running, as its last verify saw it. After the
+		// teardown it would show the fleet's shutdown receipts, published
+		// to a controller already killed, as receipts not reflected.
+		t.Cleanup(func() { b.writeReport(dir) })
+	}
 	b.client = client.New(b.ctl.URL, o.token)
 	b.waitFleetSeen()
 	return b
