@@ -32,11 +32,16 @@ vet:
 	@unformatted=$$(gofmt -l cmd internal); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
+# .ci/gotest runs go test with a line per package, failures in full and a
+# line on what is still running at least every 30 s, inside a scratch
+# directory under $$TMPDIR that is removed afterwards, also on Ctrl-C or
+# SIGTERM. exec: a SIGTERM that make passes on reaches the script itself.
+export GO
 test: deps vet
-	$(GO) test -count=1 -timeout 25m ./...
+	exec .ci/gotest -count=1 -timeout 25m ./...
 
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 200x -count 1 ./internal/e2e/ ./internal/failpoint/
+	exec .ci/gotest -run '^$$' -bench . -benchtime 200x -count 1 ./internal/e2e/ ./internal/failpoint/
 
 # Every failure-window scenario with its invariant verdicts (the soak: 2 min on CI, 30 min otherwise).
 scenarios: deps

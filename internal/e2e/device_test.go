@@ -344,8 +344,7 @@ func TestTimeToDetectOffline(t *testing.T) {
 	// only the keepalive finds it, after 1.5 times the keepalive.
 	sim := exec.Command(testenv.Binary(t, "devicesim"), "run", "--mqtt", b.broker.URL(), "--devices", "1",
 		"--id-prefix", "silent-", "--state-dir", t.TempDir(), "--keepalive", "5s")
-	require.NoError(t, sim.Start())
-	t.Cleanup(func() { _ = sim.Process.Signal(syscall.SIGCONT); _ = sim.Process.Kill(); _ = sim.Wait() })
+	testenv.StartProcess(t, sim)
 	b.waitDevice("silent-1", true)
 	require.NoError(t, sim.Process.Signal(syscall.SIGSTOP))
 	start = time.Now()

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,12 +26,37 @@ import (
 	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
+// TestMain runs the tests inside a scratch directory (testenv.Setup): the
+// built binaries and every test's files are removed at the end, and on
+// Ctrl-C or SIGTERM too, with the processes the tests started. A file or a
+// process a test left behind fails the run, as a leaked goroutine does.
 func TestMain(m *testing.M) {
-	// paho leaves a goroutine behind for up to its reconnect back-off when a
-	// client is disconnected while reconnecting; it ends by itself.
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*client).reconnect"),
-		goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*connectionStatus).Disconnecting"))
+	scratch, err := testenv.Setup()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	left, err := scratch.Close()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testenv: remove %s: %v\n", scratch.Dir, err)
+		code = 1
+	}
+	if len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "testenv: the tests left behind (now removed):\n  %s\n", strings.Join(left, "\n  "))
+		code = 1
+	}
+	if code == 0 {
+		// paho leaves a goroutine behind for up to its reconnect back-off when a
+		// client is disconnected while reconnecting; it ends by itself.
+		if err := goleak.Find(
+			goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*client).reconnect"),
+			goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*connectionStatus).Disconnecting")); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: Errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // bundle is one test's running system.
@@ -74,6 +100,13 @@ func setup(t testing.TB, o setupOpts) *bundle {
 		DB: b.db, MQTT: b.broker.URL(), Env: o.env,
 		Args: append([]string{"--ack-timeout", "1s", "--sweep-interval", "100ms"}, o.args...),
 	})
+	if dir := os.Getenv(reportDirEnv); dir != "" {
+		// The first cleanup to run: the report shows the system as the test
+		// left it, still running, as its last verify saw it. After the
+		// teardown it would show the fleet's shutdown receipts, published
+		// to a controller already killed, as receipts not reflected.
+		t.Cleanup(func() { b.writeReport(dir) })
+	}
 	b.client = client.New(b.ctl.URL, o.token)
 	b.waitFleetSeen()
 	return b

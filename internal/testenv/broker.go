@@ -90,11 +90,12 @@ func (b *Broker) start() {
 	}
 	cmd := exec.Command(MosquittoBin, "-c", filepath.Join(b.Dir, "mosquitto.conf"))
 	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
+	if err := startTracked(cmd); err != nil {
+		log.Close()
 		b.t.Fatalf("start mosquitto: %v", err)
 	}
 	b.cmd, b.done = cmd, make(chan struct{})
-	go func() { cmd.Wait(); log.Close(); close(b.done) }()
+	go func() { cmd.Wait(); forget(cmd); log.Close(); close(b.done) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		c, err := net.DialTimeout("tcp", b.Addr(), 200*time.Millisecond)

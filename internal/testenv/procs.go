@@ -20,7 +20,8 @@ var (
 )
 
 // Binary returns the path of one of the project's commands (controller,
-// devicesim), built once per test process.
+// devicesim), built once per test process into a directory under $TMPDIR:
+// with Setup in TestMain, inside the scratch directory, which Close removes.
 func Binary(t testing.TB, name string) string {
 	t.Helper()
 	buildMu.Lock()
@@ -121,11 +122,11 @@ func (c *Controller) start() {
 		c.out = &syncBuffer{}
 	}
 	cmd.Stdout, cmd.Stderr = c.out, c.out
-	if err := cmd.Start(); err != nil {
+	if err := startTracked(cmd); err != nil {
 		c.t.Fatalf("start controller: %v", err)
 	}
 	c.cmd, c.done, c.status = cmd, make(chan struct{}), nil
-	go func() { c.status = cmd.Wait(); close(c.done) }()
+	go func() { c.status = cmd.Wait(); forget(cmd); close(c.done) }()
 }
 
 // WaitHealthy waits up to 15 s for /healthz, failing the test if the process exits.

@@ -1,0 +1,163 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+// A test process that starts brokers, controllers and simulators keeps
+// everything it writes in one scratch directory, and when it is interrupted
+// (Ctrl-C, SIGTERM) it kills what it started and removes that directory:
+// the tests' own cleanups cannot run then.
+
+// errInterrupted refuses a start once the test process is being interrupted.
+var errInterrupted = errors.New("testenv: the test process is interrupted")
+
+var (
+	procMu      sync.Mutex
+	procs       = map[*exec.Cmd]struct{}{}
+	interrupted bool
+)
+
+// startTracked starts cmd and keeps it until forget, so that an interrupt
+// can kill it. Once an interrupt is being handled it starts nothing.
+func startTracked(cmd *exec.Cmd) error {
+	procMu.Lock()
+	defer procMu.Unlock()
+	if interrupted {
+		return errInterrupted
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	procs[cmd] = struct{}{}
+	return nil
+}
+
+// forget drops cmd once it has been waited for.
+func forget(cmd *exec.Cmd) {
+	procMu.Lock()
+	defer procMu.Unlock()
+	delete(procs, cmd)
+}
+
+// killTrackedLocked sends SIGCONT (a stopped process cannot die) and
+// SIGKILL to every tracked process.
+func killTrackedLocked() int {
+	for cmd := range procs {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+	}
+	return len(procs)
+}
+
+// StartProcess starts a test's own long-lived child (one that is not a
+// Broker or a Controller), kills it when the test ends, and also when the
+// test process is interrupted.
+func StartProcess(t testing.TB, cmd *exec.Cmd) {
+	t.Helper()
+	if err := startTracked(cmd); err != nil {
+		t.Fatalf("start %s: %v", cmd.Path, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); forget(cmd); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		<-done
+	})
+}
+
+// Scratch is a test process's scratch directory; see Setup.
+type Scratch struct {
+	Dir     string
+	tmpdir  string // TMPDIR before Setup
+	sigs    chan os.Signal
+	stopped chan struct{}
+	handled chan struct{}
+}
+
+// Setup is for the TestMain of a package whose tests start processes. It
+// makes a scratch directory under $TMPDIR (a short name: programs such as
+// Chromium put Unix sockets in TMPDIR, and a socket path has at most 107
+// bytes) and points TMPDIR at it, so that
+// t.TempDir, the binaries Binary builds and the children's own temporary
+// files all land inside. On SIGINT or SIGTERM it kills every process
+// started through this package (SIGCONT, then SIGKILL), removes the
+// directory and exits with status 128+signal. Call Close after m.Run.
+func Setup() (*Scratch, error) {
+	dir, err := os.MkdirTemp("", "e2e")
+	if err != nil {
+		return nil, fmt.Errorf("testenv: scratch directory: %w", err)
+	}
+	old := os.Getenv("TMPDIR")
+	if err := os.Setenv("TMPDIR", dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	s := &Scratch{Dir: dir, tmpdir: old, sigs: make(chan os.Signal, 1), stopped: make(chan struct{}), handled: make(chan struct{})}
+	signal.Notify(s.sigs, os.Interrupt, syscall.SIGTERM)
+	go s.handle()
+	return s, nil
+}
+
+func (s *Scratch) handle() {
+	defer close(s.handled)
+	select {
+	case <-s.stopped:
+		return
+	case sig := <-s.sigs:
+		// Hold the lock to the end: nothing starts after the kill.
+		procMu.Lock()
+		interrupted = true
+		n := killTrackedLocked()
+		err := os.RemoveAll(s.Dir)
+		fmt.Fprintf(os.Stderr, "testenv: %v: killed %d child processes, removed %s (%v)\n", sig, n, s.Dir, err)
+		code := 1
+		if ss, ok := sig.(syscall.Signal); ok {
+			code = 128 + int(ss)
+		}
+		os.Exit(code)
+	}
+}
+
+// Close stops the signal handling, kills any tracked process still running
+// (a test that did not clean up) and removes the scratch directory. It
+// returns what the tests left behind, besides the binaries Binary built.
+func (s *Scratch) Close() (left []string, err error) {
+	signal.Stop(s.sigs)
+	close(s.stopped)
+	<-s.handled
+	procMu.Lock()
+	for cmd := range procs {
+		left = append(left, "process "+cmd.String())
+	}
+	killTrackedLocked()
+	procMu.Unlock()
+	entries, err := os.ReadDir(s.Dir)
+	if err != nil {
+		return left, err
+	}
+	buildMu.Lock()
+	bin := binDir
+	binDir, binBuilt = "", map[string]bool{}
+	buildMu.Unlock()
+	for _, e := range entries {
+		if p := filepath.Join(s.Dir, e.Name()); p != bin {
+			left = append(left, p)
+		}
+	}
+	if s.tmpdir == "" {
+		os.Unsetenv("TMPDIR")
+	} else {
+		os.Setenv("TMPDIR", s.tmpdir)
+	}
+	return left, os.RemoveAll(s.Dir)
+}
