@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
 // Client talks to one controller.
@@ -72,7 +73,7 @@ func Code(err error) string {
 func (c *Client) Do(ctx context.Context, method, path string, header http.Header, body, out any) (int, error) {
 	var rd io.Reader
 	if body != nil {
-		b, err := json.Marshal(body)
+		b, err := wire.Encode(body) // no HTML escaping: params go as the caller wrote them
 		if err != nil {
 			return 0, err
 		}

@@ -67,6 +67,7 @@ func TestDecideTable(t *testing.T) {
 		{"sent, asked, unanswered: re-send same id", cmd(fsm.CmdSent, 1, 1, "q-1", ""), conforming, wait, t0, Decision{Kind: Send}},
 		{"sent, device said unknown: re-send", cmd(fsm.CmdSent, 1, 1, "q-1", "unknown"), conforming, wait, t0, Decision{Kind: Send}},
 		{"sent, sends used up: ask", cmd(fsm.CmdSent, 3, 1, "q-1", ""), conforming, wait, t0, Decision{Kind: Ask}},
+		{"sent, asks used up, question forgotten by a takeover: ask first", cmd(fsm.CmdSent, 2, 5, "", ""), conforming, wait, t0, Decision{Kind: Ask}},
 		{"sent, sends and asks used up: wait for expiry", cmd(fsm.CmdSent, 3, 3, "q-3", ""), conforming, wait, t0, postpone(expires)},
 		{"sent, no query capability: re-send", cmd(fsm.CmdSent, 1, 0, "", ""), noQuery, wait, t0, Decision{Kind: Send}},
 		{"received, asked, unanswered: ask again, never re-send", cmd(fsm.CmdReceived, 1, 1, "q-1", ""), conforming, wait, t0, Decision{Kind: Ask}},

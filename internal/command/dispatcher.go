@@ -324,7 +324,9 @@ func check(c store.Command, dev store.Device, pol Policy) Decision {
 	switch {
 	case resend:
 		return Decision{Kind: Send}
-	case dev.Capabilities.Query && c.Queries < pol.MaxAttempts:
+	case dev.Capabilities.Query && (c.Queries < pol.MaxAttempts || c.LastQueryID == ""):
+		// Within the budget; or with no question outstanding (a new holder
+		// after a takeover or restart forgot it): ask before anything else.
 		return Decision{Kind: Ask}
 	case dev.Capabilities.Query && canResend(dev, pol) && (c.Status == fsm.CmdReceived || c.Status == fsm.CmdExecuting):
 		// The device has it and said so: one lost answer must not hide a
