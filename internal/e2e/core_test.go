@@ -245,7 +245,8 @@ func TestDuplicateStaleUnknownAndMalformedReceipts(t *testing.T) {
 			cmdID, opID, status, seq)
 	}
 	topic := "fleet/device-3/receipts"
-	publish(t, raw, topic, rcpt("succeeded", 3, op.CommandID, op.OperationID))                  // duplicate
+	// A duplicate repeats the device's own result (another result would be a late conflict).
+	publish(t, raw, topic, strings.Replace(rcpt("succeeded", 3, op.CommandID, op.OperationID), `{"x":1}`, string(before.Result), 1))
 	publish(t, raw, topic, rcpt("executing", 2, op.CommandID, op.OperationID))                  // stale after succeeded
 	publish(t, raw, topic, rcpt("succeeded", 1, "c-unknown", op.OperationID))                   // unknown command
 	publish(t, raw, "fleet/device-2/receipts", rcpt("failed", 9, op.CommandID, op.OperationID)) // wrong device
