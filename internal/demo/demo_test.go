@@ -114,7 +114,7 @@ func TestNamedDirIsKept(t *testing.T) {
 // batch stops every process and removes every file, promptly.
 func TestInterruptedRunCleansUp(t *testing.T) {
 	if _, err := os.Stat("/usr/sbin/mosquitto"); err != nil {
-		t.Skip("needs Mosquitto at /usr/sbin/mosquitto")
+		t.Fatalf("needs Mosquitto at /usr/sbin/mosquitto: run make deps (apt-get install mosquitto)")
 	}
 	bin := t.TempDir() // outside the TMPDIR under test: the test's binaries, not the demo's
 	for _, name := range []string{"controller", "devicesim"} {
