@@ -10,7 +10,26 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/api"
 )
+
+// submitUntilAnswered submits r until the controller answers 201 or 200,
+// backing off while it restarts, as a caller that retries with the same
+// operation_id does; it returns the answer and how many tries failed.
+func (b *bundle) submitUntilAnswered(ctx context.Context, r api.SubmitRequest) (api.Operation, int) {
+	for failed := 0; ctx.Err() == nil; failed++ {
+		op, status, err := b.client.Submit(ctx, r, "")
+		if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
+			return op, failed
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond): // back off while the controller restarts
+		}
+	}
+	return api.Operation{}, 0
+}
 
 // TestKill9DuringARun kills the controller with SIGKILL 20 times while 500
 // operations over 50 devices are submitted at a steady pace. Callers retry
@@ -45,28 +64,13 @@ func TestKill9DuringARun(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				r := req(fmt.Sprintf("chaos-%03d", i), fmt.Sprintf("device-%d", i%devices+1))
-				for attempt := 0; ; attempt++ {
-					if ctx.Err() != nil {
-						return
-					}
-					op, status, err := b.client.Submit(ctx, r, "")
-					if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
-						if op.Status == "succeeded" {
-							mu.Lock()
-							succeeded[op.OperationID] = true
-							mu.Unlock()
-						}
-						break
-					}
-					mu.Lock()
-					retries++
-					mu.Unlock()
-					select { // back off while the controller restarts
-					case <-ctx.Done():
-					case <-time.After(50 * time.Millisecond):
-					}
+				op, n := b.submitUntilAnswered(ctx, req(fmt.Sprintf("chaos-%03d", i), fmt.Sprintf("device-%d", i%devices+1)))
+				mu.Lock()
+				retries += n
+				if op.Status == "succeeded" {
+					succeeded[op.OperationID] = true
 				}
+				mu.Unlock()
 			}
 		}()
 	}

@@ -440,9 +440,10 @@ func TestCancelRacesTheClaim(t *testing.T) {
 	require.ErrorIs(t, err, ErrAlreadyPublished)
 }
 
-func TestRetryAsksThenMints(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
+// timedOutThenRetried publishes c-1 of op-1, times it out (the operation is
+// failed_retryable) and submits op-1 again: the caller's retry.
+func timedOutThenRetried(t *testing.T, b *testBundle) SubmitResult {
+	t.Helper()
 	sentCommand(t, b)
 	c, _ := b.s.GetCommand(b.ctx, "c-1")
 	_, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdTimeout, fsm.ReasonTimeout, fence, b.clk.Now())
@@ -450,6 +451,13 @@ func TestRetryAsksThenMints(t *testing.T) {
 	res, err := b.s.Submit(b.ctx, newOp("op-1", "c-x"), nil)
 	require.NoError(t, err)
 	require.True(t, res.Retried)
+	return res
+}
+
+func TestRetryAsksThenMints(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	res := timedOutThenRetried(t, b)
 	require.Equal(t, fsm.OpStarted, res.Operation.Status)
 	require.EqualValues(t, 2, res.Operation.FencingToken, "the retry takes the lease with a new token")
 	r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
@@ -569,13 +577,7 @@ func TestStalePresenceCountedAndReset(t *testing.T) {
 func TestLateSuccessOfAnEarlierCommandDecidesTheOperation(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	sentCommand(t, b)
-	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	_, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdTimeout, fsm.ReasonTimeout, fence, b.clk.Now())
-	require.NoError(t, err)
-	res, err := b.s.Submit(b.ctx, newOp("op-1", "c-x"), nil) // the caller's retry
-	require.NoError(t, err)
-	require.True(t, res.Retried)
+	timedOutThenRetried(t, b)
 	r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
 	require.NoError(t, err)
 	f := Fence{Owner: "i1", Token: r.Operation.FencingToken}
