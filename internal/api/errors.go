@@ -42,6 +42,8 @@ func toAPIError(err error) *APIError {
 	case errors.Is(err, store.ErrKeyReused):
 		return apiErr(http.StatusUnprocessableEntity, "idempotency_key_reused",
 			"this operation_id exists with other action, target or params; use a new operation_id for a new intent")
+	case errors.Is(err, store.ErrOverloaded):
+		return apiErr(http.StatusServiceUnavailable, "overloaded", "the controller is saturated; retry with the same operation_id after Retry-After")
 	case errors.Is(err, failpoint.ErrInjected):
 		return apiErr(http.StatusServiceUnavailable, "unavailable", err.Error()+"; retry with the same operation_id")
 	case errors.Is(err, store.ErrStaleVersion):
@@ -76,8 +78,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
 	ae := toAPIError(err)
-	if ae.Status >= 500 {
+	if ae.Status >= 500 && ae.Code != "overloaded" {
 		log.Error("request failed", "err", err)
+	}
+	if ae.Status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1") // every 503 is worth a retry with the same operation_id
 	}
 	writeJSON(w, ae.Status, Error{Code: ae.Code, Message: ae.Message})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"golang.org/x/sync/errgroup"
 )
 
 // Publisher sends one MQTT message.
@@ -54,10 +55,14 @@ type Dispatcher struct {
 	connected chan struct{}
 }
 
+// DefaultWorkers is how many commands a dispatcher steps at once: enough
+// for their decisions to share the store's commits.
+const DefaultWorkers = 32
+
 // New builds a Dispatcher; Run starts it.
 func New(cfg Config) *Dispatcher {
 	if cfg.Workers <= 0 {
-		cfg.Workers = 4
+		cfg.Workers = DefaultWorkers
 	}
 	if cfg.SweepInterval <= 0 {
 		cfg.SweepInterval = time.Second
@@ -423,20 +428,35 @@ func (d *Dispatcher) reconcile(ctx context.Context) {
 		return
 	}
 	d.cfg.Logger.Info("reconcile: asking about open commands", "count", len(open))
+	// Several at once, so their decisions share commits; bounded, so
+	// thousands of asks go out at the pace the broker acknowledges them.
+	var g errgroup.Group
+	g.SetLimit(reconcileParallel)
 	for _, oc := range open {
 		if ctx.Err() != nil {
-			return
+			break
 		}
-		dev := d.device(ctx, oc.DeviceID)
-		switch {
-		case oc.Status == fsm.CmdPending || (oc.Status == fsm.CmdWaitingDevice && dev.Online):
-			d.Kick(oc.CommandID)
-		case oc.Status == fsm.CmdWaitingDevice:
-		case dev.Capabilities.Query:
-			d.ask(ctx, oc.Command, oc.Fence, dev, d.cfg.Policy(oc.Action), false) // not counted: a reconnect is not the device's fault
-		default:
-			d.Kick(oc.CommandID)
-		}
+		g.Go(func() error {
+			d.reconcileOne(ctx, oc)
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
+// reconcileParallel bounds the commands a reconcile handles at once.
+const reconcileParallel = 32
+
+func (d *Dispatcher) reconcileOne(ctx context.Context, oc store.OpenCommand) {
+	dev := d.device(ctx, oc.DeviceID)
+	switch {
+	case oc.Status == fsm.CmdPending || (oc.Status == fsm.CmdWaitingDevice && dev.Online):
+		d.Kick(oc.CommandID)
+	case oc.Status == fsm.CmdWaitingDevice:
+	case dev.Capabilities.Query:
+		d.ask(ctx, oc.Command, oc.Fence, dev, d.cfg.Policy(oc.Action), false) // not counted: a reconnect is not the device's fault
+	default:
+		d.Kick(oc.CommandID)
 	}
 }
 

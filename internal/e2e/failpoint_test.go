@@ -105,9 +105,9 @@ func TestFailpointAfterPublishError(t *testing.T) {
 
 func TestFailpointBeforeReceiptCommit(t *testing.T) {
 	t.Parallel()
-	// The process dies with the first receipt uncommitted (already
+	// The process dies with the first receipt uncommitted (so not yet
 	// acknowledged to the broker): the restarted controller still learns the
-	// outcome, from the receipts queued for its session or by asking.
+	// outcome, from the broker's redelivery to its session or by asking.
 	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-receipt-commit=1*crash"}})
 	_, _, _ = b.client.Submit(b.ctx(), req("task-fp5", "device-2"), "") // the crash may beat the answer
 	require.Equal(t, 137, b.ctl.ExitCode())
@@ -117,6 +117,33 @@ func TestFailpointBeforeReceiptCommit(t *testing.T) {
 	require.Equal(t, http.StatusOK, status, "committed before the crash")
 	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status)
 	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+	b.verify()
+}
+
+// A receipt is acknowledged only after its commit: a controller that dies
+// between the two leaves it with the broker, which delivers it again after
+// the restart. The device cannot answer queries and publishes its
+// succeeded receipt exactly once, so only the redelivery can finish the
+// operation (with the PUBACK sent on arrival, as before, it timed out).
+func TestReceiptUncommittedAtACrashIsDeliveredAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{devices: 1})
+	h := newHandDeviceWith(t, b, "hand-ack", `{"dedupe":true,"query":false}`)
+	op, _, err := b.client.Submit(b.ctx(), req("task-ack", "hand-ack"), "")
+	require.NoError(t, err)
+	cmd := h.nextCommand()
+	h.receipt(cmd, "received", 1, "")
+	h.receipt(cmd, "executing", 2, "")
+	eventually(t, "executing committed", 10*time.Second, func() bool { return b.command(cmd.CommandID).Status == "executing" })
+
+	b.ctl.Kill()
+	b.ctl.Restart("CONTROLLER_FAILPOINTS=before-receipt-commit=1*crash")
+	h.receipt(cmd, "succeeded", 3, "") // the one and only succeeded receipt
+	require.Equal(t, 137, b.ctl.ExitCode(), "died with the receipt decoded, uncommitted and unacknowledged")
+
+	b.ctl.Restart()
+	require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status, "the broker delivered the receipt again")
+	require.Equal(t, 1.0, b.metric(`controller_receipts_total{effect="applied"}`), "applied once, by the restarted process")
 	b.verify()
 }
 

@@ -5,6 +5,7 @@ package metrics
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -25,6 +26,8 @@ type Metrics struct {
 	Presence           *prometheus.CounterVec
 	Reconciles         prometheus.Counter
 	Takeovers          prometheus.Counter
+	BatchChanges       prometheus.Histogram
+	BatchSeconds       prometheus.Histogram
 }
 
 // New registers the contract's metrics (and the Go runtime's) in a fresh registry.
@@ -65,7 +68,16 @@ func New() *Metrics {
 		Takeovers: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "controller_takeovers_total", Help: "Operations taken over from a peer whose lease ran out.",
 		}),
+		BatchChanges: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "controller_store_batch_changes", Help: "Changes committed together by the store's writer (group commit).",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512},
+		}),
+		BatchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "controller_store_batch_seconds", Help: "Time to apply and commit one batch of changes.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
 	}
+	r.MustRegister(m.BatchChanges, m.BatchSeconds)
 	r.MustRegister(m.Transitions, m.TransitionsRefused, m.Receipts, m.Publishes, m.PublishFailures,
 		m.FencingRefused, m.FailpointHits, m.LateOutcomes, m.Presence, m.Reconciles, m.Takeovers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -104,3 +116,9 @@ func (m *Metrics) Receipt(effect string) {
 
 // Fenced implements store.Observer.
 func (m *Metrics) Fenced() { m.FencingRefused.Inc() }
+
+// Batch implements store.Observer.
+func (m *Metrics) Batch(changes int, took time.Duration) {
+	m.BatchChanges.Observe(float64(changes))
+	m.BatchSeconds.Observe(took.Seconds())
+}

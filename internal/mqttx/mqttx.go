@@ -5,12 +5,16 @@
 // the controller is away, though correctness never depends on it;
 // subscriptions made in the OnConnect handler, so every reconnect
 // resubscribes; a message handler that never blocks: it appends the message
-// to an unbounded in-memory queue and returns, so paho acknowledges it
-// (PUBACK) at once. A receipt is therefore acknowledged before it is
-// committed; its processing is idempotent on redelivery (the store's rank
-// guard), and one lost with a crashed process is found again by the
-// controller's queries after it restarts. Every token is waited on with
-// WaitTimeout.
+// to an in-memory queue and returns. Acknowledgement is manual (paho's
+// SetAutoAckDisabled): the PUBACK of a QoS 1 message goes out only when its
+// consumer calls Message.Ack, after the transaction that recorded it
+// committed. Until then the broker keeps the message and redelivers it to
+// the session after a reconnect, so a receipt is never acknowledged and then
+// lost with a crashed process. The queue is bounded by the broker: it sends
+// at most max_inflight_messages unacknowledged QoS 1 messages per client
+// (the shipped config sets it), and holds the rest. An Ack after the
+// connection it came on was lost is dropped by paho; the broker redelivers.
+// Every token is waited on with WaitTimeout.
 package mqttx
 
 import (
@@ -29,6 +33,22 @@ type Message struct {
 	Topic   string
 	Payload []byte
 	At      time.Time
+	ack     func()
+}
+
+// Ack sends the message's PUBACK (QoS 1); call it once the message's effect
+// is durable, or once it is known to have none. Safe to call more than once,
+// and on a Message that did not come from the broker.
+func (m Message) Ack() {
+	if m.ack != nil {
+		m.ack()
+	}
+}
+
+// NewMessage builds a message as the broker would deliver it, with ack
+// called by Ack (for tests and in-process sources).
+func NewMessage(topic string, payload []byte, ack func()) Message {
+	return Message{Topic: topic, Payload: payload, At: time.Now(), ack: ack}
 }
 
 // Config configures a Client.
@@ -79,6 +99,7 @@ func New(cfg Config) *Client {
 		SetPingTimeout(cfg.Timeout).
 		SetConnectTimeout(cfg.Timeout).
 		SetWriteTimeout(cfg.Timeout).
+		SetAutoAckDisabled(true).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
 		SetConnectRetryInterval(500 * time.Millisecond).
@@ -110,9 +131,9 @@ func (cl *Client) Start(ctx context.Context) error {
 	}
 }
 
-// handle never blocks: it queues the message and returns.
+// handle never blocks: it queues the message, unacknowledged, and returns.
 func (cl *Client) handle(_ mqtt.Client, m mqtt.Message) {
-	cl.inbox.push(Message{Topic: m.Topic(), Payload: append([]byte(nil), m.Payload()...), At: time.Now()})
+	cl.inbox.push(Message{Topic: m.Topic(), Payload: append([]byte(nil), m.Payload()...), At: time.Now(), ack: m.Ack})
 }
 
 func (cl *Client) onConnect(c mqtt.Client) {
@@ -186,8 +207,8 @@ func (cl *Client) Stop() {
 	cl.inbox.close()
 }
 
-// queue is an unbounded FIFO: the MQTT handler must never wait on the
-// consumer. Its size is bounded by what the broker delivers.
+// queue is a FIFO the MQTT handler never waits on. Its length is bounded by
+// the broker's in-flight window, since nothing in it is acknowledged yet.
 type queue struct {
 	mu     sync.Mutex
 	items  []Message

@@ -2,7 +2,15 @@
 // are facts, and any controller instance may apply them, each in one
 // transaction guarded by the command's receipt rank or the device's
 // presence rank (see the store). Applying the same fact twice is harmless,
-// which is what makes the MQTT layer's early PUBACK safe.
+// so a redelivered message does nothing new.
+//
+// A message is acknowledged to the broker (PUBACK) only after the
+// transaction that applied it committed, or once it is known to change
+// nothing (malformed, a duplicate, a refusal): a controller that dies
+// before the commit leaves the receipt with the broker, which delivers it
+// again. Messages are applied by Workers goroutines, each device's on one of
+// them in arrival order, so one device's receipts (and so each command's)
+// are applied in the order they came while many devices' share a commit.
 //
 // A receipt whose topic's device or operation_id does not match its command
 // is recorded with effect mismatch and changes nothing; malformed payloads
@@ -13,7 +21,9 @@ package receipt
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"log/slog"
+	"time"
 
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/metrics"
@@ -38,13 +48,24 @@ type Config struct {
 	// OnReceipt is told what each applied receipt did (to wake waiters and
 	// let the lease holder decide what follows).
 	OnReceipt func(store.ReceiptOutcome)
-	// OnPresence is told of each applied presence change, before the next
-	// message is handled.
+	// OnPresence is told of each applied presence change, before the
+	// device's next message is handled.
 	OnPresence func(context.Context, store.PresenceOutcome)
+	// Workers apply messages concurrently, each device's on one worker
+	// (DefaultWorkers).
+	Workers int
 }
 
-// Ingestor applies receipts and presence messages in arrival order.
-type Ingestor struct{ cfg Config }
+// DefaultWorkers is enough to fill a batch from the broker's in-flight
+// window while commits are under way.
+const DefaultWorkers = 32
+
+// Ingestor applies receipts and presence messages, each device's in arrival
+// order.
+type Ingestor struct {
+	cfg  Config
+	seed maphash.Seed
+}
 
 // New builds an Ingestor.
 func New(cfg Config) *Ingestor {
@@ -57,46 +78,120 @@ func New(cfg Config) *Ingestor {
 	if cfg.OnPresence == nil {
 		cfg.OnPresence = func(context.Context, store.PresenceOutcome) {}
 	}
-	return &Ingestor{cfg: cfg}
+	if cfg.Workers <= 0 {
+		cfg.Workers = DefaultWorkers
+	}
+	return &Ingestor{cfg: cfg, seed: maphash.MakeSeed()}
 }
 
-// Run processes messages until ctx ends or the source closes.
+// Run processes messages until ctx ends or the source closes. A message
+// still unapplied when ctx ends stays unacknowledged, for the broker to
+// deliver again.
 func (in *Ingestor) Run(ctx context.Context) error {
+	work := make([]chan mqttx.Message, in.cfg.Workers)
+	done := make(chan struct{})
+	for i := range work {
+		work[i] = make(chan mqttx.Message, 8)
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for m := range work[i] {
+				if ctx.Err() == nil {
+					in.Handle(ctx, m)
+				}
+			}
+		}()
+	}
+	defer func() {
+		for _, w := range work {
+			close(w)
+		}
+		for range work {
+			<-done
+		}
+	}()
 	for {
 		m, err := in.cfg.Source.Next(ctx)
 		if err != nil {
 			return nil // ctx ended, or the transport stopped
 		}
-		in.Handle(ctx, m)
+		device, _, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic)
+		if err != nil {
+			in.malformed(m, err)
+			m.Ack()
+			continue
+		}
+		w := work[maphash.String(in.seed, device)%uint64(len(work))]
+		select {
+		case w <- m:
+		case <-ctx.Done():
+			return nil
+		}
 	}
 }
 
-// Handle applies one message.
+// Handle applies one message and acknowledges it once its effect is
+// committed (or it has none). A store error is retried a few times, then
+// the message is acknowledged anyway and logged: the controller's queries
+// find any receipt that was not recorded. When ctx ends first, the message
+// is left unacknowledged.
 func (in *Ingestor) Handle(ctx context.Context, m mqttx.Message) {
+	delay := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := in.apply(ctx, m)
+		if err == nil {
+			m.Ack()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if attempt == applyAttempts {
+			in.cfg.Logger.Error("message not recorded; acknowledged anyway, the queries recover it", "topic", m.Topic, "err", err)
+			m.Ack()
+			return
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return
+		}
+		delay *= 2
+	}
+}
+
+// applyAttempts bounds the tries of one message against store errors.
+const applyAttempts = 5
+
+// apply applies one message: nil once it is committed or known to change
+// nothing, a store error otherwise.
+func (in *Ingestor) apply(ctx context.Context, m mqttx.Message) error {
 	device, kind, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic)
 	if err != nil {
 		in.malformed(m, err)
-		return
+		return nil
 	}
 	switch kind {
 	case wire.KindReceipts:
 		var r wire.Receipt
 		if err := wire.Decode(m.Payload, &r); err != nil {
 			in.malformed(m, err)
-			return
+			return nil
 		}
 		if err := r.Validate(); err != nil {
 			in.malformed(m, err)
-			return
+			return nil
 		}
 		out, err := in.cfg.Store.ApplyReceipt(ctx, device, r, func() error {
 			return in.cfg.Failpoints.HitContext(ctx, failpoint.BeforeReceiptCommit)
 		})
+		if errors.Is(err, store.ErrRefused) {
+			return nil // recorded as refused; nothing more to do
+		}
 		if err != nil {
 			if !errors.Is(err, context.Canceled) {
-				in.cfg.Logger.Error("receipt not recorded", "device", device, "command_id", r.CommandID, "err", err)
+				in.cfg.Logger.Warn("receipt not recorded", "device", device, "command_id", r.CommandID, "err", err)
 			}
-			return
+			return err
 		}
 		in.cfg.Logger.Debug("receipt", "device", device, "command_id", out.CommandID, "status", r.Status, "effect", out.Effect)
 		in.cfg.OnReceipt(out)
@@ -104,12 +199,15 @@ func (in *Ingestor) Handle(ctx context.Context, m mqttx.Message) {
 		var p wire.Presence
 		if err := wire.Decode(m.Payload, &p); err != nil {
 			in.malformed(m, err)
-			return
+			return nil
 		}
 		out, err := in.cfg.Store.ApplyPresence(ctx, device, p)
+		if errors.Is(err, store.ErrRefused) {
+			return nil
+		}
 		if err != nil {
-			in.cfg.Logger.Error("presence not recorded", "device", device, "err", err)
-			return
+			in.cfg.Logger.Warn("presence not recorded", "device", device, "err", err)
+			return err
 		}
 		effect := "stale"
 		if out.Applied {
@@ -120,6 +218,7 @@ func (in *Ingestor) Handle(ctx context.Context, m mqttx.Message) {
 	default:
 		// Commands and queries are ours; we are not subscribed to them.
 	}
+	return nil
 }
 
 func (in *Ingestor) malformed(m mqttx.Message, err error) {

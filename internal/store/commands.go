@@ -229,7 +229,7 @@ func (t *tx) decided(ctx context.Context, d *Decision) func(rowScanner) error {
 // looks at the command again if no final receipt arrives.
 func (s *SQLite) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		to := expect
 		if expect == fsm.CmdPending || expect == fsm.CmdWaitingDevice {
 			to = fsm.CmdSent
@@ -260,7 +260,7 @@ func (s *SQLite) ClaimSend(ctx context.Context, commandID string, expect fsm.Com
 // count the caller saw.
 func (s *SQLite) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, counted bool, f Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		now := ms(t.now)
 		err := t.cas(ctx, t.decision(ctx, commandID, expect, expect, f), t.decided(ctx, &d),
 			`UPDATE commands SET queries = queries + ?, last_query_id = ?, last_answer = '', next_check_at = ?, updated_at = ?
@@ -282,7 +282,7 @@ func (s *SQLite) ClaimQuery(ctx context.Context, commandID, queryID string, expe
 // do yet). It is fenced like a decision; a refusal is not recorded (nothing
 // was decided), only returned.
 func (s *SQLite) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
-	return s.write(ctx, func(t *tx) error {
+	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ? AND version = ? AND `+commandFenced,
 			append([]any{ms(next), commandID, expectVersion}, f.args(t.now)...)...)
 		if err != nil {
@@ -303,7 +303,7 @@ func (s *SQLite) Postpone(ctx context.Context, commandID string, expectVersion i
 // sweeper looks again (ignored for terminal states).
 func (s *SQLite) Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error) {
 	var out Command
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		if err := fsm.Command.Transition(from, to); err != nil {
 			return t.refuse("command", commandID, string(from), string(to), ReasonIllegal, f.Token)
 		}
@@ -335,7 +335,7 @@ func (s *SQLite) Move(ctx context.Context, commandID string, from fsm.CommandSta
 // condition and is taken again with the new presence. No state changes.
 func (s *SQLite) Wake(ctx context.Context, device string) ([]string, error) {
 	var ids []string
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
 		ids, err = queryStrings(ctx, t.Tx, `UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
 			AND status NOT IN `+terminalCommands+` RETURNING command_id`, ms(t.now), device)

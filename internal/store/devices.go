@@ -92,7 +92,7 @@ type PresenceOutcome struct {
 // of an old connection, or a stale retained birth, changes nothing).
 func (s *SQLite) ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error) {
 	var out PresenceOutcome
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		now := ms(t.now)
 		if _, err := t.Exec(`INSERT INTO devices (device_id, updated_at) VALUES (?, ?) ON CONFLICT (device_id) DO NOTHING`,
 			device, now); err != nil {
@@ -157,7 +157,7 @@ func onlineWord(online bool) string {
 // until that message arrives. An admin's action.
 func (s *SQLite) ResetPresence(ctx context.Context, device, who string) (Device, error) {
 	var out Device
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
 		out, err = scanDevice(t.QueryRowContext(ctx, `UPDATE devices SET presence_rank = -1, stale_presence = 0,
 				last_stale_session = 0, updated_at = ? WHERE device_id = ? RETURNING `+deviceColumns, ms(t.now), device))
@@ -187,7 +187,7 @@ func (t *tx) touchDevice(device string) error {
 // (re)connects to a broker that may have lost its sessions: presence is a
 // hint until each device speaks again.
 func (s *SQLite) UnconfirmAll(ctx context.Context) error {
-	return s.write(ctx, func(t *tx) error {
+	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		_, err := t.Exec(`UPDATE devices SET confirmed = 0`)
 		return err
 	})

@@ -48,7 +48,7 @@ func (s *SQLite) CreateGrant(ctx context.Context, id, principal, action, devices
 	}
 	var g Grant
 	var created bool
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		r, err := t.Exec(`INSERT INTO grants (grant_id, principal, action, devices, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?)
 			ON CONFLICT (principal, action, devices) WHERE revoked_at IS NULL DO NOTHING`,
 			id, principal, action, devices, by, ms(t.now))
@@ -67,7 +67,7 @@ func (s *SQLite) CreateGrant(ctx context.Context, id, principal, action, devices
 // RevokeGrant sets revoked_at (once; a second revoke returns the grant as it is).
 func (s *SQLite) RevokeGrant(ctx context.Context, id string) (Grant, error) {
 	var g Grant
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		if _, err := t.Exec(`UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL`, ms(t.now), id); err != nil {
 			return fmt.Errorf("revoke grant %s: %w", id, err)
 		}

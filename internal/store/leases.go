@@ -14,7 +14,7 @@ import (
 func (s *SQLite) RenewLeases(ctx context.Context, owner string, ttl time.Duration) (int64, time.Time, error) {
 	var n int64
 	var until time.Time
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		until = t.now.Add(ttl)
 		r, err := t.Exec(`UPDATE operations SET lease_expires_at = ?
 			WHERE owner = ? AND status = 'started' AND lease_expires_at > ?`, ms(until), owner, ms(t.now))
@@ -33,7 +33,7 @@ func (s *SQLite) RenewLeases(ctx context.Context, owner string, ttl time.Duratio
 // the dead process had in flight then fails its fence.
 func (s *SQLite) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (int64, error) {
 	var n int64
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		ids, err := queryStrings(ctx, t.Tx, `UPDATE operations SET fencing_token = fencing_token + 1, lease_expires_at = ?
 			WHERE owner = ? AND status = 'started' RETURNING operation_id`, ms(t.now.Add(ttl)), owner)
 		if err != nil {
@@ -60,7 +60,7 @@ func (s *SQLite) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration
 // or new command_id. It returns the operation ids taken.
 func (s *SQLite) TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error) {
 	var ids []string
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		rows, err := t.QueryContext(ctx, `UPDATE operations SET owner = ?, fencing_token = fencing_token + 1,
 				lease_expires_at = ?, updated_at = ?
 			WHERE operation_id IN (SELECT operation_id FROM operations

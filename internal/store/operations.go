@@ -77,7 +77,7 @@ type SubmitResult struct {
 // rolls everything back.
 func (s *SQLite) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
 	var res SubmitResult
-	err := s.write(ctx, func(t *tx) error {
+	err := s.writeOrShed(ctx, func(ctx context.Context, t *tx) error {
 		var err error
 		if res, err = t.submit(ctx, n); err != nil || !res.Created {
 			return err

@@ -35,6 +35,10 @@ type ReceiptOutcome struct {
 	// command); the lease holder may re-send or mint anew.
 	Unknown  bool
 	Terminal bool // the command is terminal after this receipt
+	// Due: the command had been parked until its expiry (its sends and
+	// asks used up) and the device has now said it has it: it is due for
+	// a decision now (an ask, so a lost final receipt is found).
+	Due bool
 }
 
 // ApplyReceipt applies a fact reported by a device, in one transaction
@@ -46,7 +50,7 @@ type ReceiptOutcome struct {
 // failpoint); an error from it records nothing.
 func (s *SQLite) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
 	var out ReceiptOutcome
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
 		out, err = t.applyReceipt(ctx, device, r)
 		if err != nil {
@@ -138,8 +142,24 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 			return out, err
 		}
 		out.Terminal = out.To.Terminal()
+		if out.Effect == EffectApplied && !out.Terminal {
+			if out.Due, err = t.unpark(target); err != nil {
+				return out, err
+			}
+		}
 	}
 	return out, t.logReceipt(target, sentAs, device, r, out.Effect)
+}
+
+// unpark makes a command parked until its expiry due now: the device's
+// progress changes what the lease holder would decide.
+func (t *tx) unpark(commandID string) (bool, error) {
+	r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ? AND next_check_at >= expires_at`, ms(t.now), commandID)
+	if err != nil {
+		return false, fmt.Errorf("unpark %s: %w", commandID, err)
+	}
+	n, err := r.RowsAffected()
+	return n > 0, err
 }
 
 // advance moves a non-terminal command forward to the receipt's state,

@@ -85,7 +85,7 @@ func (s *SQLite) RetryingCommands(ctx context.Context, owner string, limit int) 
 // known not to run: the device answered unknown or rejected, or it was never
 // published). Fenced like every decision.
 func (s *SQLite) MintCommand(ctx context.Context, r Retrying, f Fence, commandID string, ttl time.Duration, qos int) error {
-	return s.write(ctx, func(t *tx) error {
+	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpStarted, f), nil,
 			`UPDATE operations SET command_id = ?, attempt = attempt + 1, retry_until = NULL, version = version + 1, updated_at = ?
@@ -104,7 +104,7 @@ func (s *SQLite) MintCommand(ctx context.Context, r Retrying, f Fence, commandID
 // AbandonRetry puts a retrying operation back to failed_retryable (no
 // answer about its last command within the retry window). Fenced.
 func (s *SQLite) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason string) error {
-	return s.write(ctx, func(t *tx) error {
+	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpFailedRetryable, f), nil,
 			`UPDATE operations SET status = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
@@ -123,7 +123,7 @@ func (s *SQLite) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason s
 // decided by the same conditional write the publisher's claim races.
 func (s *SQLite) Cancel(ctx context.Context, commandID, who string) (Command, error) {
 	var out Command
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		c, err := getCommand(ctx, t.Tx, commandID)
 		if err != nil {
 			return err
@@ -169,7 +169,7 @@ func (s *SQLite) Resolve(ctx context.Context, commandID string, outcome fsm.Comm
 	if outcome != fsm.CmdSucceeded && outcome != fsm.CmdFailed {
 		return out, fmt.Errorf("resolve outcome %q: want succeeded or failed: %w", outcome, ErrIllegalState)
 	}
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		c, err := getCommand(ctx, t.Tx, commandID)
 		if err != nil {
 			return err

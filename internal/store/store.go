@@ -60,6 +60,8 @@ type Observer interface {
 	Refused(machine, reason string)
 	Receipt(effect string)
 	Fenced()
+	// Batch is told of each committed group of changes: how many, how long.
+	Batch(changes int, took time.Duration)
 }
 
 type nopObserver struct{}
@@ -68,6 +70,7 @@ func (nopObserver) Transition(string, string, string) {}
 func (nopObserver) Refused(string, string)            {}
 func (nopObserver) Receipt(string)                    {}
 func (nopObserver) Fenced()                           {}
+func (nopObserver) Batch(int, time.Duration)          {}
 
 // Config configures a Store.
 type Config struct {
@@ -76,6 +79,10 @@ type Config struct {
 	Now      func() time.Time // injectable clock; time.Now by default
 	Observer Observer
 	Readers  int // read pool size; 4 by default
+	// QueueSize bounds the changes waiting for the writer
+	// (DefaultQueueSize); MaxBatch bounds the changes of one commit
+	// (DefaultMaxBatch).
+	QueueSize, MaxBatch int
 }
 
 // SQLite is the SQLite store. It is safe for concurrent use.
@@ -84,6 +91,11 @@ type SQLite struct {
 	now      func() time.Time
 	obs      Observer
 	instance string
+
+	// The writer goroutine (writer.go) owns w once Open returns.
+	queue         chan *job
+	maxBatch      int
+	quit, stopped chan struct{}
 }
 
 // Open opens (creating if needed) the database at cfg.Path and applies the
@@ -101,6 +113,12 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	if cfg.Readers <= 0 {
 		cfg.Readers = 4
 	}
+	if cfg.QueueSize <= 0 {
+		cfg.QueueSize = DefaultQueueSize
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
 	path := url.PathEscape(cfg.Path)
 	params := "_journal_mode=WAL&_busy_timeout=10000&_synchronous=FULL&_foreign_keys=on"
 	w, err := sql.Open("sqlite3", "file:"+path+"?"+params+"&_txlock=immediate")
@@ -109,7 +127,9 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	}
 	w.SetMaxOpenConns(1)
 	w.SetConnMaxIdleTime(0)
-	s := &SQLite{w: w, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance}
+	s := &SQLite{w: w, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
+		queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch,
+		quit: make(chan struct{}), stopped: make(chan struct{})}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		return nil, err
@@ -121,11 +141,19 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	}
 	r.SetMaxOpenConns(cfg.Readers)
 	s.r = r
+	go s.runWriter()
 	return s, nil
 }
 
-// Close closes both pools.
+// Close stops the writer once its current batch is answered (changes still
+// queued get ErrClosed, nothing of them written) and closes both pools.
 func (s *SQLite) Close() error {
+	select {
+	case <-s.quit:
+	default:
+		close(s.quit)
+	}
+	<-s.stopped
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
@@ -185,53 +213,6 @@ type tx struct {
 type refusal struct {
 	machine, id, from, to, reason string
 	token                         int64
-}
-
-// write runs fn in an IMMEDIATE transaction on the writer connection. The
-// observations fn made are reported only after a successful commit. The
-// refusals it recorded are written in the same transaction when fn succeeds,
-// and in a transaction of their own when fn fails (its changes rolled back),
-// so a refused transition is always on record and never half-applied.
-func (s *SQLite) write(ctx context.Context, fn func(*tx) error) error {
-	sqlTx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	t := &tx{Tx: sqlTx, now: s.now().UTC(), instance: s.instance}
-	defer sqlTx.Rollback()
-	if ferr := fn(t); ferr != nil {
-		sqlTx.Rollback()
-		if len(t.refusals) > 0 {
-			if err := s.recordRefusals(ctx, t.refusals); err != nil {
-				return errors.Join(ferr, err)
-			}
-		}
-		return ferr
-	}
-	if err := insertRefusals(t.Tx, t.now, s.instance, t.refusals); err != nil {
-		return err
-	}
-	if err := sqlTx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	s.report(t.notes, t.refusals)
-	return nil
-}
-
-func (s *SQLite) recordRefusals(ctx context.Context, refs []refusal) error {
-	sqlTx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("record refusals: %w", err)
-	}
-	defer sqlTx.Rollback()
-	if err := insertRefusals(sqlTx, s.now().UTC(), s.instance, refs); err != nil {
-		return err
-	}
-	if err := sqlTx.Commit(); err != nil {
-		return fmt.Errorf("record refusals: %w", err)
-	}
-	s.report(nil, refs)
-	return nil
 }
 
 func insertRefusals(t *sql.Tx, now time.Time, instance string, refs []refusal) error {

@@ -21,6 +21,7 @@ type countingObserver struct {
 	transitions, refused map[string]int
 	receipts             map[string]int
 	fenced               int
+	batches, changes     int
 }
 
 func newObserver() *countingObserver {
@@ -34,6 +35,12 @@ func (o *countingObserver) Transition(m, f, t string) {
 func (o *countingObserver) Refused(m, r string) { o.mu.Lock(); o.refused[m+":"+r]++; o.mu.Unlock() }
 func (o *countingObserver) Receipt(e string)    { o.mu.Lock(); o.receipts[e]++; o.mu.Unlock() }
 func (o *countingObserver) Fenced()             { o.mu.Lock(); o.fenced++; o.mu.Unlock() }
+func (o *countingObserver) Batch(n int, _ time.Duration) {
+	o.mu.Lock()
+	o.batches++
+	o.changes += n
+	o.mu.Unlock()
+}
 
 type testBundle struct {
 	s   *SQLite
@@ -596,4 +603,28 @@ func TestLateSuccessOfAnEarlierCommandDecidesTheOperation(t *testing.T) {
 	require.JSONEq(t, `{"boots":2}`, string(op.Result))
 	c2, _ := b.s.GetCommand(b.ctx, "c-2")
 	require.Equal(t, fsm.CmdCancelled, c2.Status, "the newer command, never published, is cancelled")
+}
+
+// A command parked until its expiry (sends and asks used up) whose device
+// then says it has it is due for a decision again, so its lost final
+// receipt is asked for instead of waiting for the expiry.
+func TestProgressUnparksACommandParkedUntilItsExpiry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
+	require.NoError(t, err)
+	c, _ := b.s.GetCommand(b.ctx, "c-1")
+	require.NoError(t, b.s.Postpone(b.ctx, "c-1", c.Version, fence, c.ExpiresAt))
+
+	out, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptReceived, 1), nil)
+	require.NoError(t, err)
+	require.True(t, out.Due, "parked, then progress: due now")
+	c, _ = b.s.GetCommand(b.ctx, "c-1")
+	require.Equal(t, b.clk.Now(), c.NextCheckAt)
+
+	out, err = b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptExecuting, 2), nil)
+	require.NoError(t, err)
+	require.False(t, out.Due, "not parked: its next check stands")
 }

@@ -110,7 +110,7 @@ func (t *tx) history(taskID, principal, action string, from, to fsm.TaskState, v
 // with the same task_id is ErrKeyReused.
 func (s *SQLite) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
 	created := false
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var hash string
 		err := t.QueryRowContext(ctx, `SELECT create_hash FROM tasks WHERE task_id = ?`, n.TaskID).Scan(&hash)
 		switch {
@@ -148,7 +148,7 @@ func (s *SQLite) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) 
 // task that left waiting_approval is ErrIllegalState.
 func (s *SQLite) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (Task, bool, error) {
 	changed := false
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var status fsm.TaskState
 		var version int
 		var rowVersion int64
@@ -197,7 +197,7 @@ func (s *SQLite) UpdatePlan(ctx context.Context, taskID string, steps json.RawMe
 // that differs), 403 four_eyes (the approver wrote the version).
 func (s *SQLite) Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (Approval, bool, error) {
 	created := false
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var status fsm.TaskState
 		var current int
 		var rowVersion int64
@@ -261,7 +261,7 @@ func (s *SQLite) Approve(ctx context.Context, taskID string, version int, planHa
 // Reject rejects a task that is waiting for approval or approved (not yet
 // running). A rejection of a rejected task is a replay.
 func (s *SQLite) Reject(ctx context.Context, taskID, reason, who string) (Task, error) {
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var status fsm.TaskState
 		var rowVersion int64
 		var version int
@@ -304,7 +304,7 @@ func (t *tx) moveTask(ctx context.Context, taskID string, from fsm.TaskState, ro
 // MoveTask is a runner's conditional task transition (completed, failed,
 // rejected window_missed, or running → running to the next step).
 func (s *SQLite) MoveTask(ctx context.Context, task Task, to fsm.TaskState, stepIndex int, reason, who string) error {
-	return s.write(ctx, func(t *tx) error {
+	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		return t.moveTask(ctx, task.TaskID, task.Status, task.RowVersion, to, stepIndex, reason, who, task.ApprovedVersion)
 	})
 }
@@ -324,7 +324,7 @@ type StepCheck struct {
 // the first step) or fails it (later), and nothing is inserted.
 func (s *SQLite) StartStep(ctx context.Context, task Task, stepIndex int, enforceGrants bool, n NewOperation, who string) (StepCheck, error) {
 	var out StepCheck
-	err := s.write(ctx, func(t *tx) error {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		a := task.Approval
 		step := a.Steps[stepIndex]
 		var current string

@@ -1,0 +1,164 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// holdWriter makes the writer busy with a change that waits until release
+// is called, so the changes queued meanwhile form the next batch.
+func holdWriter(t *testing.T, s *SQLite) (release func()) {
+	t.Helper()
+	entered, gate := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- s.write(context.Background(), func(context.Context, *tx) error {
+			close(entered)
+			<-gate
+			return nil
+		})
+	}()
+	<-entered
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			close(gate)
+			require.NoError(t, <-done)
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// queued starts change in a goroutine and returns once it waits in the
+// writer's queue, so changes queue in the order they are started.
+func queued(t *testing.T, s *SQLite, change func() error) <-chan error {
+	t.Helper()
+	before := len(s.queue)
+	out := make(chan error, 1)
+	go func() { out <- change() }()
+	require.Eventually(t, func() bool { return len(s.queue) > before }, 10*time.Second, time.Millisecond,
+		"the change never reached the writer's queue")
+	return out
+}
+
+func TestGroupCommitIsolatesAFailingChange(t *testing.T) {
+	b := setup(t)
+	release := holdWriter(t, b.s)
+	batchesBefore := b.obs.batches
+
+	okA := queued(t, b.s, func() error { _, err := b.s.Submit(b.ctx, newOp("op-a", "c-a"), nil); return err })
+	injected := errors.New("injected")
+	failing := queued(t, b.s, func() error {
+		_, err := b.s.Submit(b.ctx, newOp("op-x", "c-x"), func() error { return injected })
+		return err
+	})
+	panicking := queued(t, b.s, func() error {
+		return b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+			if _, err := t.ExecContext(ctx, `UPDATE operations SET action = 'wiped'`); err != nil {
+				return err
+			}
+			panic("a broken change")
+		})
+	})
+	okB := queued(t, b.s, func() error { _, err := b.s.Submit(b.ctx, newOp("op-b", "c-b"), nil); return err })
+	release()
+
+	require.NoError(t, <-okA)
+	require.ErrorIs(t, <-failing, injected)
+	require.ErrorContains(t, <-panicking, "panicked")
+	require.NoError(t, <-okB)
+	for _, id := range []string{"op-a", "op-b"} {
+		op, err := b.s.GetOperation(b.ctx, id)
+		require.NoError(t, err, "%s must have committed beside the failing changes", id)
+		require.Equal(t, "restart", op.Action, "the panicking change's update must be rolled back")
+	}
+	_, err := b.s.GetOperation(b.ctx, "op-x")
+	require.ErrorIs(t, err, ErrNotFound, "the failing change must leave nothing")
+	_, err = b.s.GetCommand(b.ctx, "c-x")
+	require.ErrorIs(t, err, ErrNotFound)
+
+	b.obs.mu.Lock()
+	defer b.obs.mu.Unlock()
+	require.Equal(t, batchesBefore+2, b.obs.batches, "the held change, then the four queued ones in one commit")
+}
+
+func TestGroupCommitFailsTheWholeBatchWhenTheDiskIsFull(t *testing.T) {
+	b := setup(t)
+	var pages int
+	require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+		if err := t.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages); err != nil {
+			return err
+		}
+		_, err := t.ExecContext(ctx, fmt.Sprintf(`PRAGMA max_page_count = %d`, pages+2))
+		return err
+	}))
+	release := holdWriter(t, b.s)
+	small := queued(t, b.s, func() error { _, err := b.s.Submit(b.ctx, newOp("op-small", "c-small"), nil); return err })
+	big := newOp("op-big", "c-big")
+	big.Params = []byte(`{"blob":"` + strings.Repeat("x", 256<<10) + `"}`)
+	huge := queued(t, b.s, func() error { _, err := b.s.Submit(b.ctx, big, nil); return err })
+	release()
+
+	for _, ch := range []<-chan error{small, huge} {
+		err := <-ch
+		var be *BatchError
+		require.ErrorAs(t, err, &be, "every change of a batch the disk could not hold fails: %v", err)
+	}
+	_, err := b.s.GetOperation(b.ctx, "op-small")
+	require.ErrorIs(t, err, ErrNotFound, "nothing of a failed batch is written")
+
+	// Room again: the caller's retry of the same change succeeds.
+	require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+		_, err := t.ExecContext(ctx, `PRAGMA max_page_count = 1073741823`)
+		return err
+	}))
+	_, err = b.s.Submit(b.ctx, newOp("op-small", "c-small"), nil)
+	require.NoError(t, err)
+}
+
+func TestSubmitIsShedWhenTheQueueIsFull(t *testing.T) {
+	s, err := Open(context.Background(), Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", QueueSize: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+
+	release := holdWriter(t, s)
+	waiting := queued(t, s, func() error { _, err := s.Submit(ctx, newOp("op-1", "c-1"), nil); return err })
+	_, err = s.Submit(ctx, newOp("op-2", "c-2"), nil)
+	require.ErrorIs(t, err, ErrOverloaded)
+	release()
+	require.NoError(t, <-waiting)
+	_, err = s.GetOperation(ctx, "op-2")
+	require.ErrorIs(t, err, ErrNotFound, "a shed submit writes nothing")
+	_, err = s.Submit(ctx, newOp("op-2", "c-2"), nil)
+	require.NoError(t, err, "the retry succeeds once there is room")
+}
+
+func TestAChangeGivenUpBeforeItsTurnWritesNothing(t *testing.T) {
+	b := setup(t)
+	release := holdWriter(t, b.s)
+	ctx, cancel := context.WithCancel(b.ctx)
+	gaveUp := queued(t, b.s, func() error { _, err := b.s.Submit(ctx, newOp("op-1", "c-1"), nil); return err })
+	cancel()
+	release()
+	require.ErrorIs(t, <-gaveUp, context.Canceled)
+	_, err := b.s.GetOperation(b.ctx, "op-1")
+	require.ErrorIs(t, err, ErrNotFound)
+}
+
+func TestClosedStoreRefusesChanges(t *testing.T) {
+	s, err := Open(context.Background(), Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	_, err = s.Submit(context.Background(), newOp("op-1", "c-1"), nil)
+	require.ErrorIs(t, err, ErrClosed)
+}
