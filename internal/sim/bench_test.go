@@ -28,13 +28,7 @@ import (
 //
 //	go test ./internal/sim/ -run '^$' -bench FleetDurability -benchtime 5000x
 func BenchmarkFleetDurability(b *testing.B) {
-	devices := 100
-	if s := os.Getenv("SIM_BENCH_DEVICES"); s != "" {
-		n, err := strconv.Atoi(s)
-		require.NoError(b, err)
-		devices = n
-	}
-	const window = 4
+	devices := benchDevices(b)
 	broker := testenv.StartBroker(b)
 	fleet, err := sim.Start(context.Background(), sim.Config{
 		MQTT: broker.URL(), Devices: devices, StateDir: b.TempDir(),
@@ -50,6 +44,57 @@ func BenchmarkFleetDurability(b *testing.B) {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("device-%d", i+1)
 	}
+	drive(b, broker.URL(), ids)
+}
+
+// BenchmarkFleetCeiling is BenchmarkFleetDurability's traffic between the
+// same driver and plain MQTT clients that answer each command with three
+// QoS 1 receipts at once: no state, no disk. It is the ceiling the fleet is
+// compared with.
+func BenchmarkFleetCeiling(b *testing.B) {
+	devices := benchDevices(b)
+	broker := testenv.StartBroker(b)
+	ids := make([]string, devices)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("device-%d", i+1)
+		id := ids[i]
+		var c mqtt.Client
+		o := mqtt.NewClientOptions().AddBroker(broker.URL()).SetClientID(id).SetCleanSession(true)
+		o.SetDefaultPublishHandler(func(_ mqtt.Client, m mqtt.Message) {
+			var cmd wire.Command
+			if json.Unmarshal(m.Payload(), &cmd) != nil {
+				return
+			}
+			for seq, st := range []wire.ReceiptStatus{wire.ReceiptReceived, wire.ReceiptExecuting, wire.ReceiptSucceeded} {
+				r := wire.Receipt{CommandID: cmd.CommandID, OperationID: cmd.OperationID, Status: st, Seq: seq + 1, At: time.Now().UTC()}
+				payload, _ := wire.Encode(r)
+				c.Publish(wire.Topic(wire.DefaultTopicRoot, id, wire.KindReceipts), 1, false, payload)
+			}
+		})
+		c = mqtt.NewClient(o)
+		tok := c.Connect()
+		require.True(b, tok.WaitTimeout(10*time.Second) && tok.Error() == nil, "connect %s: %v", id, tok.Error())
+		defer c.Disconnect(0)
+		tok = c.Subscribe(wire.Topic(wire.DefaultTopicRoot, id, wire.KindCommands), 1, nil)
+		require.True(b, tok.WaitTimeout(10*time.Second) && tok.Error() == nil)
+	}
+	drive(b, broker.URL(), ids)
+}
+
+func benchDevices(b *testing.B) int {
+	if s := os.Getenv("SIM_BENCH_DEVICES"); s != "" {
+		n, err := strconv.Atoi(s)
+		require.NoError(b, err)
+		return n
+	}
+	return 100
+}
+
+// drive sends b.N restart commands to the devices, at most window in flight
+// per device, and waits for every final receipt.
+func drive(b *testing.B, brokerURL string, ids []string) {
+	const window = 4
+	devices := len(ids)
 	var (
 		mu     sync.Mutex
 		next   int // commands handed out
@@ -66,7 +111,7 @@ func BenchmarkFleetDurability(b *testing.B) {
 		next++
 		return true
 	}
-	o := mqtt.NewClientOptions().AddBroker(broker.URL()).SetClientID("bench-driver").SetCleanSession(true).SetOrderMatters(false)
+	o := mqtt.NewClientOptions().AddBroker(brokerURL).SetClientID("bench-driver").SetCleanSession(true).SetOrderMatters(false)
 	o.SetDefaultPublishHandler(func(_ mqtt.Client, m mqtt.Message) {
 		var r wire.Receipt
 		if json.Unmarshal(m.Payload(), &r) != nil || !r.Status.Final() || r.QueryID != "" {

@@ -64,6 +64,11 @@ type Config struct {
 	Clock func() time.Time
 	// Logger receives the simulator's logs; nothing is logged when nil.
 	Logger *slog.Logger
+
+	// syncHook, when set, runs before every fsync of the fleet's durable
+	// files (journal, witnesses, snapshots, directories) with the file's
+	// name; an error fails that fsync. Tests set it (export_test.go).
+	syncHook func(file string) error
 }
 
 func (c Config) withDefaults() Config {

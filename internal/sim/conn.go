@@ -112,31 +112,42 @@ func (inc *incarnation) connectLoop() {
 func (inc *incarnation) newClient() (mqtt.Client, error) {
 	d := inc.d
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if inc.killed || inc.stopping {
+		d.mu.Unlock()
 		return nil, errNotNow
 	}
-	session, err := inc.nextSessionLocked()
+	session, t, err := inc.nextSessionLocked()
 	if err != nil {
+		d.mu.Unlock()
 		return nil, err
 	}
-	inc.client = mqtt.NewClient(inc.options(session))
-	return inc.client, nil
+	client := mqtt.NewClient(inc.options(session))
+	inc.client = client
+	d.mu.Unlock()
+	if err := t.wait(); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if inc.killed || inc.stopping || inc.client != client {
+		return nil, errNotNow
+	}
+	inc.ready = true
+	return client, nil
 }
 
-// nextSessionLocked raises the session number and saves it before the
-// connection attempt that uses it.
-func (inc *incarnation) nextSessionLocked() (int64, error) {
+// nextSessionLocked raises the session number and hands it to the journal;
+// the attempt that uses it waits for the returned batch, and openConn
+// refuses until then (inc.ready).
+func (inc *incarnation) nextSessionLocked() (int64, *batch, error) {
 	d := inc.d
+	inc.ready = false
 	d.st.Session++
-	d.st.prune(d.nowLocked(), d.f.cfg.Retention)
-	if err := d.st.save(d.f.cfg.StateDir); err != nil {
-		inc.ready = false
-		return 0, err
+	if !inc.saveLocked() {
+		return 0, nil, errors.New("cannot save the session number")
 	}
 	d.session = d.st.Session
-	inc.ready = true
-	return d.st.Session, nil
+	return d.st.Session, d.last, nil
 }
 
 func (inc *incarnation) options(session int64) *mqtt.ClientOptions {
@@ -193,17 +204,28 @@ func (inc *incarnation) onReconnecting(c mqtt.Client, o *mqtt.ClientOptions) {
 	}
 	d := inc.d
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if inc.killed || inc.stopping || c != inc.client {
 		inc.ready = false
+		d.mu.Unlock()
 		return
 	}
-	session, err := inc.nextSessionLocked()
+	session, t, err := inc.nextSessionLocked()
 	if err != nil {
+		d.mu.Unlock()
 		d.log.Error("cannot save session", "err", err)
 		return
 	}
 	o.SetBinaryWill(d.topics.presence, lwtPayload(session), 1, true)
+	d.mu.Unlock()
+	if err := t.wait(); err != nil {
+		d.log.Error("cannot save session", "err", err)
+		return // not ready: openConn refuses this attempt
+	}
+	d.mu.Lock()
+	if !inc.killed && !inc.stopping && c == inc.client {
+		inc.ready = true
+	}
+	d.mu.Unlock()
 }
 
 // waitOnlineWindow waits while the device is meant to be offline; false
