@@ -366,18 +366,17 @@ func (j *journal) run() {
 	defer close(j.exited)
 	for {
 		j.mu.Lock()
-		b, closed := j.cur, j.closed
-		if !b.empty() {
+		b, closed, empty := j.cur, j.closed, j.cur.empty()
+		if !empty || closed {
 			j.cur = newBatch()
 		}
 		j.mu.Unlock()
-		if !b.empty() {
+		if !empty {
 			j.commit(b)
 			continue
 		}
 		if closed {
-			close(b.done)
-			return
+			return // closed: nothing can be added any more
 		}
 		<-j.kick
 	}
