@@ -142,6 +142,12 @@ func (inc *incarnation) handleCommand(m mqtt.Message) {
 		inc.durableFailed(err)
 		return
 	}
+	d.mu.Lock()
+	dead := inc.killed
+	d.mu.Unlock()
+	if dead {
+		return // died meanwhile: the broker redelivers it to the next one
+	}
 	m.Ack()
 	inc.emit(r)
 	if accepted {
