@@ -33,8 +33,9 @@ type Config struct {
 	IDPrefix string
 	// IDs, when set, names the devices instead of Devices and IDPrefix.
 	IDs []string
-	// StateDir holds each device's durable state (devices/<id>.json) and
-	// the witness files executions.jsonl and receipts.jsonl. Required.
+	// StateDir holds each device's durable state (snapshots
+	// devices/<id>.json and the fleet's journal devices/*.journal) and the
+	// witness files executions.jsonl and receipts.jsonl. Required.
 	StateDir string
 	// TopicRoot defaults to wire.DefaultTopicRoot ("fleet").
 	TopicRoot string

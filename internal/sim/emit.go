@@ -178,9 +178,9 @@ func (inc *incarnation) publish(r wire.Receipt) {
 }
 
 // confirm waits for the broker's acknowledgement. An acknowledged final
-// receipt gets its line in receipts.jsonl (under the device's lock, so a
-// crash cannot split the two); one not acknowledged on the connection it
-// was sent on is kept for the next connection.
+// receipt gets its line in receipts.jsonl (handed to the journal under the
+// device's lock, with the counters); one not acknowledged on the connection
+// it was sent on is kept for the next connection.
 func (inc *incarnation) confirm(tok mqtt.Token, r wire.Receipt, gen uint64) {
 	d := inc.d
 	defer inc.publishDone()
