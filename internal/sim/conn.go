@@ -29,8 +29,11 @@ type incarnation struct {
 	// after a reconnect, before any PUBACK).
 	gen atomic.Uint64
 
-	inbox *queue[mqtt.Message]
-	jobs  *queue[job]
+	// inbox feeds the worker (commands and queries, in arrival order) and
+	// jobs the executor (actions, one at a time); each runs in a goroutine
+	// only while it has work.
+	inbox *serial[mqtt.Message]
+	jobs  *serial[job]
 	loops sync.WaitGroup
 
 	// Guarded by d.mu.
@@ -50,22 +53,20 @@ type incarnation struct {
 var errNotNow = errors.New("device is offline, crashed or stopping")
 
 func newIncarnation(d *Device) *incarnation {
-	return &incarnation{
+	inc := &incarnation{
 		d:      d,
 		done:   make(chan struct{}),
 		dead:   make(chan struct{}),
-		inbox:  newQueue[mqtt.Message](),
-		jobs:   newQueue[job](),
 		timers: map[*time.Timer]outgoing{},
 	}
+	inc.inbox = newSerial(inc.done, &inc.loops, inc.handleMessage)
+	inc.jobs = newSerial(inc.done, &inc.loops, inc.execute)
+	return inc
 }
 
-// run starts the worker (commands and queries, in arrival order), the
-// executor (actions, one at a time) and the first connection.
+// run starts the first connection.
 func (inc *incarnation) run() {
-	inc.loops.Add(3)
-	go func() { defer inc.loops.Done(); inc.work() }()
-	go func() { defer inc.loops.Done(); inc.executeLoop() }()
+	inc.loops.Add(1)
 	go func() { defer inc.loops.Done(); inc.connectLoop() }()
 }
 
@@ -405,6 +406,8 @@ func (inc *incarnation) killLocked() {
 func (inc *incarnation) shutdown() {
 	d := inc.d
 	cfg := d.f.cfg
+	inc.inbox.stop()
+	inc.jobs.stop()
 	inc.loops.Wait()
 	inc.flushDelayed()
 	inc.flushPending()

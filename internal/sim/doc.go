@@ -67,9 +67,11 @@
 //     Anything else is rejected "unsupported_action".
 //
 // A device handles its commands and queries one at a time in arrival order
-// (one worker goroutine) and executes accepted commands one at a time (one
-// executor goroutine), so a query or a repeat is answered while an action
-// runs. MQTT callbacks only hand messages over; they never block.
+// (one worker) and executes accepted commands one at a time (one executor),
+// so a query or a repeat is answered while an action runs. Each is a
+// goroutine only while it has work: an idle device holds none of its own,
+// only its paho client's. MQTT callbacks only hand messages over; they never
+// block.
 //
 // # Durable state and crash rules
 //

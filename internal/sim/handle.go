@@ -38,20 +38,15 @@ type job struct {
 	legacy bool // a dedupe:false device runs every delivery
 }
 
-func (inc *incarnation) work() {
-	for {
-		m, ok := inc.inbox.pop(inc.done)
-		if !ok {
-			return
-		}
-		switch m.Topic() {
-		case inc.d.topics.commands:
-			inc.handleCommand(m)
-		case inc.d.topics.queries:
-			inc.handleQuery(m)
-		default:
-			m.Ack()
-		}
+// handleMessage is the worker: one message at a time, in arrival order.
+func (inc *incarnation) handleMessage(m mqtt.Message) {
+	switch m.Topic() {
+	case inc.d.topics.commands:
+		inc.handleCommand(m)
+	case inc.d.topics.queries:
+		inc.handleQuery(m)
+	default:
+		m.Ack()
 	}
 }
 
@@ -199,16 +194,6 @@ func (inc *incarnation) handleQuery(m mqtt.Message) {
 	d.stats.QueriesAnswered++
 	d.mu.Unlock()
 	inc.emit(r)
-}
-
-func (inc *incarnation) executeLoop() {
-	for {
-		j, ok := inc.jobs.pop(inc.done)
-		if !ok {
-			return
-		}
-		inc.execute(j)
-	}
 }
 
 // execute runs one accepted command, persisting before acting:
