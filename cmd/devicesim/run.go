@@ -285,9 +285,13 @@ expiry after that, answers queries, and publishes a retained birth with a
 growing session number (and an LWT with the same number). Supported actions:
 restart, set-config (params merged into the device's config).
 
-State (--state-dir): devices/<id>.json per device (written atomically), and
-the witness files executions.jsonl (one line per real execution) and
-receipts.jsonl (one line per final receipt the broker acknowledged).
+State (--state-dir): every change goes through one journal per process
+(devices/<pid>-<nanos>.journal, one fsync for many devices' changes), folded
+into devices/<id>.json per device (written atomically) at a clean stop, past
+64 MiB, and at the next start after a kill; and the witness files
+executions.jsonl (one line per real execution) and receipts.jsonl (one line
+per final receipt the broker acknowledged). A device acknowledges or reports
+nothing before it is durable.
 
 Faults: --faults FILE, a JSON profile, fleet-wide defaults plus per-device
 overrides (the first override whose match, an id or a glob, fits the device;

@@ -33,8 +33,9 @@ type Config struct {
 	IDPrefix string
 	// IDs, when set, names the devices instead of Devices and IDPrefix.
 	IDs []string
-	// StateDir holds each device's durable state (devices/<id>.json) and
-	// the witness files executions.jsonl and receipts.jsonl. Required.
+	// StateDir holds each device's durable state (snapshots
+	// devices/<id>.json and the fleet's journal devices/*.journal) and the
+	// witness files executions.jsonl and receipts.jsonl. Required.
 	StateDir string
 	// TopicRoot defaults to wire.DefaultTopicRoot ("fleet").
 	TopicRoot string
@@ -64,6 +65,11 @@ type Config struct {
 	Clock func() time.Time
 	// Logger receives the simulator's logs; nothing is logged when nil.
 	Logger *slog.Logger
+
+	// syncHook, when set, runs before every fsync of the fleet's durable
+	// files (journal, witnesses, snapshots, directories) with the file's
+	// name; an error fails that fsync. Tests set it (export_test.go).
+	syncHook func(file string) error
 }
 
 func (c Config) withDefaults() Config {

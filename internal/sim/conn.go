@@ -29,8 +29,11 @@ type incarnation struct {
 	// after a reconnect, before any PUBACK).
 	gen atomic.Uint64
 
-	inbox *queue[mqtt.Message]
-	jobs  *queue[job]
+	// inbox feeds the worker (commands and queries, in arrival order) and
+	// jobs the executor (actions, one at a time); each runs in a goroutine
+	// only while it has work.
+	inbox *serial[mqtt.Message]
+	jobs  *serial[job]
 	loops sync.WaitGroup
 
 	// Guarded by d.mu.
@@ -50,22 +53,20 @@ type incarnation struct {
 var errNotNow = errors.New("device is offline, crashed or stopping")
 
 func newIncarnation(d *Device) *incarnation {
-	return &incarnation{
+	inc := &incarnation{
 		d:      d,
 		done:   make(chan struct{}),
 		dead:   make(chan struct{}),
-		inbox:  newQueue[mqtt.Message](),
-		jobs:   newQueue[job](),
 		timers: map[*time.Timer]outgoing{},
 	}
+	inc.inbox = newSerial(inc.done, &inc.loops, inc.handleMessage)
+	inc.jobs = newSerial(inc.done, &inc.loops, inc.execute)
+	return inc
 }
 
-// run starts the worker (commands and queries, in arrival order), the
-// executor (actions, one at a time) and the first connection.
+// run starts the first connection.
 func (inc *incarnation) run() {
-	inc.loops.Add(3)
-	go func() { defer inc.loops.Done(); inc.work() }()
-	go func() { defer inc.loops.Done(); inc.executeLoop() }()
+	inc.loops.Add(1)
 	go func() { defer inc.loops.Done(); inc.connectLoop() }()
 }
 
@@ -112,31 +113,42 @@ func (inc *incarnation) connectLoop() {
 func (inc *incarnation) newClient() (mqtt.Client, error) {
 	d := inc.d
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if inc.killed || inc.stopping {
+		d.mu.Unlock()
 		return nil, errNotNow
 	}
-	session, err := inc.nextSessionLocked()
+	session, t, err := inc.nextSessionLocked()
 	if err != nil {
+		d.mu.Unlock()
 		return nil, err
 	}
-	inc.client = mqtt.NewClient(inc.options(session))
-	return inc.client, nil
+	client := mqtt.NewClient(inc.options(session))
+	inc.client = client
+	d.mu.Unlock()
+	if err := t.wait(); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if inc.killed || inc.stopping || inc.client != client {
+		return nil, errNotNow
+	}
+	inc.ready = true
+	return client, nil
 }
 
-// nextSessionLocked raises the session number and saves it before the
-// connection attempt that uses it.
-func (inc *incarnation) nextSessionLocked() (int64, error) {
+// nextSessionLocked raises the session number and hands it to the journal;
+// the attempt that uses it waits for the returned batch, and openConn
+// refuses until then (inc.ready).
+func (inc *incarnation) nextSessionLocked() (int64, *batch, error) {
 	d := inc.d
+	inc.ready = false
 	d.st.Session++
-	d.st.prune(d.nowLocked(), d.f.cfg.Retention)
-	if err := d.st.save(d.f.cfg.StateDir); err != nil {
-		inc.ready = false
-		return 0, err
+	if !inc.saveLocked() {
+		return 0, nil, errors.New("cannot save the session number")
 	}
 	d.session = d.st.Session
-	inc.ready = true
-	return d.st.Session, nil
+	return d.st.Session, d.last, nil
 }
 
 func (inc *incarnation) options(session int64) *mqtt.ClientOptions {
@@ -193,17 +205,28 @@ func (inc *incarnation) onReconnecting(c mqtt.Client, o *mqtt.ClientOptions) {
 	}
 	d := inc.d
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if inc.killed || inc.stopping || c != inc.client {
 		inc.ready = false
+		d.mu.Unlock()
 		return
 	}
-	session, err := inc.nextSessionLocked()
+	session, t, err := inc.nextSessionLocked()
 	if err != nil {
+		d.mu.Unlock()
 		d.log.Error("cannot save session", "err", err)
 		return
 	}
 	o.SetBinaryWill(d.topics.presence, lwtPayload(session), 1, true)
+	d.mu.Unlock()
+	if err := t.wait(); err != nil {
+		d.log.Error("cannot save session", "err", err)
+		return // not ready: openConn refuses this attempt
+	}
+	d.mu.Lock()
+	if !inc.killed && !inc.stopping && c == inc.client {
+		inc.ready = true
+	}
+	d.mu.Unlock()
 }
 
 // waitOnlineWindow waits while the device is meant to be offline; false
@@ -383,6 +406,8 @@ func (inc *incarnation) killLocked() {
 func (inc *incarnation) shutdown() {
 	d := inc.d
 	cfg := d.f.cfg
+	inc.inbox.stop()
+	inc.jobs.stop()
 	inc.loops.Wait()
 	inc.flushDelayed()
 	inc.flushPending()

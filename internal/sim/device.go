@@ -41,6 +41,10 @@ type Device struct {
 	bootTimer *time.Timer
 	tickStop  chan struct{}
 	stats     Stats
+	// last is the journal batch holding the device's latest state record
+	// or execution line; once it is done, every change before it is
+	// durable too.
+	last *batch
 }
 
 type topics struct{ commands, queries, receipts, presence string }
@@ -147,7 +151,8 @@ func (d *Device) state() (*durableState, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.st == nil {
-		return loadState(d.f.cfg.StateDir, d.id)
+		_ = d.last.wait()
+		return d.f.j.load(d.id)
 	}
 	b, err := json.Marshal(d.st)
 	if err != nil {
@@ -260,9 +265,12 @@ func (d *Device) start() error {
 	return nil
 }
 
-// bootLocked starts a new incarnation from the durable state on disk.
+// bootLocked starts a new incarnation from the durable state. What an
+// earlier incarnation enqueued is committed (or failed) first, so the state
+// read is all there is.
 func (d *Device) bootLocked() (*incarnation, []wire.Receipt, error) {
-	st, err := loadState(d.f.cfg.StateDir, d.id)
+	_ = d.last.wait()
+	st, err := d.f.j.load(d.id)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -277,12 +285,14 @@ func (d *Device) bootLocked() (*incarnation, []wire.Receipt, error) {
 		return nil, nil, err
 	}
 	// The boot counter is saved with the first session number, before the
-	// first connection; recovered outcomes are saved now, before anything
-	// is published.
+	// first connection; recovered outcomes are saved now (emit waits until
+	// they are durable before publishing them).
 	if len(recovered) > 0 {
-		if err := st.save(d.f.cfg.StateDir); err != nil {
+		b, err := d.f.j.state(journalEntry{Device: d.id, Full: st})
+		if err != nil {
 			return nil, nil, err
 		}
+		d.last = b
 	}
 	d.st, d.inc = st, inc
 	for _, j := range jobs {

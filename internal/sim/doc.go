@@ -67,27 +67,66 @@
 //     Anything else is rejected "unsupported_action".
 //
 // A device handles its commands and queries one at a time in arrival order
-// (one worker goroutine) and executes accepted commands one at a time (one
-// executor goroutine), so a query or a repeat is answered while an action
-// runs. MQTT callbacks only hand messages over; they never block.
+// (one worker) and executes accepted commands one at a time (one executor),
+// so a query or a repeat is answered while an action runs. Each is a
+// goroutine only while it has work: an idle device holds none of its own,
+// only its paho client's. MQTT callbacks only hand messages over; they never
+// block.
 //
 // # Durable state and crash rules
 //
-// Each device's state is <StateDir>/devices/<id>.json, rewritten whole and
-// atomically (tmp file, fsync, rename, fsync of the directory) before the
-// device acts on any change: a device killed at any instant restarts from the
-// last file. The steps of one command, each saved before it is announced:
+// Durability is a group commit shared by the whole fleet (one per Fleet):
+// many devices' state changes and witness lines become durable with one
+// fsync per file. A device hands each change to the fleet's journal, under
+// its own lock (so its changes keep their order), and goes on; whoever acts
+// on the change (acknowledges a command, publishes a receipt, connects with
+// a new session number) first waits until the device's latest batch is
+// durable. One writer goroutine takes everything gathered, appends the
+// witness lines (one write per witness file) and fsyncs those files, then
+// appends the state records to the journal (one write) and fsyncs it, then
+// releases every waiter of the batch at once; batches commit one after
+// another, in order. A state record thus never becomes durable before an
+// execution line of its batch or an earlier one.
 //
-//  1. received: the record (with the operation claim) is saved, then the
-//     command is acknowledged to the broker (PUBACK; manual acks), then the
-//     receipt is published. A crash before the save leaves the message
-//     unacknowledged, and the broker redelivers it (persistent session).
-//  2. executing: saved together with the planned outcome (the result, or the
-//     fail fault's error, and the effect on the state), then published.
-//  3. the action runs: its line is appended to executions.jsonl. That line is
-//     the execution.
-//  4. final: the effect (config, boots) and the final receipt are saved,
-//     then published.
+// The journal is <StateDir>/devices/<pid>-<nanos>.journal, flocked while the
+// fleet runs: one JSON line per record, a device's counters and config with
+// the command records and operation claims that changed (a delta), or its
+// whole state after a boot's recovery. A device's durable state is its
+// snapshot <StateDir>/devices/<id>.json with its journal records applied in
+// order (the writer keeps each device's record offsets, so a boot reads only
+// its own). The journal is folded into the snapshots (each rewritten whole
+// and atomically: tmp file, fsync, rename; then one fsync of the directory)
+// and emptied when it passes 64 MiB and at a clean stop, where the file is
+// removed. At start, a journal left by a dead process (its lock is free) is
+// folded the same way, from its first line up to the first torn or
+// malformed one: what follows that belongs to a batch whose fsync never
+// returned, so nobody acted on it. A device killed at any instant (Crash,
+// kill -9 of devicesim) restarts from what was durable; an in-process crash
+// first lets the batches it left finish, kill -9 loses the records not yet
+// written. The steps of one command, each durable before it is announced:
+//
+//  1. received: the record (with the operation claim) is recorded, then,
+//     once durable, the command is acknowledged to the broker (PUBACK;
+//     manual acks) and the receipt published. A crash before that leaves
+//     the message unacknowledged, and the broker redelivers it (persistent
+//     session).
+//  2. executing: recorded together with the planned outcome (the result, or
+//     the fail fault's error, and the effect on the state), published once
+//     durable.
+//  3. the action runs: its line goes to executions.jsonl. That line is the
+//     execution.
+//  4. final: the effect (config, boots) and the final receipt are recorded,
+//     in the same batch as the line or a later one, and published once both
+//     are durable.
+//
+// A batch whose write or fsync fails releases its waiters with the error:
+// nothing of it is announced, each device that waited crashes and boots
+// again a second later from what is durable. A failed witness write or
+// fsync drops the batch's state records (they are not written); a failed
+// journal fsync leaves them in the file, not known durable, so a boot may
+// find them (nothing was announced of them either way). Repeats and queries
+// are answered, like every receipt, only once the device's latest batch is
+// durable.
 //
 // At boot a command found "executing" is resolved without running it again:
 // if executions.jsonl holds more lines for it than the state counted, it ran
@@ -95,10 +134,10 @@
 // ran and it is failed with error "interrupted" (and its operation_id given
 // back). The resolved final receipt is published once the device is online.
 // A command found "received" is handed to the executor again (expiry checked
-// first). A final receipt saved but not yet published is not re-sent by
-// itself; a repeat or a query gets it. A device that cannot write its state
-// or an execution's witness line crashes and boots again a second later (a
-// failed receipts.jsonl write is logged).
+// first). A final receipt recorded but not yet published is not re-sent by
+// itself; a repeat or a query gets it. A device that cannot make its state
+// or an execution's witness line durable crashes and boots again a second
+// later (a receipts.jsonl line is not waited for: a failed one is logged).
 //
 // A clean stop lets the executor finish its command, except that an action
 // slowed by slow_execution is cut short and answered failed "interrupted"
@@ -127,13 +166,16 @@
 // tokens of messages it resends from its store before any PUBACK, so those
 // are not trusted). So every receipts.jsonl line is a receipt the broker
 // took; a receipt the broker took whose PUBACK was lost to a crash may be
-// missing. "at" is by the device's clock, skew included, and equals the
-// receipt's own at. Lines are appended under a mutex, one write each, to
-// files opened O_APPEND, each followed by fsync, so devices and processes
+// missing, and so may a receipts.jsonl line not yet written when the
+// process was killed (the line follows the PUBACK; nothing waits for it).
+// "at" is by the device's clock, skew included, and equals the receipt's own
+// at. The journal's writer appends each batch's lines in one write per file
+// (opened O_APPEND) and fsyncs each file once, so devices and processes
 // sharing a state dir never interleave; one device id must not run in two
-// fleets at once. Package witness holds the record types, the appender and
-// the readers (witness.ReadExecutions and witness.ReadReceipts; a torn last
-// line is ignored).
+// fleets at once (each fleet has its own journal; a fleet starting folds
+// only journals whose lock is free). Package witness holds the record types,
+// the appender and the readers (witness.ReadExecutions and
+// witness.ReadReceipts; a torn last line is ignored).
 //
 // # Fault profile
 //

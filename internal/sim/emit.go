@@ -36,6 +36,20 @@ func (inc *incarnation) emit(r wire.Receipt) {
 		d.mu.Unlock()
 		return
 	}
+	// Nothing is said before what it reports is durable: the receipt was
+	// read from the state after its change was enqueued, so the device's
+	// latest batch covers it.
+	t := d.last
+	d.mu.Unlock()
+	if err := t.wait(); err != nil {
+		inc.durableFailed(err)
+		return
+	}
+	d.mu.Lock()
+	if inc.killed {
+		d.mu.Unlock()
+		return
+	}
 	f := d.faults
 	status, query := string(r.Status), r.QueryID != ""
 	fires := func(name string, rf ReceiptFault) bool {
@@ -164,9 +178,9 @@ func (inc *incarnation) publish(r wire.Receipt) {
 }
 
 // confirm waits for the broker's acknowledgement. An acknowledged final
-// receipt gets its line in receipts.jsonl (under the device's lock, so a
-// crash cannot split the two); one not acknowledged on the connection it
-// was sent on is kept for the next connection.
+// receipt gets its line in receipts.jsonl (handed to the journal under the
+// device's lock, with the counters); one not acknowledged on the connection
+// it was sent on is kept for the next connection.
 func (inc *incarnation) confirm(tok mqtt.Token, r wire.Receipt, gen uint64) {
 	d := inc.d
 	defer inc.publishDone()
@@ -194,7 +208,9 @@ func (inc *incarnation) confirm(tok mqtt.Token, r wire.Receipt, gen uint64) {
 		return
 	}
 	d.stats.FinalReceiptsPublished++
-	err := d.f.wit.Receipt(witness.PublishedReceipt{
+	// Enqueued, not waited for: the line follows the publish, nothing
+	// depends on it (the writer logs a failed batch).
+	_, err := d.f.j.receipt(witness.PublishedReceipt{
 		DeviceID: d.id, CommandID: r.CommandID, OperationID: r.OperationID,
 		Status: r.Status, Seq: r.Seq, At: r.At, Error: r.Error, QueryID: r.QueryID,
 	})

@@ -24,6 +24,7 @@ type Fleet struct {
 	cfg     Config
 	log     *slog.Logger
 	wit     *witness.Appender
+	j       *journal
 	devices []*Device
 	byID    map[string]*Device
 
@@ -52,7 +53,12 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
-	f := &Fleet{cfg: cfg, log: cfg.Logger, wit: wit, byID: map[string]*Device{}, done: make(chan struct{})}
+	j, err := openJournal(cfg.StateDir, wit, cfg.Logger, cfg.syncHook)
+	if err != nil {
+		wit.Close()
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	f := &Fleet{cfg: cfg, log: cfg.Logger, wit: wit, j: j, byID: map[string]*Device{}, done: make(chan struct{})}
 	for _, id := range cfg.ids() {
 		d := newDevice(f, id, cfg.Faults.For(id))
 		f.devices = append(f.devices, d)
@@ -105,6 +111,9 @@ func (f *Fleet) Stop() {
 			go func() { defer wg.Done(); d.stop() }()
 		}
 		wg.Wait()
+		if err := f.j.close(); err != nil {
+			f.log.Error("close journal", "err", err)
+		}
 		if err := f.wit.Close(); err != nil {
 			f.log.Error("close witness files", "err", err)
 		}

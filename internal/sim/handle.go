@@ -38,20 +38,15 @@ type job struct {
 	legacy bool // a dedupe:false device runs every delivery
 }
 
-func (inc *incarnation) work() {
-	for {
-		m, ok := inc.inbox.pop(inc.done)
-		if !ok {
-			return
-		}
-		switch m.Topic() {
-		case inc.d.topics.commands:
-			inc.handleCommand(m)
-		case inc.d.topics.queries:
-			inc.handleQuery(m)
-		default:
-			m.Ack()
-		}
+// handleMessage is the worker: one message at a time, in arrival order.
+func (inc *incarnation) handleMessage(m mqtt.Message) {
+	switch m.Topic() {
+	case inc.d.topics.commands:
+		inc.handleCommand(m)
+	case inc.d.topics.queries:
+		inc.handleQuery(m)
+	default:
+		m.Ack()
 	}
 }
 
@@ -123,7 +118,7 @@ func (inc *incarnation) handleCommand(m mqtt.Message) {
 			st.Operations[cmd.OperationID] = cmd.CommandID
 		}
 	}
-	if !inc.saveLocked() {
+	if !inc.saveLocked(rec) {
 		d.mu.Unlock()
 		return
 	}
@@ -134,8 +129,20 @@ func (inc *incarnation) handleCommand(m mqtt.Message) {
 		}
 		inc.dropAtLocked(PointReceived)
 	}
-	r := rec.Latest
+	r, t := rec.Latest, d.last
 	d.mu.Unlock()
+	// Acknowledged only once recorded durably: until then a crash leaves
+	// it to the broker to redeliver.
+	if err := t.wait(); err != nil {
+		inc.durableFailed(err)
+		return
+	}
+	d.mu.Lock()
+	dead := inc.killed
+	d.mu.Unlock()
+	if dead {
+		return // died meanwhile: the broker redelivers it to the next one
+	}
 	m.Ack()
 	inc.emit(r)
 	if accepted {
@@ -189,16 +196,6 @@ func (inc *incarnation) handleQuery(m mqtt.Message) {
 	inc.emit(r)
 }
 
-func (inc *incarnation) executeLoop() {
-	for {
-		j, ok := inc.jobs.pop(inc.done)
-		if !ok {
-			return
-		}
-		inc.execute(j)
-	}
-}
-
 // execute runs one accepted command, persisting before acting:
 // "executing" with the planned outcome, then the action (its line in
 // executions.jsonl is the execution), then the final receipt with the
@@ -228,7 +225,7 @@ func (inc *incarnation) execute(j job) {
 	p := d.planLocked(st, cmd)
 	rec.Latest = newReceipt(cmd, wire.ReceiptExecuting, rec.Latest.Seq+1, now, nil, "")
 	rec.Plan = p
-	if !inc.saveLocked() || inc.crashAtLocked(PointExecuting) {
+	if !inc.saveLocked(rec) || inc.crashAtLocked(PointExecuting) {
 		d.mu.Unlock()
 		return
 	}
@@ -266,13 +263,16 @@ func (inc *incarnation) execute(j job) {
 		inc.finishLocked(rec)
 		return
 	}
-	err := d.f.wit.Execution(witness.Execution{DeviceID: d.id, CommandID: cmd.CommandID, OperationID: cmd.OperationID, Action: cmd.Action, At: now})
+	// The line goes to the journal's batch; the final state below is made
+	// durable only after it (see journal.commit), and emit waits for both.
+	t, err := d.f.j.execution(witness.Execution{DeviceID: d.id, CommandID: cmd.CommandID, OperationID: cmd.OperationID, Action: cmd.Action, At: now})
 	if err != nil {
 		d.log.Error("cannot write the execution witness; crashing", "err", err)
 		d.crashLocked(time.Second, true)
 		d.mu.Unlock()
 		return
 	}
+	d.last = t
 	rec.Executions++
 	d.stats.Executions++
 	if inc.crashAtLocked(PointExecuted) {
@@ -281,7 +281,7 @@ func (inc *incarnation) execute(j job) {
 	}
 	inc.dropAtLocked(PointExecuted)
 	d.applyLocked(st, rec, p, now)
-	if !inc.saveLocked() || inc.crashAtLocked(PointFinal) {
+	if !inc.saveLocked(rec) || inc.crashAtLocked(PointFinal) {
 		d.mu.Unlock()
 		return
 	}
@@ -294,7 +294,7 @@ func (inc *incarnation) execute(j job) {
 // finishLocked saves a final outcome decided without running, unlocks and
 // publishes it.
 func (inc *incarnation) finishLocked(rec *record) {
-	if !inc.saveLocked() {
+	if !inc.saveLocked(rec) {
 		inc.d.mu.Unlock()
 		return
 	}
@@ -346,18 +346,58 @@ func (d *Device) applyLocked(st *durableState, rec *record, p *plan, now time.Ti
 	}
 }
 
-// saveLocked persists the state; a device that cannot write its state
-// crashes (and restarts from the last good file) rather than act on
-// something it could not record.
-func (inc *incarnation) saveLocked() bool {
+// saveLocked hands a change of the state to the journal: the device's
+// counters and config, the records given with their operation claims, and
+// what pruning forgets. It does not wait: whoever acts on the change
+// (acknowledges, publishes, connects) first waits for d.last. A device that
+// cannot record its state crashes (and restarts from what is durable)
+// rather than act on something it could not record.
+func (inc *incarnation) saveLocked(recs ...*record) bool {
 	d := inc.d
-	d.st.prune(d.nowLocked(), d.f.cfg.Retention)
-	if err := d.st.save(d.f.cfg.StateDir); err != nil {
+	st := d.st
+	cmds, ops := st.prune(d.nowLocked(), d.f.cfg.Retention)
+	dl := &delta{Session: st.Session, Boots: st.Boots, Config: st.Config}
+	if len(recs)+len(cmds) > 0 {
+		dl.Commands = make(map[string]*record, len(recs)+len(cmds))
+	}
+	for _, id := range cmds {
+		dl.Commands[id] = nil
+	}
+	for _, r := range recs {
+		id := r.Command.CommandID
+		dl.Commands[id] = st.Commands[id] // nil if pruned
+		if op := r.Command.OperationID; op != "" {
+			ops = append(ops, op)
+		}
+	}
+	if len(ops) > 0 {
+		dl.Operations = make(map[string]string, len(ops))
+		for _, op := range ops {
+			dl.Operations[op] = st.Operations[op] // "" if released
+		}
+	}
+	b, err := d.f.j.state(journalEntry{Device: d.id, Delta: dl})
+	if err != nil {
 		d.log.Error("cannot save state; crashing", "err", err)
 		d.crashLocked(time.Second, true)
 		return false
 	}
+	d.last = b
 	return true
+}
+
+// durableFailed: a change the incarnation made could not be made durable.
+// It crashes and boots again a second later from what is durable, without
+// acting on the change.
+func (inc *incarnation) durableFailed(err error) {
+	d := inc.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.inc != inc {
+		return
+	}
+	d.log.Error("state not durable; crashing", "err", err)
+	d.crashLocked(time.Second, true)
 }
 
 // crashAtLocked fires the crash fault at a point; true if the device died.

@@ -12,15 +12,15 @@ import (
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
-// DevicesDir is the directory under the state dir that holds one durable
-// state file per device, <id>.json.
+// DevicesDir is the directory under the state dir that holds one snapshot
+// file per device, <id>.json, and the fleet's journal (see journal).
 const DevicesDir = "devices"
 
 const stateVersion = 1
 
-// durableState is everything a device keeps across crashes and restarts.
-// It is written whole, atomically (tmp file, fsync, rename, fsync of the
-// directory), before the device acts on any change in it.
+// durableState is everything a device keeps across crashes and restarts:
+// its snapshot file with its journal records applied. Every change is made
+// durable through the fleet's journal before the device acts on it.
 type durableState struct {
 	Version  int    `json:"version"`
 	DeviceID string `json:"device_id"`
@@ -35,6 +35,10 @@ type durableState struct {
 	// Operations maps an operation_id to the command that took it: the one
 	// accepted for execution. At most one command of an operation runs.
 	Operations map[string]string `json:"operations"`
+
+	// nextPrune is when prune next looks at the records (in memory only:
+	// a new incarnation prunes at its first save).
+	nextPrune time.Time
 }
 
 // record is what the device knows of one command_id.
@@ -92,6 +96,12 @@ func loadState(stateDir, id string) (*durableState, error) {
 	if st.Version != stateVersion || st.DeviceID != id {
 		return nil, fmt.Errorf("load state of %s: version %d for device %q", id, st.Version, st.DeviceID)
 	}
+	st.fill()
+	return st, nil
+}
+
+// fill makes the maps of a decoded state usable.
+func (st *durableState) fill() {
 	if st.Config == nil {
 		st.Config = map[string]json.RawMessage{}
 	}
@@ -101,24 +111,24 @@ func loadState(stateDir, id string) (*durableState, error) {
 	if st.Operations == nil {
 		st.Operations = map[string]string{}
 	}
-	return st, nil
 }
 
-// save writes the state atomically: a crash leaves the old file or the new
-// one, never a mix.
-func (st *durableState) save(stateDir string) error {
+// save writes the snapshot file atomically: a crash leaves the old file or
+// the new one, never a mix. syncFile makes a file durable. The caller
+// fsyncs the directory afterwards.
+func (st *durableState) save(stateDir string, syncFile func(*os.File) error) error {
 	b, err := json.Marshal(st)
 	if err != nil {
 		return fmt.Errorf("save state of %s: %w", st.DeviceID, err)
 	}
 	file := statePath(stateDir, st.DeviceID)
-	if err := writeFileAtomic(file, b); err != nil {
+	if err := writeFileAtomic(file, b, syncFile); err != nil {
 		return fmt.Errorf("save state of %s: %w", st.DeviceID, err)
 	}
 	return nil
 }
 
-func writeFileAtomic(file string, b []byte) error {
+func writeFileAtomic(file string, b []byte, syncFile func(*os.File) error) error {
 	tmp := file + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -128,27 +138,25 @@ func writeFileAtomic(file string, b []byte) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
+	if err := syncFile(f); err != nil {
 		f.Close()
 		return err
 	}
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, file); err != nil {
-		return err
-	}
-	dir, err := os.Open(filepath.Dir(file))
-	if err != nil {
-		return err
-	}
-	defer dir.Close()
-	return dir.Sync()
+	return os.Rename(tmp, file)
 }
 
 // prune forgets commands whose expiry (or, without one, whose arrival) lies
-// more than retention in the past, with their operation claims.
-func (st *durableState) prune(now time.Time, retention time.Duration) {
+// more than retention in the past, with their operation claims, and
+// returns what it forgot. It scans the records at most once per
+// pruneInterval(retention), so a record may outlive its retention by that.
+func (st *durableState) prune(now time.Time, retention time.Duration) (cmds, ops []string) {
+	if now.Before(st.nextPrune) {
+		return nil, nil
+	}
+	st.nextPrune = now.Add(pruneInterval(retention))
 	for id, rec := range st.Commands {
 		until := rec.SeenAt
 		if rec.Command.ExpiresAt.After(until) {
@@ -159,11 +167,19 @@ func (st *durableState) prune(now time.Time, retention time.Duration) {
 		}
 		if now.Sub(until) > retention {
 			delete(st.Commands, id)
+			cmds = append(cmds, id)
 			if op := rec.Command.OperationID; op != "" && st.Operations[op] == id {
 				delete(st.Operations, op)
+				ops = append(ops, op)
 			}
 		}
 	}
+	return cmds, ops
+}
+
+// pruneInterval is a tenth of the retention, at most a minute.
+func pruneInterval(retention time.Duration) time.Duration {
+	return min(retention/10, time.Minute)
 }
 
 func copyConfig(c map[string]json.RawMessage) map[string]json.RawMessage {
