@@ -107,6 +107,12 @@ func (s *Server) serve(h handler) http.HandlerFunc {
 			writeError(w, s.cfg.Logger, err)
 			return
 		}
+		if l, ok := body.(listed); ok {
+			for k, v := range l.header {
+				w.Header()[k] = v
+			}
+			body = l.body
+		}
 		writeJSON(w, status, body)
 	}
 }
@@ -267,16 +273,26 @@ func (s *Server) handleResolve(r *http.Request) (int, any, error) {
 	return s.command(r.Context(), c.CommandID)
 }
 
+// handleListDevices answers one page of devices: ?limit=, ?after=,
+// ?online=true|false.
 func (s *Server) handleListDevices(r *http.Request) (int, any, error) {
-	devs, err := s.cfg.Store.ListDevices(r.Context())
+	lq, err := parseList(r, "online")
 	if err != nil {
 		return 0, nil, err
 	}
-	out := make([]Device, 0, len(devs))
-	for _, d := range devs {
+	online, err := lq.boolParam("online")
+	if err != nil {
+		return 0, nil, err
+	}
+	devs, err := s.cfg.Store.ListDevices(r.Context(), store.DeviceFilter{Online: online}, lq.page)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := make([]Device, 0, len(devs.Items))
+	for _, d := range devs.Items {
 		out = append(out, deviceView(d))
 	}
-	return http.StatusOK, out, nil
+	return answerList(lq, out, devs.Total, devs.Next)
 }
 
 func (s *Server) handleGetDevice(r *http.Request) (int, any, error) {

@@ -197,16 +197,26 @@ func (s *Server) handleCreateGrant(r *http.Request) (int, any, error) {
 	return created(isNew), grantView(g), nil
 }
 
+// handleListGrants answers one page of the live grants (?all=1: the revoked
+// too), with ?limit= and ?after=.
 func (s *Server) handleListGrants(r *http.Request) (int, any, error) {
-	gs, err := s.cfg.Store.ListGrants(r.Context(), r.URL.Query().Get("all") == "1")
+	lq, err := parseList(r, "all")
 	if err != nil {
 		return 0, nil, err
 	}
-	out := make([]GrantView, 0, len(gs))
-	for _, g := range gs {
+	all, err := lq.boolParam("all")
+	if err != nil {
+		return 0, nil, err
+	}
+	gs, err := s.cfg.Store.ListGrants(r.Context(), store.GrantFilter{Revoked: all != nil && *all}, lq.page)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := make([]GrantView, 0, len(gs.Items))
+	for _, g := range gs.Items {
 		out = append(out, grantView(g))
 	}
-	return http.StatusOK, out, nil
+	return answerList(lq, out, gs.Total, gs.Next)
 }
 
 func (s *Server) handleRevokeGrant(r *http.Request) (int, any, error) {

@@ -487,3 +487,43 @@ func TestConnectionRefusedSaysWhatToDo(t *testing.T) {
 	require.Contains(t, lines[1], "CONTROLLER_SERVER")
 	require.Contains(t, lines[1], "controller serve")
 }
+
+// TestDeviceListFollowsThePages: `device list` sends its filter and page
+// size and reads every page the Link headers name.
+func TestDeviceListFollowsThePages(t *testing.T) {
+	t.Parallel()
+	var (
+		mu    sync.Mutex
+		asked []string
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		asked = append(asked, r.URL.RequestURI())
+		mu.Unlock()
+		w.Header().Set("X-Total-Count", "3")
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Query().Get("after") {
+		case "":
+			w.Header().Set("Link", `</v1/devices?limit=2&after=device-2&online=false>; rel="next"`)
+			_ = json.NewEncoder(w).Encode([]api.Device{{DeviceID: "device-1"}, {DeviceID: "device-2"}})
+		default:
+			_ = json.NewEncoder(w).Encode([]api.Device{{DeviceID: "device-3"}})
+		}
+	}))
+	t.Cleanup(srv.Close)
+	code, out, stderr := run(t, "device", "list", "--online", "false", "--page-size", "2", "--json", "--server", srv.URL)
+	require.Equal(t, 0, code, stderr)
+	var devs []api.Device
+	require.NoError(t, json.Unmarshal([]byte(out), &devs))
+	require.Len(t, devs, 3)
+	require.Equal(t, "device-3", devs[2].DeviceID)
+	mu.Lock()
+	require.Equal(t, []string{"/v1/devices?limit=2&online=false", "/v1/devices?limit=2&after=device-2&online=false"}, asked)
+	mu.Unlock()
+
+	code, _, stderr = run(t, "device", "list", "--page-size", "10001", "--server", srv.URL)
+	require.Equal(t, 2, code, "a usage error")
+	require.Contains(t, stderr, "--page-size 10001")
+	code, _, stderr = run(t, "device", "list", "--online", "maybe", "--server", srv.URL)
+	require.Equal(t, 2, code, stderr)
+}

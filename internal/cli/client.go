@@ -169,16 +169,35 @@ func cmdCmd() *cobra.Command {
 
 func deviceCmd() *cobra.Command {
 	d, cf := clientGroup("device", "Device presence")
+	var online string
+	var pageSize int
 	list := &cobra.Command{
-		Use: "list", Short: "List devices", Args: cobra.NoArgs,
+		Use:   "list [--online true|false] [--page-size N]",
+		Short: "List every device (the API's pages, followed to the end)",
+		Long: `List every device the controller has heard of, by id. The API answers in pages
+(GET /v1/devices?limit=&after=); this reads them all, following each page's Link.`,
+		Example: `  controller device list
+  controller device list --online false --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			devs, err := cf.client().Devices(cmd.Context())
+			if pageSize < 0 || pageSize > store.MaxPageLimit {
+				return cmdline.Usagef("--page-size %d: from 1 to %d (0: the server's default, %d)",
+					pageSize, store.MaxPageLimit, store.DefaultPageLimit)
+			}
+			q := client.DeviceQuery{Limit: pageSize}
+			if online != "" {
+				b := online == "true"
+				q.Online = &b
+			}
+			devs, err := cf.client().ListDevices(cmd.Context(), q)
 			if err != nil {
 				return err
 			}
 			return cf.show(cmd, devs, func(w io.Writer) error { return printDevices(w, devs) })
 		},
 	}
+	list.Flags().Var(cmdline.NewEnum(&online, "", "true", "false"), "online", "only the devices online (true) or offline (false)")
+	list.Flags().IntVar(&pageSize, "page-size", 0, "devices per API request (0: the server's default)")
 	get := &cobra.Command{
 		Use: "get DEVICE_ID", Short: "Show one device", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,17 +72,23 @@ func Code(err error) string {
 // Do sends one request; out (if not nil) receives a 2xx JSON body. It
 // returns the HTTP status.
 func (c *Client) Do(ctx context.Context, method, path string, header http.Header, body, out any) (int, error) {
+	status, _, err := c.do(ctx, method, path, header, body, out)
+	return status, err
+}
+
+// do is Do that also returns the answer's headers.
+func (c *Client) do(ctx context.Context, method, path string, header http.Header, body, out any) (int, http.Header, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := wire.Encode(body) // no HTML escaping: params go as the caller wrote them
 		if err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.Server+path, rd)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	for k, v := range header {
 		req.Header[k] = v
@@ -96,14 +103,14 @@ func (c *Client) Do(ctx context.Context, method, path string, header http.Header
 	if err != nil {
 		var op *net.OpError
 		if errors.As(err, &op) && op.Op == "dial" {
-			return 0, &UnreachableError{Server: c.Server, Err: err}
+			return 0, nil, &UnreachableError{Server: c.Server, Err: err}
 		}
-		return 0, err
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return resp.StatusCode, err
+		return resp.StatusCode, resp.Header, err
 	}
 	if resp.StatusCode >= 300 {
 		e := &Error{Status: resp.StatusCode}
@@ -113,14 +120,14 @@ func (c *Client) Do(ctx context.Context, method, path string, header http.Header
 		} else {
 			e.Code, e.Message = "http_"+fmt.Sprint(resp.StatusCode), strings.TrimSpace(string(raw))
 		}
-		return resp.StatusCode, e
+		return resp.StatusCode, resp.Header, e
 	}
 	if out != nil {
 		if err := json.Unmarshal(raw, out); err != nil {
-			return resp.StatusCode, fmt.Errorf("decode %s %s answer: %w", method, path, err)
+			return resp.StatusCode, resp.Header, fmt.Errorf("decode %s %s answer: %w", method, path, err)
 		}
 	}
-	return resp.StatusCode, nil
+	return resp.StatusCode, resp.Header, nil
 }
 
 // Submit posts an operation. key, if not empty, is sent as Idempotency-Key.
@@ -152,11 +159,38 @@ func (c *Client) Command(ctx context.Context, id string) (api.Command, error) {
 	return cmd, err
 }
 
-// Devices lists devices.
+// Devices lists every device, following the pages.
 func (c *Client) Devices(ctx context.Context) ([]api.Device, error) {
-	var out []api.Device
-	_, err := c.Do(ctx, http.MethodGet, "/v1/devices", nil, nil, &out)
-	return out, err
+	return c.ListDevices(ctx, DeviceQuery{})
+}
+
+// DeviceQuery filters GET /v1/devices and sets its page size.
+type DeviceQuery struct {
+	Online *bool // nil: online and offline
+	Limit  int   // devices per request; 0: the server's default
+}
+
+func (q DeviceQuery) path() string {
+	v := url.Values{}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	if q.Online != nil {
+		v.Set("online", strconv.FormatBool(*q.Online))
+	}
+	return withQuery("/v1/devices", v)
+}
+
+// ListDevices lists every device that matches q, following the Link
+// header from page to page.
+func (c *Client) ListDevices(ctx context.Context, q DeviceQuery) ([]api.Device, error) {
+	return listAll[api.Device](ctx, c, q.path())
+}
+
+// DevicesPage reads one page of devices at path (a list path, such as
+// "/v1/devices?limit=10" or a previous page's Next).
+func (c *Client) DevicesPage(ctx context.Context, path string) ([]api.Device, Page, error) {
+	return listPage[api.Device](ctx, c, path)
 }
 
 // Device reads one device.
@@ -234,15 +268,14 @@ func (c *Client) CreateGrant(ctx context.Context, req api.GrantRequest) (api.Gra
 	return g, status, err
 }
 
-// Grants lists the live grants, and with all the revoked ones too.
+// Grants lists the live grants, and with all the revoked ones too,
+// following the pages.
 func (c *Client) Grants(ctx context.Context, all bool) ([]api.GrantView, error) {
-	var gs []api.GrantView
 	path := "/v1/grants"
 	if all {
 		path += "?all=1"
 	}
-	_, err := c.Do(ctx, http.MethodGet, path, nil, nil, &gs)
-	return gs, err
+	return listAll[api.GrantView](ctx, c, path)
 }
 
 // RevokeGrant revokes a grant (again: the same answer).

@@ -61,22 +61,26 @@ func (s *SQLite) GetDevice(ctx context.Context, id string) (Device, error) {
 	return d, nil
 }
 
-// ListDevices lists every device the controller has heard of, by id.
-func (s *SQLite) ListDevices(ctx context.Context) ([]Device, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+deviceColumns+` FROM devices ORDER BY device_id`)
-	if err != nil {
-		return nil, fmt.Errorf("list devices: %w", err)
+// DeviceFilter narrows a device list; a nil field does not filter.
+type DeviceFilter struct {
+	Online *bool
+}
+
+// ListDevices lists one page of the devices the controller has heard of,
+// by id, with the number that match the filter. The index devices_online
+// (online, device_id) serves a filtered page and its count; the primary key
+// an unfiltered one.
+func (s *SQLite) ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[Device], error) {
+	return readPage(ctx, s, deviceKeyset(f), p)
+}
+
+func deviceKeyset(f DeviceFilter) keyset[Device] {
+	k := keyset[Device]{table: "devices", key: "device_id", columns: deviceColumns, scan: scanDevice,
+		id: func(d Device) string { return d.DeviceID }}
+	if f.Online != nil {
+		k.where, k.args = append(k.where, "online = ?"), append(k.args, *f.Online)
 	}
-	defer rows.Close()
-	out := []Device{}
-	for rows.Next() {
-		d, err := scanDevice(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, d)
-	}
-	return out, rows.Err()
+	return k
 }
 
 // PresenceOutcome says whether a presence message was applied.

@@ -81,26 +81,26 @@ func (s *SQLite) RevokeGrant(ctx context.Context, id string) (Grant, error) {
 	return g, err
 }
 
-// ListGrants lists live grants, or all with revoked set.
-func (s *SQLite) ListGrants(ctx context.Context, revoked bool) ([]Grant, error) {
-	q := `SELECT ` + grantColumns + ` FROM grants`
-	if !revoked {
-		q += ` WHERE revoked_at IS NULL`
+// GrantFilter narrows a grant list: live grants only, unless Revoked.
+type GrantFilter struct {
+	Revoked bool // the revoked grants too
+}
+
+// ListGrants lists one page of grants by grant_id (minted time-ordered, so
+// this is also the order they were created in), with the number that match.
+func (s *SQLite) ListGrants(ctx context.Context, f GrantFilter, p Page) (Listed[Grant], error) {
+	return readPage(ctx, s, grantKeyset(f), p)
+}
+
+// grantKeyset walks the primary key; the live filter is applied row by row,
+// which is cheap for the few grants a fleet has.
+func grantKeyset(f GrantFilter) keyset[Grant] {
+	k := keyset[Grant]{table: "grants", key: "grant_id", columns: grantColumns, scan: scanGrant,
+		id: func(g Grant) string { return g.GrantID }}
+	if !f.Revoked {
+		k.where = append(k.where, "revoked_at IS NULL")
 	}
-	rows, err := s.r.QueryContext(ctx, q+` ORDER BY created_at, grant_id`)
-	if err != nil {
-		return nil, fmt.Errorf("list grants: %w", err)
-	}
-	defer rows.Close()
-	out := []Grant{}
-	for rows.Next() {
-		g, err := scanGrant(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, g)
-	}
-	return out, rows.Err()
+	return k
 }
 
 // Allowed reports whether a live grant lets principal run action on device.

@@ -403,7 +403,7 @@ type Store interface {
 	ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error)
 	ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error)
 	GetDevice(ctx context.Context, id string) (Device, error)
-	ListDevices(ctx context.Context) ([]Device, error)
+	ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[Device], error)
 	UnconfirmAll(ctx context.Context) error
 	ResetPresence(ctx context.Context, device, who string) (Device, error)
 
@@ -423,7 +423,7 @@ type Store interface {
 	GetTask(ctx context.Context, id string) (Task, error)
 	CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error)
 	RevokeGrant(ctx context.Context, id string) (Grant, error)
-	ListGrants(ctx context.Context, revoked bool) ([]Grant, error)
+	ListGrants(ctx context.Context, f GrantFilter, p Page) (Listed[Grant], error)
 	Allowed(ctx context.Context, principal, action, device string) (bool, error)
 
 	Close() error

@@ -1,0 +1,115 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/fleetctl/fleetctl/internal/store"
+)
+
+// Every list (GET /v1/devices, GET /v1/grants) pages by id: ?limit= (1 to
+// store.MaxPageLimit, store.DefaultPageLimit by default) and ?after=<id>,
+// plus its own filters. The body stays a JSON array; X-Total-Count carries
+// the number of items that match the filter, and a Link header with
+// rel="next" the next page, only when there is one.
+
+// cursorPattern is the charset of every id a list is keyed by (device ids,
+// grant ids); an after outside it cannot be an id and is refused.
+var cursorPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
+
+// listQuery is a list request's query string, checked: only the parameters
+// the list takes, each at most once.
+type listQuery struct {
+	path   string
+	page   store.Page
+	values url.Values // the filters as given, for the next link
+	order  []string   // the filters' names, in the order of the next link
+}
+
+// parseList checks limit, after and the list's filters (their names; each
+// is then read with boolParam). Any other parameter, or one given twice, is
+// refused: a misspelt filter must not silently list everything.
+func parseList(r *http.Request, filters ...string) (listQuery, error) {
+	q := r.URL.Query()
+	lq := listQuery{path: r.URL.EscapedPath(), page: store.Page{Limit: store.DefaultPageLimit}, values: url.Values{}, order: filters}
+	for name, vs := range q {
+		if name != "limit" && name != "after" && !slices.Contains(filters, name) {
+			return lq, invalidParam(name, "unknown query parameter; this list takes "+
+				strings.Join(append([]string{"limit", "after"}, filters...), ", "))
+		}
+		if len(vs) > 1 {
+			return lq, invalidParam(name, "given more than once")
+		}
+	}
+	if v, ok := q["limit"]; ok {
+		n, err := strconv.Atoi(v[0])
+		if err != nil || n < 1 || n > store.MaxPageLimit {
+			return lq, invalidParam("limit", fmt.Sprintf("%q: an integer from 1 to %d (default %d)",
+				v[0], store.MaxPageLimit, store.DefaultPageLimit))
+		}
+		lq.page.Limit = n
+	}
+	if v, ok := q["after"]; ok && v[0] != "" { // an empty after is the start
+		if !cursorPattern.MatchString(v[0]) {
+			return lq, invalidParam("after", fmt.Sprintf("%q: an id, [A-Za-z0-9._:-]{1,200}", v[0]))
+		}
+		lq.page.After = v[0]
+	}
+	for _, f := range filters {
+		if v, ok := q[f]; ok {
+			lq.values.Set(f, v[0])
+		}
+	}
+	return lq, nil
+}
+
+// boolParam reads a filter that takes true or false (and, for the older
+// ?all=1 of grants, 1 or 0); absent is nil.
+func (lq listQuery) boolParam(name string) (*bool, error) {
+	v, ok := lq.values[name]
+	if !ok {
+		return nil, nil
+	}
+	var b bool
+	switch v[0] {
+	case "true", "1":
+		b = true
+	case "false", "0":
+	default:
+		return nil, invalidParam(name, fmt.Sprintf("%q: true or false", v[0]))
+	}
+	return &b, nil
+}
+
+func invalidParam(name, msg string) error {
+	return apiErr(http.StatusBadRequest, "invalid_request", "query parameter "+name+": "+msg)
+}
+
+// listed is a list answer: the array and its paging headers.
+type listed struct {
+	header http.Header
+	body   any
+}
+
+// answerList builds the answer of one page: X-Total-Count always, Link
+// rel="next" only when next is not "" (the same limit and filters, after the
+// page's last id).
+func answerList(lq listQuery, items any, total int64, next string) (int, any, error) {
+	h := http.Header{}
+	h.Set("X-Total-Count", strconv.FormatInt(total, 10))
+	if next != "" {
+		link := lq.path + "?limit=" + strconv.Itoa(lq.page.Limit) + "&after=" + url.QueryEscape(next)
+		for _, f := range lq.order {
+			if v, ok := lq.values[f]; ok {
+				link += "&" + url.QueryEscape(f) + "=" + url.QueryEscape(v[0])
+			}
+		}
+		h.Set("Link", "<"+link+`>; rel="next"`)
+	}
+	return http.StatusOK, listed{header: h, body: items}, nil
+}
