@@ -27,7 +27,7 @@ body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2e
 h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.15em;margin-top:1.8em}
 .meta{color:#666} table{border-collapse:collapse;margin:.6em 0}
 td,th{padding:.25em .7em;border-bottom:1px solid #e4e4e4;text-align:right} th{background:#f6f6f6}
-td:first-child,th:first-child{text-align:left}
+td:first-child,th:first-child{text-align:left} td.cpu{white-space:nowrap;font-size:12px}
 .big{display:flex;flex-wrap:wrap;gap:1em;margin:1em 0}
 .card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;min-width:11em}
 .card b{display:block;font-size:1.6em} .card span{color:#666}
@@ -51,7 +51,7 @@ ul{color:#555}
 <td>{{printf "%.1f" .PerS}}</td><td>{{.Ops}}</td><td>{{printf "%.2f" .Latency.P50}}</td><td>{{printf "%.2f" .Latency.P90}}</td>
 <td>{{printf "%.2f" .Latency.P99}}</td><td>{{printf "%.2f" .Latency.P999}}</td><td>{{printf "%.2f" .Latency.Max}}</td>
 <td>{{.Errors}}{{if .Skipped}} +{{.Skipped}} skipped{{end}}{{if .Unfinished}} +{{.Unfinished}} unfinished{{end}}</td>
-<td>{{range .CPU}}{{.Process}} {{printf "%.3f" .MSPerOp}}<br>{{end}}</td></tr>
+<td class="cpu">{{range .CPU}}{{.Process}} {{printf "%.3f" .MSPerOp}}<br>{{end}}</td></tr>
 {{end}}</table>
 <h2>Latency, cumulative (log scale)</h2>
 {{.CDF}}
@@ -136,7 +136,7 @@ func (r *Result) cdfSVG() string {
 		chartW, chartH, chartW, chartH)
 	xTicks(&b, a)
 	y := func(f float64) float64 { return chartH - padB - f*(chartH-padT-padB) }
-	for _, f := range []float64{0, 0.25, 0.5, 0.75, 0.9, 0.99, 1} {
+	for _, f := range []float64{0, 0.25, 0.5, 0.75, 0.9, 1} {
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#eee"/>`, padL, y(f), chartW-padR, y(f))
 		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%g</text>`, padL-6, y(f)+4, f)
 	}
@@ -196,13 +196,13 @@ func histSVG(p *Phase) string {
 	}
 	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%d</text><text x="%d" y="%d" text-anchor="end">0</text>`,
 		padL-6, padT+4, top, padL-6, chartH-padB)
-	for _, m := range []struct {
+	for i, m := range []struct {
 		name string
 		v    float64
 	}{{"p50", p.Latency.P50}, {"p99", p.Latency.P99}} {
 		x := a.x(m.v)
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#d62728" stroke-dasharray="4 3"/><text x="%.1f" y="%d">%s %.1f</text>`,
-			x, padT, x, chartH-padB, x+3, padT+10, m.name, m.v)
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#d62728" stroke-dasharray="4 3"/><text x="%.1f" y="%d">%s %.1f ms</text>`,
+			x, padT, x, chartH-padB, x+3, padT+10+i*14, m.name, m.v)
 	}
 	b.WriteString(`</svg>`)
 	return b.String()

@@ -145,9 +145,9 @@ func (c *cpuSampler) result(p *Phase) {
 			continue
 		}
 		ms := float64(a-b) / float64(time.Millisecond)
-		u := CPUUse{Process: name, MS: ms, Fraction: ms / 1000 / p.Seconds}
+		u := CPUUse{Process: name, MS: ms, Fraction: round(ms/1000/p.Seconds, 3)}
 		if p.Ops > 0 {
-			u.MSPerOp = ms / float64(p.Ops)
+			u.MSPerOp = round(ms/float64(p.Ops), 4)
 		}
 		p.CPU = append(p.CPU, u)
 	}

@@ -38,9 +38,9 @@ type Commander struct {
 
 // CommanderStats counts the receipts a Commander saw.
 type CommanderStats struct {
-	Receipts  int64 // every receipt decoded
-	Unmatched int64 // a final receipt for a command nobody waits for (a duplicate, or one timed out)
-	Malformed int64
+	Receipts  int64 `json:"receipts"`  // every receipt decoded
+	Unmatched int64 `json:"unmatched"` // a final receipt for a command nobody waits for (a duplicate, or one timed out)
+	Malformed int64 `json:"malformed"`
 }
 
 // DialCommander connects a Commander with client id clientID (clean

@@ -48,14 +48,14 @@ func DeviceID(i int) string { return fmt.Sprintf("device-%d", i) }
 
 // FleetStats counts what a MemoryFleet did.
 type FleetStats struct {
-	Commands   int64 // commands received
-	Duplicates int64 // answered from memory, not run again
-	Rejected   int64 // expired, unsupported action, bad params
-	Queries    int64
-	Receipts   int64 // receipts acknowledged by the broker
+	Commands   int64 `json:"commands"`   // commands received
+	Duplicates int64 `json:"duplicates"` // answered from memory, not run again
+	Rejected   int64 `json:"rejected"`   // expired, unsupported action, bad params
+	Queries    int64 `json:"queries"`
+	Receipts   int64 `json:"receipts"` // receipts acknowledged by the broker
 	// PublishErrors counts receipts whose publish failed or timed out.
-	PublishErrors int64
-	Reconnects    int64
+	PublishErrors int64 `json:"publish_errors"`
+	Reconnects    int64 `json:"reconnects"`
 }
 
 type fleetCounters struct {
