@@ -5,7 +5,7 @@ GO        ?= go
 MOSQUITTO ?= /usr/sbin/mosquitto
 BIN       := bin
 
-.PHONY: all deps build test vet bench demo scenarios soak clean
+.PHONY: all deps build test vet bench gobench demo scenarios soak clean
 
 all: build
 
@@ -40,7 +40,16 @@ export GO
 test: deps vet
 	exec .ci/gotest -count=1 -timeout 25m ./...
 
-bench: deps
+# The controller against the protocol's own ceiling, in one run on one broker
+# (internal/bench): a table, bench/out/latest.json and bench/out/latest.html.
+# BENCH_DEVICES (100), BENCH_SECONDS (10, each measured phase), BENCH_DB (an
+# SQLite file or a postgres:// URL; default a temporary file).
+bench: deps build
+	$(GO) build -o $(BIN)/bench ./cmd/bench
+	$(BIN)/bench --bin $(BIN) --out bench/out
+
+# The Go benchmarks (one operation at a time, and eight callers, end to end).
+gobench: deps
 	exec .ci/gotest -run '^$$' -bench . -benchtime 200x -count 1 ./internal/e2e/ ./internal/failpoint/
 
 # Every failure-window scenario with its invariant verdicts (the soak: 2 min on CI, 30 min otherwise).

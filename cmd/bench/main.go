@@ -1,0 +1,106 @@
+// Command bench is `make bench`: it measures the controller against the
+// wire protocol's own ceiling in one run on one broker and writes
+// bench/out/latest.json and latest.html (see internal/bench).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/bench"
+)
+
+const usage = `Usage: bench [flags]
+
+Starts its own Mosquitto (from mosquitto/mosquitto.conf.tmpl, on a free
+loopback port, in a temporary directory removed at the end) and measures,
+one phase after another: the protocol's ceiling (a plain MQTT client and an
+in-memory fleet), the controller through its HTTP API (saturated, then at
+half that rate), the ceiling at the same half rate, and devicesim's own
+devices under the ceiling's traffic. It prints a table and writes
+latest.json and latest.html in --out. Run it from the repository's root.
+
+Environment (the flags win): BENCH_DEVICES (default 100), BENCH_SECONDS (each
+measured phase, default 10; seconds or a Go duration), BENCH_DB (an SQLite
+file, kept; or a postgres:// URL, passed to the controller's --db as is;
+default a temporary file), BENCH_CONCURRENCY (default 256).
+
+Flags:
+`
+
+func main() {
+	cfg := bench.Config{Out: os.Stdout, Log: os.Stderr}
+	devices, err := envInt("BENCH_DEVICES", bench.DefaultDevices)
+	exitOn(err)
+	window, err := envSeconds("BENCH_SECONDS", bench.DefaultWindow)
+	exitOn(err)
+	conc, err := envInt("BENCH_CONCURRENCY", bench.DefaultConcurrency)
+	exitOn(err)
+	flag.StringVar(&cfg.Bin, "bin", "bin", "directory holding the controller and devicesim binaries")
+	flag.StringVar(&cfg.OutDir, "out", "bench/out", "directory for latest.json and latest.html")
+	flag.StringVar(&cfg.Mosquitto, "mosquitto", bench.DefaultMosquitto, "the Mosquitto binary")
+	flag.StringVar(&cfg.BrokerTemplate, "broker-config", "mosquitto/mosquitto.conf.tmpl", "the broker config template")
+	flag.IntVar(&cfg.Devices, "devices", devices, "devices (env BENCH_DEVICES)")
+	flag.DurationVar(&cfg.Window, "seconds", window, "length of each measured phase (env BENCH_SECONDS)")
+	flag.IntVar(&cfg.Concurrency, "concurrency", conc, "callers in flight in the closed loops (env BENCH_CONCURRENCY)")
+	flag.StringVar(&cfg.DB, "db", os.Getenv("BENCH_DB"), "the controller's --db (env BENCH_DB; default a temporary SQLite file)")
+	flag.StringVar(&cfg.TopicRoot, "topic-root", "fleet", "MQTT topic root")
+	flag.Usage = func() {
+		fmt.Fprint(flag.CommandLine.Output(), usage)
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	start := time.Now()
+	_, err = bench.Run(ctx, cfg)
+	interrupted := ctx.Err() != nil
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		if interrupted {
+			os.Exit(130)
+		}
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "bench: done in %s; wrote %s/latest.json and latest.html\n", time.Since(start).Round(time.Second), cfg.OutDir)
+}
+
+func envInt(name string, def int) (int, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%s=%q: want a positive integer", name, v)
+	}
+	return n, nil
+}
+
+// envSeconds reads seconds ("10", "2.5") or a Go duration ("90s").
+func envSeconds(name string, def time.Duration) (time.Duration, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	if s, err := strconv.ParseFloat(v, 64); err == nil && s > 0 {
+		return time.Duration(s * float64(time.Second)), nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d > 0 {
+		return d, nil
+	}
+	return 0, fmt.Errorf("%s=%q: want seconds or a Go duration", name, v)
+}
+
+func exitOn(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+}

@@ -1,0 +1,103 @@
+package bench_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/fleetctl/fleetctl/internal/bench"
+	"github.com/fleetctl/fleetctl/internal/testenv"
+)
+
+// TestMain runs inside a scratch directory: the binaries testenv builds
+// and the bench's own run directory land there, and anything left behind
+// (the bench removes its directory and stops its processes) fails the run.
+func TestMain(m *testing.M) {
+	scratch, err := testenv.Setup()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	left, err := scratch.Close()
+	if err != nil || len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "testenv: remove %s: %v; left behind: %v\n", scratch.Dir, err, left)
+		code = 1
+	}
+	if code == 0 {
+		if err := goleak.Find(
+			goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*client).reconnect"),
+			goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*connectionStatus).Disconnecting")); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// A whole run, small and short, against a real Mosquitto: every phase
+// runs without errors and latest.json carries sane figures.
+func TestRunWritesSaneFigures(t *testing.T) {
+	broker := testenv.StartBroker(t)
+	bin := filepath.Dir(testenv.Binary(t, "controller"))
+	testenv.Binary(t, "devicesim")
+	out := t.TempDir()
+	var table, log bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := bench.Run(ctx, bench.Config{
+		Bin: bin, BrokerURL: broker.URL(), Devices: 4, Window: time.Second, Warmup: 200 * time.Millisecond,
+		Drain: 10 * time.Second, Concurrency: 8, OutDir: out, Out: &table, Log: &log,
+	})
+	require.NoError(t, err, log.String())
+	require.NotNil(t, res)
+
+	raw, err := os.ReadFile(filepath.Join(out, "latest.json"))
+	require.NoError(t, err)
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(raw, &got))
+	for _, k := range []string{"ceiling_per_s", "controller_per_s", "ratio", "p50_ms", "p90_ms", "p99_ms",
+		"half_load_p99_ms", "ceiling_half_load_p99_ms", "controller_peak_rss_mb", "cpu_ms_per_op",
+		"fleet_ceiling_per_s", "fleet_ratio", "half_load_rate_per_s"} {
+		v, ok := got[k].(float64)
+		require.True(t, ok, "%s missing or not a number in %s", k, raw)
+		require.Greater(t, v, 0.0, k)
+	}
+	require.Equal(t, 4.0, got["devices"])
+	require.Equal(t, "sqlite", got["backend"])
+	require.NotEmpty(t, got["go_version"])
+	_, err = time.Parse(time.RFC3339, got["date"].(string))
+	require.NoError(t, err)
+	require.Equal(t, 0.0, got["total_errors"], "errors: %v\n%s", got["errors"], table.String())
+	require.Equal(t, 0.0, got["overloaded_503"])
+
+	// The figures hang together: percentiles in order, the controller not
+	// faster than the protocol alone, the half rate half the saturation.
+	require.LessOrEqual(t, res.P50MS, res.P90MS)
+	require.LessOrEqual(t, res.P90MS, res.P99MS)
+	require.Less(t, res.Ratio, 1.0)
+	require.InDelta(t, res.ControllerPerS/2, res.HalfLoadRate, 1)
+	require.Len(t, res.Phases, 5)
+	for _, p := range res.Phases {
+		require.Positive(t, p.Ops, p.Name)
+		require.Zero(t, p.Errors, p.Name)
+	}
+
+	html, err := os.ReadFile(filepath.Join(out, "latest.html"))
+	require.NoError(t, err)
+	require.Contains(t, string(html), "<svg")
+	require.Contains(t, string(html), "<polyline")
+	for _, external := range []string{"src=", "href=", "@import", "url("} {
+		require.NotContains(t, string(html), external)
+	}
+	require.True(t, strings.Contains(table.String(), "controller_per_s"), table.String())
+}

@@ -1,0 +1,271 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/benchwire"
+)
+
+// opTimeout bounds one operation, submit to final state.
+const opTimeout = 60 * time.Second
+
+// pollWait is the ?wait= of each GET /v1/operations/{id} long-poll.
+const pollWait = 30 * time.Second
+
+// maxRetryAfter caps how long a 503's Retry-After makes a caller wait.
+const maxRetryAfter = 30 * time.Second
+
+// work is the k-th operation of a phase: which device, what action and
+// params, and its operation_id in the contract's default form
+// task_id:step:target:business_version (a fresh task id per operation).
+type work struct {
+	device, action, taskID, operationID string
+	params                              json.RawMessage
+}
+
+func workFor(runID, phase string, devices int, k int64) work {
+	w := work{device: benchwire.DeviceID(int(k%int64(devices)) + 1), taskID: fmt.Sprintf("%s-%s-%d", runID, phase, k)}
+	if k%2 == 0 {
+		w.action, w.params = benchwire.ActionRestart, json.RawMessage(`{"reason":"bench"}`)
+	} else {
+		w.action, w.params = benchwire.ActionSetConfig, json.RawMessage(fmt.Sprintf(`{"bench_k":%d}`, k))
+	}
+	w.operationID = w.taskID + ":" + w.action + ":" + w.device + ":v1"
+	return w
+}
+
+// ceilingOp sends the k-th command straight to a device through the
+// Commander and waits for its succeeded receipt.
+func ceilingOp(cm *benchwire.Commander, runID, phase string, devices int) op {
+	return func(ctx context.Context, k int64) error {
+		ctx, cancel := context.WithTimeout(ctx, opTimeout)
+		defer cancel()
+		w := workFor(runID, phase, devices, k)
+		_, err := cm.Do(ctx, w.device, w.operationID, w.action, w.params)
+		return err
+	}
+}
+
+// controllerLoad drives the controller through its HTTP API only.
+type controllerLoad struct {
+	base       string
+	http       *http.Client
+	runID      string
+	devices    int
+	overloaded atomic.Int64 // 503 answers, each honoured and retried
+}
+
+func newControllerLoad(base, runID string, devices, conc int) *controllerLoad {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 4*conc + 64
+	tr.MaxIdleConnsPerHost = 4*conc + 64
+	return &controllerLoad{base: base, runID: runID, devices: devices,
+		http: &http.Client{Transport: tr, Timeout: pollWait + 30*time.Second}}
+}
+
+// submitBody is POST /v1/operations's body (as internal/api decodes it).
+type submitBody struct {
+	TaskID          string          `json:"task_id"`
+	Step            string          `json:"step"`
+	Target          string          `json:"target"`
+	BusinessVersion string          `json:"business_version"`
+	Action          string          `json:"action"`
+	Params          json.RawMessage `json:"params"`
+}
+
+// operation is the part of the API's operation record the bench reads.
+type operation struct {
+	OperationID string `json:"operation_id"`
+	Status      string `json:"status"`
+	Reason      string `json:"reason"`
+}
+
+// httpError is an answer other than 200/201 (and other than a 503, which
+// is retried).
+type httpError struct {
+	method string
+	status int
+	code   string
+	body   string
+}
+
+func (e *httpError) Error() string {
+	return fmt.Sprintf("%s: %d %s %s", e.method, e.status, e.code, e.body)
+}
+
+// finalError: the operation ended in another state than succeeded.
+type finalError struct{ op operation }
+
+func (e *finalError) Error() string {
+	return fmt.Sprintf("operation %s ended %s (%s)", e.op.OperationID, e.op.Status, e.op.Reason)
+}
+
+// op submits the k-th operation and long-polls it until it is final.
+func (c *controllerLoad) op(phase string) op {
+	return func(ctx context.Context, k int64) error {
+		ctx, cancel := context.WithTimeout(ctx, opTimeout)
+		defer cancel()
+		w := workFor(c.runID, phase, c.devices, k)
+		body, _ := json.Marshal(submitBody{TaskID: w.taskID, Step: w.action, Target: w.device, BusinessVersion: "v1",
+			Action: w.action, Params: w.params})
+		got, err := c.call(ctx, http.MethodPost, "/v1/operations", body)
+		if err != nil {
+			return err
+		}
+		if got.OperationID != w.operationID {
+			return fmt.Errorf("submit: operation_id %q, want %q", got.OperationID, w.operationID)
+		}
+		for got.Status == "started" {
+			if got, err = c.call(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(w.operationID)+
+				"?wait="+pollWait.String(), nil); err != nil {
+				return err
+			}
+		}
+		if got.Status != "succeeded" {
+			return &finalError{got}
+		}
+		return nil
+	}
+}
+
+// call sends one request, honouring a 503's Retry-After and sending the
+// same request again (the same operation_id: a retry of one intent).
+func (c *controllerLoad) call(ctx context.Context, method, path string, body []byte) (operation, error) {
+	for {
+		req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+		if err != nil {
+			return operation{}, err
+		}
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := c.http.Do(req)
+		if err != nil {
+			return operation{}, err
+		}
+		raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		if err != nil {
+			return operation{}, err
+		}
+		switch resp.StatusCode {
+		case http.StatusOK, http.StatusCreated:
+			var op operation
+			if err := json.Unmarshal(raw, &op); err != nil {
+				return operation{}, fmt.Errorf("%s %s: decode: %w", method, path, err)
+			}
+			return op, nil
+		case http.StatusServiceUnavailable:
+			c.overloaded.Add(1)
+			if err := sleep(ctx, retryAfter(resp.Header.Get("Retry-After"))); err != nil {
+				return operation{}, err
+			}
+			continue
+		}
+		var e struct {
+			Code string `json:"error"`
+		}
+		_ = json.Unmarshal(raw, &e)
+		return operation{}, &httpError{method: method, status: resp.StatusCode, code: e.Code, body: strings.TrimSpace(string(raw))}
+	}
+}
+
+// retryAfter reads a Retry-After header: seconds (fractions accepted) or
+// an HTTP date; absent or unreadable, one second. It is capped at
+// maxRetryAfter.
+func retryAfter(h string) time.Duration {
+	d := time.Second
+	if s, err := strconv.ParseFloat(strings.TrimSpace(h), 64); err == nil && s >= 0 {
+		d = time.Duration(s * float64(time.Second))
+	} else if t, err := http.ParseTime(h); err == nil {
+		d = time.Until(t)
+	}
+	return max(0, min(d, maxRetryAfter))
+}
+
+// errKind names an error's class for the counts.
+func errKind(err error) string {
+	var he *httpError
+	var fe *finalError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "cancelled"
+	case errors.Is(err, benchwire.ErrNotSucceeded):
+		return "device_not_succeeded"
+	case errors.As(err, &he):
+		if he.code != "" {
+			return fmt.Sprintf("http_%d_%s", he.status, he.code)
+		}
+		return fmt.Sprintf("http_%d", he.status)
+	case errors.As(err, &fe):
+		return "operation_" + fe.op.Status
+	}
+	return "other"
+}
+
+// onlineDevices counts the devices GET /v1/devices shows online, following
+// the pages (?limit=, ?after=, Link rel="next") where the API has them.
+func (c *controllerLoad) onlineDevices(ctx context.Context) (int, error) {
+	next := c.base + "/v1/devices?online=true&limit=10000"
+	n := 0
+	for pages := 0; next != "" && pages < 1000; pages++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, next, nil)
+		if err != nil {
+			return 0, err
+		}
+		resp, err := c.http.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		var devs []struct {
+			Online bool `json:"online"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&devs)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("GET /v1/devices: %d", resp.StatusCode)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("GET /v1/devices: %w", err)
+		}
+		for _, d := range devs {
+			if d.Online {
+				n++
+			}
+		}
+		next = nextLink(c.base, resp.Header.Get("Link"))
+	}
+	return n, nil
+}
+
+// nextLink returns the rel="next" target of a Link header, resolved
+// against base, or "".
+func nextLink(base, h string) string {
+	for _, part := range strings.Split(h, ",") {
+		target, params, ok := strings.Cut(strings.TrimSpace(part), ";")
+		if !ok || !strings.Contains(strings.ReplaceAll(params, " ", ""), `rel="next"`) {
+			continue
+		}
+		target = strings.Trim(strings.TrimSpace(target), "<>")
+		b, err1 := url.Parse(base)
+		t, err2 := url.Parse(target)
+		if err1 != nil || err2 != nil {
+			return ""
+		}
+		return b.ResolveReference(t).String()
+	}
+	return ""
+}

@@ -1,0 +1,249 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// process is a child the bench started, in a process group of its own so
+// that a Ctrl-C at the terminal reaches only the bench, which then stops
+// its children in order (the controller and the devices before the broker).
+type process struct {
+	name string
+	log  string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// startProcess starts args with its output in logPath. onLine, if set,
+// sees every line of the child's stderr (stdout goes to the log only).
+func startProcess(name, logPath string, args []string, onLine func(string)) (*process, error) {
+	log, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stdout = log
+	var pipe io.ReadCloser
+	if onLine == nil {
+		cmd.Stderr = log
+	} else if pipe, err = cmd.StderrPipe(); err != nil {
+		log.Close()
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &process{name: name, log: logPath, cmd: cmd, done: make(chan struct{})}
+	var copied sync.WaitGroup
+	if pipe != nil {
+		copied.Add(1)
+		go func() {
+			defer copied.Done()
+			sc := bufio.NewScanner(pipe)
+			for sc.Scan() {
+				line := sc.Text()
+				fmt.Fprintln(log, line)
+				onLine(line)
+			}
+		}()
+	}
+	go func() {
+		copied.Wait() // Wait closes the pipe: read it to its end first
+		p.err = cmd.Wait()
+		log.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *process) pid() int { return p.cmd.Process.Pid }
+
+// stop sends SIGTERM and waits up to timeout, then kills.
+func (p *process) stop(timeout time.Duration) {
+	if p == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// failure describes an early exit with the end of the child's log.
+func (p *process) failure() error {
+	return fmt.Errorf("%s exited (%v); the end of its log %s:\n%s", p.name, p.err, p.log, tail(p.log, 20))
+}
+
+// tail returns the last n lines of a file.
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startBroker renders the project's Mosquitto template (as
+// internal/testenv does: @PORT@, @DATA@, @AUTOSAVE@ 1, @USER@) into dir and
+// starts the broker on a free loopback port; it returns once the port
+// accepts connections.
+func startBroker(ctx context.Context, mosquitto, template, dir string) (*process, string, error) {
+	tmpl, err := os.ReadFile(template)
+	if err != nil {
+		return nil, "", fmt.Errorf("broker config template: %w", err)
+	}
+	if _, err := os.Stat(mosquitto); err != nil {
+		return nil, "", fmt.Errorf("mosquitto is not installed at %s: run 'make deps' or 'apt-get install -y mosquitto'", mosquitto)
+	}
+	me, err := user.Current()
+	if err != nil {
+		return nil, "", err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, "", err
+	}
+	data := filepath.Join(dir, "data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		return nil, "", err
+	}
+	conf := strings.NewReplacer("@PORT@", strconv.Itoa(port), "@DATA@", data, "@AUTOSAVE@", "1",
+		"@USER@", me.Username).Replace(string(tmpl))
+	confPath := filepath.Join(dir, "mosquitto.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		return nil, "", err
+	}
+	p, err := startProcess("mosquitto", filepath.Join(dir, "mosquitto.log"), []string{mosquitto, "-c", confPath}, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	err = waitUntil(ctx, p, 10*time.Second, "mosquitto to listen on "+addr, func() bool {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	if err != nil {
+		p.stop(5 * time.Second)
+		return nil, "", err
+	}
+	return p, "tcp://" + addr, nil
+}
+
+// waitUntil polls cond every 50 ms until it holds, failing when timeout
+// passes, ctx ends or p (if not nil) exits.
+func waitUntil(ctx context.Context, p *process, timeout time.Duration, what string, cond func() bool) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var exited <-chan struct{}
+	if p != nil {
+		exited = p.done
+	}
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-exited:
+			return p.failure()
+		case <-deadline.C:
+			return fmt.Errorf("timed out after %s waiting for %s", timeout, what)
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		}
+	}
+	return nil
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's times: 100 on
+// every Linux architecture Go supports.
+const clockTicks = 100
+
+// cpuTime is a process's user plus system CPU time so far.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, errors.New("malformed /proc stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// After the name: state is field 3, utime 14, stime 15.
+	if len(f) < 13 {
+		return 0, errors.New("malformed /proc stat")
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks, nil
+}
+
+// peakRSS is a process's VmHWM, its resident set's high-water mark, in MiB.
+func peakRSS(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			f := strings.Fields(v)
+			if len(f) == 0 {
+				break
+			}
+			kb, err := strconv.ParseFloat(f[0], 64)
+			if err != nil {
+				return 0, err
+			}
+			return kb / 1024, nil
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc status")
+}
