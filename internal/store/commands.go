@@ -87,7 +87,7 @@ func getCommand(ctx context.Context, q queryer, id string) (Command, error) {
 
 // GetCommand reads one command.
 func (s *SQLite) GetCommand(ctx context.Context, id string) (Command, error) {
-	return getCommand(ctx, s.r, id)
+	return getCommand(ctx, s.rq, id)
 }
 
 // ReceiptRecord is one line of a command's receipt log.
@@ -121,7 +121,7 @@ type Event struct {
 
 // Receipts lists the receipt log of one command, oldest first.
 func (s *SQLite) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
-	return listReceipts(ctx, s.r, commandID)
+	return listReceipts(ctx, s.rq, commandID)
 }
 
 func listReceipts(ctx context.Context, q queryer, commandID string) ([]ReceiptRecord, error) {
@@ -153,11 +153,11 @@ func listReceipts(ctx context.Context, q queryer, commandID string) ([]ReceiptRe
 
 // Events lists the events log of one entity (operation or command id), oldest first.
 func (s *SQLite) Events(ctx context.Context, entityID string) ([]Event, error) {
-	return listEvents(ctx, s.r, `WHERE entity_id = ?`, entityID)
+	return listEvents(ctx, s.rq, `WHERE entity_id = ?`, entityID)
 }
 
 // AllEvents lists the whole events log, oldest first (for verification).
-func (s *SQLite) AllEvents(ctx context.Context) ([]Event, error) { return listEvents(ctx, s.r, ``) }
+func (s *SQLite) AllEvents(ctx context.Context) ([]Event, error) { return listEvents(ctx, s.rq, ``) }
 
 // listEvents lists the events that match where, oldest first.
 func listEvents(ctx context.Context, q queryer, where string, args ...any) ([]Event, error) {
@@ -337,7 +337,7 @@ func (s *SQLite) Wake(ctx context.Context, device string) ([]string, error) {
 	var ids []string
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
-		ids, err = queryStrings(ctx, t.Tx, `UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
+		ids, err = queryStrings(ctx, t, `UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
 			AND status NOT IN `+terminalCommands+` RETURNING command_id`, ms(t.now), device)
 		return err
 	})
@@ -385,7 +385,7 @@ var prefixedCommandColumns = "c." + strings.Join(strings.FieldsFunc(commandColum
 }), ", c.")
 
 func (s *SQLite) openCommands(ctx context.Context, where string, args ...any) ([]OpenCommand, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+prefixedCommandColumns+`, o.owner, o.fencing_token, o.lease_expires_at
+	rows, err := s.rq.QueryContext(ctx, `SELECT `+prefixedCommandColumns+`, o.owner, o.fencing_token, o.lease_expires_at
 		FROM commands c JOIN operations o ON o.operation_id = c.operation_id
 		WHERE c.status NOT IN `+terminalCommands+` AND o.status = 'started' AND `+where, args...)
 	if err != nil {

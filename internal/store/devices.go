@@ -51,7 +51,7 @@ func scanDevice(row interface{ Scan(...any) error }) (Device, error) {
 
 // GetDevice reads one device; a device never seen is ErrNotFound.
 func (s *SQLite) GetDevice(ctx context.Context, id string) (Device, error) {
-	d, err := scanDevice(s.r.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, id))
+	d, err := scanDevice(s.rq.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Device{}, fmt.Errorf("device %s: %w", id, ErrNotFound)
 	}

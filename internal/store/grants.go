@@ -105,7 +105,7 @@ func grantKeyset(f GrantFilter) keyset[Grant] {
 
 // Allowed reports whether a live grant lets principal run action on device.
 func (s *SQLite) Allowed(ctx context.Context, principal, action, device string) (bool, error) {
-	return allowed(ctx, s.r, principal, action, device)
+	return allowed(ctx, s.rq, principal, action, device)
 }
 
 func allowed(ctx context.Context, q queryer, principal, action, device string) (bool, error) {

@@ -34,7 +34,7 @@ func (s *SQLite) RenewLeases(ctx context.Context, owner string, ttl time.Duratio
 func (s *SQLite) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (int64, error) {
 	var n int64
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
-		ids, err := queryStrings(ctx, t.Tx, `UPDATE operations SET fencing_token = fencing_token + 1, lease_expires_at = ?
+		ids, err := queryStrings(ctx, t, `UPDATE operations SET fencing_token = fencing_token + 1, lease_expires_at = ?
 			WHERE owner = ? AND status = 'started' RETURNING operation_id`, ms(t.now.Add(ttl)), owner)
 		if err != nil {
 			return fmt.Errorf("reclaim leases of %s: %w", owner, err)

@@ -94,7 +94,7 @@ func (s *SQLite) Submit(ctx context.Context, n NewOperation, beforeCommit func()
 // it together with its checks).
 func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	var res SubmitResult
-	existing, err := getOperation(ctx, t.Tx, n.OperationID)
+	existing, err := getOperation(ctx, t, n.OperationID)
 	switch {
 	case err == nil:
 		if existing.RequestHash != n.RequestHash {
@@ -105,7 +105,7 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 				return res, err
 			}
 			res.Retried = true
-			if existing, err = getOperation(ctx, t.Tx, n.OperationID); err != nil {
+			if existing, err = getOperation(ctx, t, n.OperationID); err != nil {
 				return res, err
 			}
 		}
@@ -127,7 +127,7 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	}
 	if rows, _ := r.RowsAffected(); rows == 0 {
 		// Lost the race for the UNIQUE key (another process's writer): read the winner.
-		existing, err := getOperation(ctx, t.Tx, n.OperationID)
+		existing, err := getOperation(ctx, t, n.OperationID)
 		if err != nil {
 			return res, err
 		}
@@ -143,7 +143,7 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	if err := t.event("operation", n.OperationID, "", string(fsm.OpStarted), "submitted", 1); err != nil {
 		return res, err
 	}
-	op, err := getOperation(ctx, t.Tx, n.OperationID)
+	op, err := getOperation(ctx, t, n.OperationID)
 	if err != nil {
 		return res, err
 	}
@@ -229,7 +229,7 @@ func queryStrings(ctx context.Context, q queryer, query string, args ...any) ([]
 
 // GetOperation reads one operation with its command ids and links.
 func (s *SQLite) GetOperation(ctx context.Context, id string) (Operation, error) {
-	return getOperation(ctx, s.r, id)
+	return getOperation(ctx, s.rq, id)
 }
 
 // finishOperation applies a command's terminal outcome to its operation, if
@@ -245,7 +245,7 @@ func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.Command
 	if !ok || (late && to == fsm.OpFailedRetryable) {
 		return nil
 	}
-	op, err := getOperation(ctx, t.Tx, cmd.OperationID)
+	op, err := getOperation(ctx, t, cmd.OperationID)
 	if err != nil {
 		return err
 	}
@@ -293,7 +293,7 @@ func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.Command
 // to the device's operation_id rule: it will not run it, and answers with
 // the receipt of the one that ran.
 func (t *tx) supersede(ctx context.Context, newer, ran string) error {
-	c, err := getCommand(ctx, t.Tx, newer)
+	c, err := getCommand(ctx, t, newer)
 	if err != nil {
 		return err
 	}

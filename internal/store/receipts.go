@@ -89,7 +89,7 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 		}
 	}
 	out := ReceiptOutcome{CommandID: target, OperationID: r.OperationID}
-	c, err := getCommand(ctx, t.Tx, target)
+	c, err := getCommand(ctx, t, target)
 	if errors.Is(err, ErrNotFound) {
 		out.Effect, out.CommandID = EffectUnknownCommand, ""
 		return out, t.logReceipt(target, "", device, r, out.Effect)

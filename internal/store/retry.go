@@ -56,7 +56,7 @@ type Retrying struct {
 func (s *SQLite) RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error) {
 	var opID string
 	var until int64
-	err := s.r.QueryRowContext(ctx, `SELECT operation_id, retry_until FROM operations
+	err := s.rq.QueryRowContext(ctx, `SELECT operation_id, retry_until FROM operations
 		WHERE command_id = ? AND owner = ? AND status = 'started' AND retry_until IS NOT NULL`, commandID, owner).Scan(&opID, &until)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Retrying{}, fmt.Errorf("retrying operation of %s: %w", commandID, ErrNotFound)
@@ -64,11 +64,11 @@ func (s *SQLite) RetryingOf(ctx context.Context, commandID, owner string) (Retry
 	if err != nil {
 		return Retrying{}, fmt.Errorf("retrying operation of %s: %w", commandID, err)
 	}
-	op, err := getOperation(ctx, s.r, opID)
+	op, err := getOperation(ctx, s.rq, opID)
 	if err != nil {
 		return Retrying{}, err
 	}
-	last, err := getCommand(ctx, s.r, commandID)
+	last, err := getCommand(ctx, s.rq, commandID)
 	if err != nil {
 		return Retrying{}, err
 	}
@@ -77,7 +77,7 @@ func (s *SQLite) RetryingOf(ctx context.Context, commandID, owner string) (Retry
 
 // RetryingCommands lists the current command ids of owner's retrying operations.
 func (s *SQLite) RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error) {
-	return queryStrings(ctx, s.r, `SELECT command_id FROM operations
+	return queryStrings(ctx, s.rq, `SELECT command_id FROM operations
 		WHERE owner = ? AND status = 'started' AND retry_until IS NOT NULL LIMIT ?`, owner, limit)
 }
 
@@ -124,7 +124,7 @@ func (s *SQLite) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason s
 func (s *SQLite) Cancel(ctx context.Context, commandID, who string) (Command, error) {
 	var out Command
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
-		c, err := getCommand(ctx, t.Tx, commandID)
+		c, err := getCommand(ctx, t, commandID)
 		if err != nil {
 			return err
 		}
@@ -170,7 +170,7 @@ func (s *SQLite) Resolve(ctx context.Context, commandID string, outcome fsm.Comm
 		return out, fmt.Errorf("resolve outcome %q: want succeeded or failed: %w", outcome, ErrIllegalState)
 	}
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
-		c, err := getCommand(ctx, t.Tx, commandID)
+		c, err := getCommand(ctx, t, commandID)
 		if err != nil {
 			return err
 		}
@@ -188,7 +188,7 @@ func (s *SQLite) Resolve(ctx context.Context, commandID string, outcome fsm.Comm
 				return err
 			}
 			out.Lost = true
-			out.Command, err = getCommand(ctx, t.Tx, commandID)
+			out.Command, err = getCommand(ctx, t, commandID)
 			return err
 		case c.Status != fsm.CmdNeedsAttention:
 			t.refuse("command", commandID, string(c.Status), string(outcome), ReasonIllegal, 0)

@@ -94,6 +94,8 @@ type SQLite struct {
 
 	// The writer goroutine (writer.go) owns w once Open returns.
 	queue         chan *job
+	wstmts        *stmtCache
+	rq            readers
 	maxBatch      int
 	quit, stopped chan struct{}
 }
@@ -141,6 +143,8 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	}
 	r.SetMaxOpenConns(cfg.Readers)
 	s.r = r
+	s.rq = readers{newStmtCache(r)}
+	s.wstmts = newStmtCache(w)
 	go s.runWriter()
 	return s, nil
 }
@@ -154,6 +158,10 @@ func (s *SQLite) Close() error {
 		close(s.quit)
 	}
 	<-s.stopped
+	if s.rq.c != nil {
+		s.rq.c.close()
+		s.wstmts.close()
+	}
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
@@ -204,6 +212,7 @@ func (s *SQLite) migrate(ctx context.Context) error {
 // recorded and the observations to report once it commits.
 type tx struct {
 	*sql.Tx
+	stmts    *stmtCache
 	now      time.Time
 	instance string
 	refusals []refusal

@@ -342,7 +342,7 @@ func (s *SQLite) StartStep(ctx context.Context, task Task, stepIndex int, enforc
 		case current != a.PlanHash:
 			reason = "plan_changed"
 		case enforceGrants:
-			ok, err := allowed(ctx, t.Tx, a.Author, step.Action, step.Target)
+			ok, err := allowed(ctx, t, a.Author, step.Action, step.Target)
 			if err != nil {
 				return err
 			}
@@ -372,7 +372,7 @@ func (s *SQLite) StartStep(ctx context.Context, task Task, stepIndex int, enforc
 
 // ActiveTasks lists the ids of approved and running tasks.
 func (s *SQLite) ActiveTasks(ctx context.Context) ([]string, error) {
-	return queryStrings(ctx, s.r, `SELECT task_id FROM tasks WHERE status IN `+activeTasks+` ORDER BY updated_at`)
+	return queryStrings(ctx, s.rq, `SELECT task_id FROM tasks WHERE status IN `+activeTasks+` ORDER BY updated_at`)
 }
 
 // GetTask reads a task with its current plan, its approval and its history.
@@ -384,7 +384,7 @@ func (s *SQLite) GetTask(ctx context.Context, id string) (Task, error) {
 		created, updated int64
 		steps            string
 	)
-	err := s.r.QueryRowContext(ctx, `SELECT k.task_id, k.status, k.reason, k.version, v.plan_hash, v.steps, v.author,
+	err := s.rq.QueryRowContext(ctx, `SELECT k.task_id, k.status, k.reason, k.version, v.plan_hash, v.steps, v.author,
 			k.execute_after, k.execute_before, k.created_by, k.approved_version, k.step_index, k.row_version,
 			k.created_at, k.updated_at
 		FROM tasks k JOIN task_versions v ON v.task_id = k.task_id AND v.version = k.version WHERE k.task_id = ?`, id).Scan(
@@ -408,7 +408,7 @@ func (s *SQLite) GetTask(ctx context.Context, id string) (Task, error) {
 			at    int64
 			steps string
 		)
-		err := s.r.QueryRowContext(ctx, `SELECT a.version, a.approver, a.plan_hash, a.approved_at, v.author, v.steps
+		err := s.rq.QueryRowContext(ctx, `SELECT a.version, a.approver, a.plan_hash, a.approved_at, v.author, v.steps
 			FROM approvals a JOIN task_versions v ON v.task_id = a.task_id AND v.version = a.version WHERE a.task_id = ?`, id).Scan(
 			&a.Version, &a.Approver, &a.PlanHash, &at, &a.Author, &steps)
 		if err != nil {
@@ -420,7 +420,7 @@ func (s *SQLite) GetTask(ctx context.Context, id string) (Task, error) {
 		}
 		k.Approval = &a
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT at, principal, action, from_state, to_state, version, reason
+	rows, err := s.rq.QueryContext(ctx, `SELECT at, principal, action, from_state, to_state, version, reason
 		FROM task_history WHERE task_id = ? ORDER BY id`, id)
 	if err != nil {
 		return Task{}, err

@@ -136,6 +136,7 @@ func (s *SQLite) runWriter() {
 		}
 		s.commitBatch(batch)
 		clear(batch)
+		s.wstmts.prepareMissed(context.Background())
 	}
 }
 
@@ -177,7 +178,7 @@ func (s *SQLite) applyBatch(batch []*job, res []applied) error {
 		if _, err := sqlTx.ExecContext(ctx, `SAVEPOINT change`); err != nil {
 			return fmt.Errorf("savepoint: %w", err)
 		}
-		t := &tx{Tx: sqlTx, now: s.now().UTC(), instance: s.instance}
+		t := &tx{Tx: sqlTx, stmts: s.wstmts, now: s.now().UTC(), instance: s.instance}
 		ferr := runChange(ctx, j.fn, t)
 		if ferr != nil {
 			if endsTransaction(ferr) {
