@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,37 +11,14 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/fleetctl/fleetctl/internal/bench"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 )
 
-// TestMain runs inside a scratch directory: the binaries testenv builds
-// and the bench's own run directory land there, and anything left behind
-// (the bench removes its directory and stops its processes) fails the run.
-func TestMain(m *testing.M) {
-	scratch, err := testenv.Setup()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	left, err := scratch.Close()
-	if err != nil || len(left) > 0 {
-		fmt.Fprintf(os.Stderr, "testenv: remove %s: %v; left behind: %v\n", scratch.Dir, err, left)
-		code = 1
-	}
-	if code == 0 {
-		if err := goleak.Find(
-			goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*client).reconnect"),
-			goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*connectionStatus).Disconnecting")); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+// TestMain: the tests run in a scratch directory; whatever a test leaves
+// behind (files, processes, goroutines) fails the run (testenv.Main).
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // A whole run, small and short, against a real Mosquitto: every phase
 // runs without errors and latest.json carries sane figures.

@@ -197,8 +197,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 			if out.OperationID != "" {
 				c.api.Changed(out.OperationID)
 			}
-			if (out.Unknown || out.Due) && out.CommandID != "" {
-				c.disp.Kick(out.CommandID) // the device never saw it, or has it after all: the holder decides what follows
+			if out.Due && out.CommandID != "" {
+				c.disp.Kick(out.CommandID) // the holder decides what follows
 			}
 		},
 		OnPresence: func(ctx context.Context, out store.PresenceOutcome) { c.disp.DeviceChanged(ctx, out.Device.DeviceID) },

@@ -17,7 +17,6 @@ import (
 
 	_ "github.com/mattn/go-sqlite3"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/client"
@@ -26,38 +25,9 @@ import (
 	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
-// TestMain runs the tests inside a scratch directory (testenv.Setup): the
-// built binaries and every test's files are removed at the end, and on
-// Ctrl-C or SIGTERM too, with the processes the tests started. A file or a
-// process a test left behind fails the run, as a leaked goroutine does.
-func TestMain(m *testing.M) {
-	scratch, err := testenv.Setup()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	left, err := scratch.Close()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "testenv: remove %s: %v\n", scratch.Dir, err)
-		code = 1
-	}
-	if len(left) > 0 {
-		fmt.Fprintf(os.Stderr, "testenv: the tests left behind (now removed):\n  %s\n", strings.Join(left, "\n  "))
-		code = 1
-	}
-	if code == 0 {
-		// paho leaves a goroutine behind for up to its reconnect back-off when a
-		// client is disconnected while reconnecting; it ends by itself.
-		if err := goleak.Find(
-			goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*client).reconnect"),
-			goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*connectionStatus).Disconnecting")); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: Errors on successful test run: %v\n", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+// TestMain: the tests run in a scratch directory; whatever a test leaves
+// behind (files, processes, goroutines) fails the run (testenv.Main).
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // bundle is one test's running system.
 type bundle struct {

@@ -35,9 +35,10 @@ type ReceiptOutcome struct {
 	// command); the lease holder may re-send or mint anew.
 	Unknown  bool
 	Terminal bool // the command is terminal after this receipt
-	// Due: the command had been parked until its expiry (its sends and
-	// asks used up) and the device has now said it has it: it is due for
-	// a decision now (an ask, so a lost final receipt is found).
+	// Due: the receipt made the command due for the lease holder's
+	// decision now: the device never saw it (Unknown), or it had been
+	// parked until its expiry (sends and asks used up) and the device now
+	// says it has it (an ask, so a lost final receipt is found).
 	Due bool
 }
 
@@ -125,6 +126,8 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 			out.Effect, out.Unknown = EffectStale, false
 		} else if _, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ?`, ms(t.now), target); err != nil {
 			return out, fmt.Errorf("wake %s: %w", target, err)
+		} else {
+			out.Due = true
 		}
 	case c.Status.Terminal():
 		out.Effect, err = t.lateReceipt(ctx, c, r)

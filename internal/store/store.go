@@ -158,10 +158,8 @@ func (s *SQLite) Close() error {
 		close(s.quit)
 	}
 	<-s.stopped
-	if s.rq.c != nil {
-		s.rq.c.close()
-		s.wstmts.close()
-	}
+	s.rq.c.close()
+	s.wstmts.close()
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 

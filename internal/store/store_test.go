@@ -325,6 +325,7 @@ func TestQueryAnswerForAnotherCommandOfTheOperation(t *testing.T) {
 	out, err = b.s.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: "c-2", OperationID: "op-2", Status: wire.ReceiptUnknown, QueryID: "q-2"}, nil)
 	require.NoError(t, err)
 	require.True(t, out.Unknown)
+	require.True(t, out.Due, "an unknown answer wakes the lease holder")
 	c, _ = b.s.GetCommand(b.ctx, "c-2")
 	require.Equal(t, fsm.CmdSent, c.Status)
 	require.Equal(t, "unknown", c.LastAnswer)

@@ -162,3 +162,28 @@ func TestClosedStoreRefusesChanges(t *testing.T) {
 	_, err = s.Submit(context.Background(), newOp("op-1", "c-1"), nil)
 	require.ErrorIs(t, err, ErrClosed)
 }
+
+// Statements are prepared once: the writer's after the batch that first
+// ran them (its one connection is busy during a batch), the readers' on
+// first use; the same changes and reads then run prepared.
+func TestStatementsArePreparedOnce(t *testing.T) {
+	b := setup(t)
+	prepared := func(c *stmtCache) int { c.mu.Lock(); defer c.mu.Unlock(); return len(c.m) }
+	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	// The writer prepares right after answering: wait for it to be done.
+	require.NoError(t, b.s.write(b.ctx, func(context.Context, *tx) error { return nil }))
+	afterFirst := prepared(b.s.wstmts)
+	require.NotZero(t, afterFirst, "the submit's statements are prepared after its batch")
+	_, err = b.s.Submit(b.ctx, newOp("op-2", "c-2"), nil)
+	require.NoError(t, err)
+	require.NoError(t, b.s.write(b.ctx, func(context.Context, *tx) error { return nil }))
+	require.Equal(t, afterFirst, prepared(b.s.wstmts), "a second submit needs no new statement")
+
+	for _, id := range []string{"op-1", "op-2"} {
+		op, err := b.s.GetOperation(b.ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, []string{"c" + id[2:]}, op.CommandIDs, "prepared reads return the right rows")
+	}
+	require.NotZero(t, prepared(b.s.rq.c))
+}

@@ -7,9 +7,12 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // A test process that starts brokers, controllers and simulators keeps
@@ -160,4 +163,37 @@ func (s *Scratch) Close() (left []string, err error) {
 		os.Setenv("TMPDIR", s.tmpdir)
 	}
 	return left, os.RemoveAll(s.Dir)
+}
+
+// Main is a TestMain for packages that start the real parts: it runs the
+// tests inside a scratch directory (Setup), and fails the run when a test
+// left a file or a process behind (both removed), or, after a passing run,
+// a goroutine.
+func Main(m *testing.M) {
+	scratch, err := Setup()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	left, err := scratch.Close()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testenv: remove %s: %v\n", scratch.Dir, err)
+		code = 1
+	}
+	if len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "testenv: the tests left behind (now removed):\n  %s\n", strings.Join(left, "\n  "))
+		code = 1
+	}
+	if code == 0 {
+		// paho leaves a goroutine behind for up to its reconnect back-off when a
+		// client is disconnected while reconnecting; it ends by itself.
+		if err := goleak.Find(
+			goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*client).reconnect"),
+			goleak.IgnoreAnyFunction("github.com/eclipse/paho%2emqtt%2egolang.(*connectionStatus).Disconnecting")); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: Errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
