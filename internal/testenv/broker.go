@@ -1,5 +1,6 @@
 // Package testenv starts the real parts that integration tests run against:
-// a Mosquitto broker on a free loopback port, and the project's binaries.
+// a Mosquitto broker on a free loopback port, throwaway PostgreSQL clusters
+// (postgres.go), and the project's binaries.
 package testenv
 
 import (
@@ -44,12 +45,20 @@ func RepoRoot() string {
 // FreePort asks the kernel for a free loopback TCP port.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freePort()
 	if err != nil {
 		t.Fatalf("free port: %v", err)
 	}
+	return port
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
 	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // StartBroker starts Mosquitto from the project's config template on a free

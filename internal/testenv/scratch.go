@@ -101,10 +101,14 @@ func Setup() (*Scratch, error) {
 		return nil, fmt.Errorf("testenv: scratch directory: %w", err)
 	}
 	old := os.Getenv("TMPDIR")
+	root := os.TempDir()
 	if err := os.Setenv("TMPDIR", dir); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
+	scratchMu.Lock()
+	scratchOn, userTempRoot = true, root
+	scratchMu.Unlock()
 	s := &Scratch{Dir: dir, tmpdir: old, sigs: make(chan os.Signal, 1), stopped: make(chan struct{}), handled: make(chan struct{})}
 	signal.Notify(s.sigs, os.Interrupt, syscall.SIGTERM)
 	go s.handle()
@@ -117,12 +121,16 @@ func (s *Scratch) handle() {
 	case <-s.stopped:
 		return
 	case sig := <-s.sigs:
+		// The PostgreSQL clusters first (pg_ctl stop -m immediate): their
+		// directories are inside s.Dir, and pg_ctl cannot stop a server
+		// whose directory is gone. Like procMu, pgMu is held to the end.
+		npg := interruptPostgres()
 		// Hold the lock to the end: nothing starts after the kill.
 		procMu.Lock()
 		interrupted = true
 		n := killTrackedLocked()
 		err := os.RemoveAll(s.Dir)
-		fmt.Fprintf(os.Stderr, "testenv: %v: killed %d child processes, removed %s (%v)\n", sig, n, s.Dir, err)
+		fmt.Fprintf(os.Stderr, "testenv: %v: killed %d child processes, stopped %d PostgreSQL servers, removed %s (%v)\n", sig, n, npg, s.Dir, err)
 		code := 1
 		if ss, ok := sig.(syscall.Signal); ok {
 			code = 128 + int(ss)
@@ -131,13 +139,17 @@ func (s *Scratch) handle() {
 	}
 }
 
-// Close stops the signal handling, kills any tracked process still running
-// (a test that did not clean up) and removes the scratch directory. It
-// returns what the tests left behind, besides the binaries Binary built.
+// Close stops the signal handling, stops and removes the shared PostgreSQL
+// cluster (SharedPostgres), kills any tracked process and stops any other
+// cluster still running (a test that did not clean up) and removes the
+// scratch directory. It returns what the tests left behind, besides the
+// binaries Binary built and the shared cluster.
 func (s *Scratch) Close() (left []string, err error) {
 	signal.Stop(s.sigs)
 	close(s.stopped)
 	<-s.handled
+	left, pgErr := closePostgres()
+	defer func() { err = errors.Join(pgErr, err) }()
 	procMu.Lock()
 	for cmd := range procs {
 		left = append(left, "process "+cmd.String())
@@ -166,9 +178,10 @@ func (s *Scratch) Close() (left []string, err error) {
 }
 
 // Main is a TestMain for packages that start the real parts: it runs the
-// tests inside a scratch directory (Setup), and fails the run when a test
-// left a file or a process behind (both removed), or, after a passing run,
-// a goroutine.
+// tests inside a scratch directory (Setup), stops and removes the shared
+// PostgreSQL cluster once they are over (Close), and fails the run when a
+// test left a file, a process or a cluster behind (all removed), or, after
+// a passing run, a goroutine.
 func Main(m *testing.M) {
 	scratch, err := Setup()
 	if err != nil {
@@ -178,7 +191,7 @@ func Main(m *testing.M) {
 	code := m.Run()
 	left, err := scratch.Close()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "testenv: remove %s: %v\n", scratch.Dir, err)
+		fmt.Fprintf(os.Stderr, "testenv: clean up %s: %v\n", scratch.Dir, err)
 		code = 1
 	}
 	if len(left) > 0 {
