@@ -333,13 +333,24 @@ func becomeSubreaper() {
 	subreaper.Do(func() { _ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) })
 }
 
-// reap waits for pid if it is this process's child (ECHILD otherwise: then
-// it is someone else's to reap). pg_ctl stop -w has returned, so the
-// postmaster has removed its pid file and is exiting.
+// reap reaps pid once it has exited if it is this process's child (it is
+// someone else's to reap otherwise). pg_ctl stop -w has returned, so the
+// postmaster has removed its pid file and is exiting; still, reap waits
+// for that (on a pidfd) at most pgWait, and never for a live process.
 func reap(pid int) {
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		deadline := time.Now().Add(pgWait)
+		for left := time.Until(deadline); left > 0; left = time.Until(deadline) {
+			n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(left.Milliseconds())+1)
+			if n > 0 || err != nil && !errors.Is(err, unix.EINTR) {
+				break
+			}
+		}
+		unix.Close(fd)
+	}
 	var ws syscall.WaitStatus
 	for {
-		if _, err := syscall.Wait4(pid, &ws, 0, nil); !errors.Is(err, syscall.EINTR) {
+		if _, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil); !errors.Is(err, syscall.EINTR) {
 			return
 		}
 	}
