@@ -1,8 +1,9 @@
 # Quick start: `make demo` runs the whole system once; `make test` runs every test.
-# Both install what they need (Mosquitto from Debian's packages) first.
+# Both install what they need (Mosquitto, Chromium and PostgreSQL from Debian's packages) first.
 
 GO        ?= go
 MOSQUITTO ?= /usr/sbin/mosquitto
+PGBIN     := /usr/lib/postgresql/15/bin
 BIN       := bin
 
 .PHONY: all deps build test vet bench gobench demo scenarios soak clean
@@ -23,6 +24,15 @@ deps:
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; \
 	fi
+	@# PostgreSQL 15 (Debian 12's postgresql): the tests start throwaway clusters
+	@# of their own with its initdb and pg_ctl (internal/testenv); the cluster
+	@# the package may create and start on port 5432 is not used.
+	@if [ ! -x $(PGBIN)/initdb ]; then \
+		echo "installing postgresql (apt-get)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql >/dev/null; \
+	fi
+	@[ -x $(PGBIN)/initdb ] || { echo "need PostgreSQL 15 at $(PGBIN) (Debian 12's postgresql package)"; exit 1; }
 
 build:
 	$(GO) build -o $(BIN)/controller ./cmd/controller
