@@ -22,7 +22,7 @@ import (
 
 type listBundle struct {
 	srv *Server
-	st  *store.SQLite
+	st  *store.DB
 	ctx context.Context
 }
 

@@ -82,6 +82,7 @@ func New(cfg Config) *Server {
 		{"POST /v1/grants", RoleAdmin, s.handleCreateGrant},
 		{"GET /v1/grants", "", s.handleListGrants},
 		{"DELETE /v1/grants/{id}", RoleAdmin, s.handleRevokeGrant},
+		{"GET /v1/instances", "", s.handleListInstances},
 	}
 	for _, rt := range routes {
 		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(rt.h)))

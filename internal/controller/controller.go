@@ -11,11 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/api"
@@ -89,7 +86,7 @@ func (c Config) basePolicy() command.Policy {
 var instancePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // ErrInstanceRunning: another live process holds this instance id.
-var ErrInstanceRunning = errors.New("an instance with this id is already running")
+var ErrInstanceRunning = store.ErrInstanceRunning
 
 // Controller is one running instance: every part is built by New, Run
 // starts them under one errgroup (the first error stops them all).
@@ -104,7 +101,7 @@ type Controller struct {
 	runner *task.Runner
 	api    *api.Server
 	http   *http.Server
-	lock   *os.File
+	inst   *store.Instance
 	httpLn net.Listener
 	ready  chan struct{}
 	close  sync.Once
@@ -145,22 +142,20 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		}
 	}()
 
-	// The OS lock proves that no other process runs as this instance; the
-	// kernel drops it when the holder dies, kill -9 included.
-	lockPath := cfg.DB + ".instance-" + cfg.InstanceID + ".lock"
-	if c.lock, err = os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o644); err != nil {
-		return nil, fmt.Errorf("instance lock %s: %w", lockPath, err)
-	}
-	if err := syscall.Flock(int(c.lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return nil, fmt.Errorf("instance %q (lock %s): %w", cfg.InstanceID, filepath.Base(lockPath), ErrInstanceRunning)
-	}
 	db, err := store.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: met})
 	if err != nil {
 		return nil, err
 	}
 	c.store = db
+	met.CountRoundTrips(db.RoundTrips)
+	// The instance lock (an flock beside an SQLite file, a session advisory
+	// lock in PostgreSQL) proves that no other process runs as this
+	// instance; it is dropped when the holder dies, kill -9 included.
+	if c.inst, err = db.LockInstance(ctx, cfg.InstanceID); err != nil {
+		return nil, err
+	}
 	// Whatever this instance held before it restarted is taken over with new tokens.
-	n, err := c.store.ReclaimOwn(ctx, cfg.InstanceID, cfg.LeaseTTL)
+	n, err := reclaim(ctx, c.store, cfg.InstanceID, cfg.LeaseTTL)
 	if err != nil {
 		return nil, err
 	}
@@ -169,10 +164,21 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	}
 
 	policy := policies.For
+	// With SQLite one instance applies every receipt, from a persistent
+	// session that keeps them while it is away. With PostgreSQL several
+	// instances divide the receipts through a shared subscription, with
+	// clean sessions: a receipt lost with a dying instance is found again
+	// by the query path (the lease's taker-over asks first). Presence goes
+	// to every instance: its rank makes all but the first application stale.
+	receipts := wire.Wildcard(cfg.TopicRoot, wire.KindReceipts)
+	shared := store.IsPostgres(cfg.DB)
+	if shared {
+		receipts = SharedGroup + receipts
+	}
 	c.mqtt = mqttx.New(mqttx.Config{
-		URL: cfg.MQTT, ClientID: "controller-" + cfg.InstanceID, Logger: log,
+		URL: cfg.MQTT, ClientID: "controller-" + cfg.InstanceID, Logger: log, CleanSession: shared,
 		Subscriptions: map[string]byte{
-			wire.Wildcard(cfg.TopicRoot, wire.KindReceipts): 1,
+			receipts: 1,
 			wire.Wildcard(cfg.TopicRoot, wire.KindPresence): 1,
 		},
 		OnConnect: func() { c.disp.Connected() },
@@ -213,6 +219,27 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	return c, nil
 }
 
+// reclaim takes over what this instance held before it restarted, trying
+// again for a while when the shared transaction fails (with PostgreSQL, a
+// deadlock with another instance's batch, or the server restarting).
+func reclaim(ctx context.Context, st store.Store, instance string, ttl time.Duration) (int64, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	delay := 100 * time.Millisecond
+	for {
+		n, err := st.ReclaimOwn(ctx, instance, ttl)
+		var be *store.BatchError
+		if err == nil || !errors.As(err, &be) || time.Now().After(deadline) {
+			return n, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
 func loopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -250,6 +277,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return c.http.Shutdown(shutdown)
 	})
 	g.Go(func() error { return c.mqtt.Run(ctx) })
+	g.Go(func() error { return c.wakeUps(ctx) })
 	c.log.Info("controller serving", "http", c.HTTPAddr(), "mqtt", c.cfg.MQTT, "instance", c.cfg.InstanceID, "db", c.cfg.DB)
 	select {
 	case <-c.mqtt.Ready():
@@ -266,6 +294,34 @@ func (c *Controller) Run(ctx context.Context) error {
 	return err
 }
 
+// SharedGroup prefixes the receipts' topic filter when instances divide
+// them (a PostgreSQL store): one receipt goes to one of the group.
+const SharedGroup = "$share/controllers/"
+
+// wakeUps acts on the other instances' wake-ups until ctx ends: an
+// operation that finished wakes this instance's ?wait= callers, a command
+// made due wakes its decision (the dispatcher drops another holder's). It
+// fails when the instance lock was lost to another process.
+func (c *Controller) wakeUps(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-c.inst.Lost():
+			return err
+		case w := <-c.inst.Wakes():
+			switch w.Kind {
+			case store.WakeOperation:
+				c.api.Changed(w.ID)
+			case store.WakeCommand:
+				c.disp.Kick(w.ID)
+			case store.WakeAll:
+				c.log.Info("wake-ups from other instances may have been missed; the sweeps' polling covers them")
+			}
+		}
+	}
+}
+
 // Close releases the listener, the store and the instance lock; it is
 // safe to call more than once.
 func (c *Controller) Close() {
@@ -276,8 +332,8 @@ func (c *Controller) Close() {
 		if c.store != nil {
 			c.store.Close()
 		}
-		if c.lock != nil {
-			c.lock.Close()
+		if c.inst != nil {
+			c.inst.Close()
 		}
 	})
 }

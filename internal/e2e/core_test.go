@@ -19,89 +19,93 @@ import (
 
 func TestSubmitToSucceeded(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	op, status, err := b.client.Submit(b.ctx(), req("task-1", "device-1"), "")
-	require.NoError(t, err)
-	require.Equal(t, http.StatusCreated, status)
-	require.Equal(t, "task-1:restart:device-1:v1", op.OperationID)
-	require.Equal(t, "started", op.Status)
-	require.NotEmpty(t, op.CommandID)
-	require.Len(t, op.RequestHash, 64)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, setupOpts{backend: be})
+		op, status, err := b.client.Submit(b.ctx(), req("task-1", "device-1"), "")
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, status)
+		require.Equal(t, "task-1:restart:device-1:v1", op.OperationID)
+		require.Equal(t, "started", op.Status)
+		require.NotEmpty(t, op.CommandID)
+		require.Len(t, op.RequestHash, 64)
 
-	start := time.Now()
-	done, err := b.client.Operation(b.ctx(), op.OperationID, 30*time.Second)
-	require.NoError(t, err)
-	waited := time.Since(start)
-	require.Equal(t, "succeeded", done.Status)
-	require.Less(t, waited, 10*time.Second, "?wait= returns as soon as the operation is done")
-	var result map[string]any
-	require.NoError(t, json.Unmarshal(done.Result, &result))
-	require.Equal(t, true, result["restarted"], "the device's result is copied: %s", done.Result)
+		start := time.Now()
+		done, err := b.client.Operation(b.ctx(), op.OperationID, 30*time.Second)
+		require.NoError(t, err)
+		waited := time.Since(start)
+		require.Equal(t, "succeeded", done.Status)
+		require.Less(t, waited, 10*time.Second, "?wait= returns as soon as the operation is done")
+		var result map[string]any
+		require.NoError(t, json.Unmarshal(done.Result, &result))
+		require.Equal(t, true, result["restarted"], "the device's result is copied: %s", done.Result)
 
-	cmd, err := b.client.Command(b.ctx(), op.CommandID)
-	require.NoError(t, err)
-	require.Equal(t, "succeeded", cmd.Status)
-	var statuses []string
-	for _, r := range cmd.Receipts {
-		require.Equal(t, "applied", r.Effect)
-		statuses = append(statuses, r.Status)
-	}
-	require.Equal(t, []string{"received", "executing", "succeeded"}, statuses)
-	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+		cmd, err := b.client.Command(b.ctx(), op.CommandID)
+		require.NoError(t, err)
+		require.Equal(t, "succeeded", cmd.Status)
+		var statuses []string
+		for _, r := range cmd.Receipts {
+			require.Equal(t, "applied", r.Effect)
+			statuses = append(statuses, r.Status)
+		}
+		require.Equal(t, []string{"received", "executing", "succeeded"}, statuses)
+		require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
 
-	// The same POST again: 200, the stored record, nothing runs again.
-	again, status, err := b.client.Submit(b.ctx(), req("task-1", "device-1"), "")
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, status)
-	require.Equal(t, op.CommandID, again.CommandID)
-	require.Equal(t, "succeeded", again.Status)
-	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
-	require.GreaterOrEqual(t, b.metric(`controller_receipts_total{effect="applied"}`), 3.0)
-	require.GreaterOrEqual(t, b.metric(`controller_publishes_total{kind="command"}`), 1.0)
+		// The same POST again: 200, the stored record, nothing runs again.
+		again, status, err := b.client.Submit(b.ctx(), req("task-1", "device-1"), "")
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, status)
+		require.Equal(t, op.CommandID, again.CommandID)
+		require.Equal(t, "succeeded", again.Status)
+		require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+		require.GreaterOrEqual(t, b.metric(`controller_receipts_total{effect="applied"}`), 3.0)
+		require.GreaterOrEqual(t, b.metric(`controller_publishes_total{kind="command"}`), 1.0)
+	})
 }
 
 func TestConcurrentSubmitsOfOneOperation(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	const n = 100
-	type answer struct {
-		op     api.Operation
-		status int
-		err    error
-	}
-	answers := make([]answer, n)
-	var wg sync.WaitGroup
-	startGate := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-startGate
-			c := client.New(b.ctl.URL, "")
-			op, status, err := c.Submit(b.ctx(), req("task-100", "device-2"), "")
-			answers[i] = answer{op, status, err}
-		}()
-	}
-	close(startGate)
-	wg.Wait()
-	created := 0
-	for _, a := range answers {
-		require.NoError(t, a.err)
-		require.Equal(t, "task-100:restart:device-2:v1", a.op.OperationID)
-		require.Equal(t, answers[0].op.CommandID, a.op.CommandID, "every caller gets the same command_id")
-		if a.status == http.StatusCreated {
-			created++
-		} else {
-			require.Equal(t, http.StatusOK, a.status)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, setupOpts{backend: be})
+		const n = 100
+		type answer struct {
+			op     api.Operation
+			status int
+			err    error
 		}
-	}
-	require.Equal(t, 1, created, "exactly one 201")
-	final := b.waitFinal("task-100:restart:device-2:v1")
-	require.Equal(t, "succeeded", final.Status)
-	require.Equal(t, []string{"1"}, b.rows(`SELECT COUNT(*) FROM operations`))
-	require.Equal(t, []string{"1"}, b.rows(`SELECT COUNT(*) FROM commands`))
-	require.Equal(t, map[string]int{"task-100:restart:device-2:v1": 1}, b.executions())
-	b.verify()
+		answers := make([]answer, n)
+		var wg sync.WaitGroup
+		startGate := make(chan struct{})
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-startGate
+				c := client.New(b.ctl.URL, "")
+				op, status, err := c.Submit(b.ctx(), req("task-100", "device-2"), "")
+				answers[i] = answer{op, status, err}
+			}()
+		}
+		close(startGate)
+		wg.Wait()
+		created := 0
+		for _, a := range answers {
+			require.NoError(t, a.err)
+			require.Equal(t, "task-100:restart:device-2:v1", a.op.OperationID)
+			require.Equal(t, answers[0].op.CommandID, a.op.CommandID, "every caller gets the same command_id")
+			if a.status == http.StatusCreated {
+				created++
+			} else {
+				require.Equal(t, http.StatusOK, a.status)
+			}
+		}
+		require.Equal(t, 1, created, "exactly one 201")
+		final := b.waitFinal("task-100:restart:device-2:v1")
+		require.Equal(t, "succeeded", final.Status)
+		require.Equal(t, []string{"1"}, b.rows(`SELECT COUNT(*) FROM operations`))
+		require.Equal(t, []string{"1"}, b.rows(`SELECT COUNT(*) FROM commands`))
+		require.Equal(t, map[string]int{"task-100:restart:device-2:v1": 1}, b.executions())
+		b.verify()
+	})
 }
 
 func TestKeyReusedWithOtherParams(t *testing.T) {

@@ -67,30 +67,32 @@ func TestFailpointSubmitAfterCommitError(t *testing.T) {
 
 func TestFailpointBeforePublishCrash(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-publish=1*crash"}})
-	// The dispatcher may crash the process before or after the 201 is
-	// written: the caller may see either, and retries when it saw nothing.
-	_, status, err := b.client.Submit(b.ctx(), req("task-fp3", "device-3"), "")
-	if err == nil {
-		require.Equal(t, http.StatusCreated, status)
-	}
-	require.Equal(t, 137, b.ctl.ExitCode(), "crashed after the pending → sent commit")
-	require.Equal(t, []string{"sent|1"}, b.rows(`SELECT status, attempt FROM commands`))
-	require.Empty(t, b.executions(), "nothing reached the device")
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, setupOpts{backend: be, env: []string{"CONTROLLER_FAILPOINTS=before-publish=1*crash"}})
+		// The dispatcher may crash the process before or after the 201 is
+		// written: the caller may see either, and retries when it saw nothing.
+		_, status, err := b.client.Submit(b.ctx(), req("task-fp3", "device-3"), "")
+		if err == nil {
+			require.Equal(t, http.StatusCreated, status)
+		}
+		require.Equal(t, 137, b.ctl.ExitCode(), "crashed after the pending → sent commit")
+		require.Equal(t, []string{"sent|1"}, b.rows(`SELECT status, attempt FROM commands`))
+		require.Empty(t, b.executions(), "nothing reached the device")
 
-	b.ctl.Restart()
-	op, status, err := b.client.Submit(b.ctx(), req("task-fp3", "device-3"), "")
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, status)
-	final := b.waitFinal(op.OperationID)
-	require.Equal(t, "succeeded", final.Status)
-	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
-	cmd, err := b.client.Command(b.ctx(), op.CommandID)
-	require.NoError(t, err)
-	require.Equal(t, []string{op.CommandID}, final.CommandIDs, "no new command_id")
-	require.Equal(t, 2, cmd.Attempt, "asked first, then published the committed command once")
-	require.GreaterOrEqual(t, cmd.Queries, 1)
-	b.verify()
+		b.ctl.Restart()
+		op, status, err := b.client.Submit(b.ctx(), req("task-fp3", "device-3"), "")
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, status)
+		final := b.waitFinal(op.OperationID)
+		require.Equal(t, "succeeded", final.Status)
+		require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+		cmd, err := b.client.Command(b.ctx(), op.CommandID)
+		require.NoError(t, err)
+		require.Equal(t, []string{op.CommandID}, final.CommandIDs, "no new command_id")
+		require.Equal(t, 2, cmd.Attempt, "asked first, then published the committed command once")
+		require.GreaterOrEqual(t, cmd.Queries, 1)
+		b.verify()
+	})
 }
 
 func TestFailpointAfterPublishError(t *testing.T) {
@@ -160,13 +162,15 @@ func TestUnknownFailpointRefusesToStart(t *testing.T) {
 
 func TestSecondInstanceWithSameIDRefused(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	c := startRaw(t, b)
-	require.Equal(t, 1, c.ExitCode())
-	require.Contains(t, c.Output(), "already running")
-	// After a kill -9 of the first, a restart starts at once.
-	b.ctl.Kill()
-	start := time.Now()
-	b.ctl.Restart()
-	require.Less(t, time.Since(start), 10*time.Second)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, setupOpts{backend: be})
+		c := startRaw(t, b)
+		require.Equal(t, 1, c.ExitCode())
+		require.Contains(t, c.Output(), "already running")
+		// After a kill -9 of the first, a restart starts at once.
+		b.ctl.Kill()
+		start := time.Now()
+		b.ctl.Restart()
+		require.Less(t, time.Since(start), 10*time.Second)
+	})
 }

@@ -23,139 +23,149 @@ func (b *bundle) peer(id string, env []string, args ...string) (*testenv.Control
 
 func TestStalledPublisherIsFencedDedupeDevice(t *testing.T) {
 	t.Parallel()
-	// Instance i1 stalls between its committed pending → sent and the publish,
-	// longer than its lease, and its heartbeat stalls too; i2 takes over,
-	// asks, and re-sends the same command.
-	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-publish=1*sleep(6s);before-lease-renew=1*sleep(6s)"},
-		args: []string{"--lease-ttl", "2s"}})
-	sn := sniff(t, b.broker.URL())
-	b.peer("i2", nil, "--lease-ttl", "2s")
-	op, _, err := b.client.Submit(b.ctx(), req("stall", "device-1"), "")
-	require.NoError(t, err)
-	final := b.waitFinal(op.OperationID)
-	require.Equal(t, "succeeded", final.Status)
-	require.Equal(t, "i2", final.Owner, "the survivor finished it")
-	eventually(t, "i1 wakes and drops its publish", 15*time.Second, func() bool {
-		return b.metric("controller_fencing_refused_total") >= 1
+	eachBackend(t, func(t *testing.T, be string) {
+		// Instance i1 stalls between its committed pending → sent and the publish,
+		// longer than its lease, and its heartbeat stalls too; i2 takes over,
+		// asks, and re-sends the same command.
+		b := setup(t, setupOpts{backend: be, env: []string{"CONTROLLER_FAILPOINTS=before-publish=1*sleep(6s);before-lease-renew=1*sleep(6s)"},
+			args: []string{"--lease-ttl", "2s"}})
+		sn := sniff(t, b.broker.URL())
+		b.peer("i2", nil, "--lease-ttl", "2s")
+		op, _, err := b.client.Submit(b.ctx(), req("stall", "device-1"), "")
+		require.NoError(t, err)
+		final := b.waitFinal(op.OperationID)
+		require.Equal(t, "succeeded", final.Status)
+		require.Equal(t, "i2", final.Owner, "the survivor finished it")
+		eventually(t, "i1 wakes and drops its publish", 15*time.Second, func() bool {
+			return b.metric("controller_fencing_refused_total") >= 1
+		})
+		require.Zero(t, b.metric(`controller_publishes_total{kind="command"}`), "nothing i1 did reached a device")
+		cmds, _ := sn.of(op.OperationID)
+		require.Len(t, cmds, 1, "one publication on the wire: i2's re-send")
+		require.Equal(t, 2, cmds[0].cmd.Attempt)
+		require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+		b.verify()
 	})
-	require.Zero(t, b.metric(`controller_publishes_total{kind="command"}`), "nothing i1 did reached a device")
-	cmds, _ := sn.of(op.OperationID)
-	require.Len(t, cmds, 1, "one publication on the wire: i2's re-send")
-	require.Equal(t, 2, cmds[0].cmd.Attempt)
-	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
-	b.verify()
 }
 
 func TestStalledPublisherIsFencedLegacyDevice(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-publish=1*sleep(6s)"}, args: []string{"--lease-ttl", "2s", "--max-attempts", "2"},
-		faults: sim.Profile{Devices: []sim.Override{{Match: "device-2", Faults: sim.Faults{Legacy: sim.Legacy{Enabled: true, Query: true}}}}}})
-	eventually(t, "legacy capabilities seen", 10*time.Second, func() bool {
-		d, err := b.client.Device(b.ctx(), "device-2")
-		return err == nil && d.Seen && !d.Capabilities.Dedupe
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, setupOpts{backend: be, env: []string{"CONTROLLER_FAILPOINTS=before-publish=1*sleep(6s)"}, args: []string{"--lease-ttl", "2s", "--max-attempts", "2"},
+			faults: sim.Profile{Devices: []sim.Override{{Match: "device-2", Faults: sim.Faults{Legacy: sim.Legacy{Enabled: true, Query: true}}}}}})
+		eventually(t, "legacy capabilities seen", 10*time.Second, func() bool {
+			d, err := b.client.Device(b.ctx(), "device-2")
+			return err == nil && d.Seen && !d.Capabilities.Dedupe
+		})
+		sn := sniff(t, b.broker.URL())
+		_, c2 := b.peer("i2", nil, "--lease-ttl", "2s", "--max-attempts", "2", "--ack-timeout", "300ms")
+		op, _, err := b.client.Submit(b.ctx(), req("stall-legacy", "device-2"), "")
+		require.NoError(t, err)
+		cmd := b.waitCommand(op.CommandID, "needs_attention")
+		require.Equal(t, 1, cmd.Attempt, "the one committed publish decision, by i1")
+		eventually(t, "i1 wakes and drops its publish", 15*time.Second, func() bool {
+			return b.metric("controller_fencing_refused_total") >= 1
+		})
+		cmds, queries := sn.of(op.OperationID)
+		require.Empty(t, cmds, "not even one publication: i1 lost its lease, i2 never re-sends to a legacy device")
+		require.NotEmpty(t, queries, "i2 asked")
+		require.Empty(t, b.executions())
+		require.Zero(t, metricAt(t, c2.Server, `controller_publishes_total{kind="command"}`))
+		b.verify()
 	})
-	sn := sniff(t, b.broker.URL())
-	_, c2 := b.peer("i2", nil, "--lease-ttl", "2s", "--max-attempts", "2", "--ack-timeout", "300ms")
-	op, _, err := b.client.Submit(b.ctx(), req("stall-legacy", "device-2"), "")
-	require.NoError(t, err)
-	cmd := b.waitCommand(op.CommandID, "needs_attention")
-	require.Equal(t, 1, cmd.Attempt, "the one committed publish decision, by i1")
-	eventually(t, "i1 wakes and drops its publish", 15*time.Second, func() bool {
-		return b.metric("controller_fencing_refused_total") >= 1
-	})
-	cmds, queries := sn.of(op.OperationID)
-	require.Empty(t, cmds, "not even one publication: i1 lost its lease, i2 never re-sends to a legacy device")
-	require.NotEmpty(t, queries, "i2 asked")
-	require.Empty(t, b.executions())
-	require.Zero(t, metricAt(t, c2.Server, `controller_publishes_total{kind="command"}`))
-	b.verify()
 }
 
 func TestSIGSTOPPedHolderIsTakenOver(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{args: []string{"--lease-ttl", "2s"},
-		faults: sim.Profile{Devices: []sim.Override{{Match: "device-3", Faults: sim.Faults{DropCommand: sim.Trigger{Count: 1}}}}}})
-	c2, cl2 := b.peer("i2", nil, "--lease-ttl", "2s")
-	op, _, err := b.client.Submit(b.ctx(), req("sigstop", "device-3"), "")
-	require.NoError(t, err)
-	eventually(t, "published once", 10*time.Second, func() bool { return b.command(op.CommandID).Attempt == 1 })
-	before := b.metric(`controller_publishes_total{kind="command"}`)
-	b.ctl.Signal(syscall.SIGSTOP)
-	stopped := time.Now()
-	final, err := cl2.Operation(b.ctx(), op.OperationID, 30*time.Second)
-	require.NoError(t, err)
-	require.Equal(t, "succeeded", final.Status)
-	require.Equal(t, "i2", final.Owner)
-	t.Logf("SIGSTOP to finished by the survivor: %s (lease ttl 2s)", time.Since(stopped).Round(time.Millisecond))
-	require.GreaterOrEqual(t, metricAt(t, c2.URL, "controller_takeovers_total"), 1.0)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, setupOpts{backend: be, args: []string{"--lease-ttl", "2s"},
+			faults: sim.Profile{Devices: []sim.Override{{Match: "device-3", Faults: sim.Faults{DropCommand: sim.Trigger{Count: 1}}}}}})
+		c2, cl2 := b.peer("i2", nil, "--lease-ttl", "2s")
+		op, _, err := b.client.Submit(b.ctx(), req("sigstop", "device-3"), "")
+		require.NoError(t, err)
+		eventually(t, "published once", 10*time.Second, func() bool { return b.command(op.CommandID).Attempt == 1 })
+		before := b.metric(`controller_publishes_total{kind="command"}`)
+		b.ctl.Signal(syscall.SIGSTOP)
+		stopped := time.Now()
+		final, err := cl2.Operation(b.ctx(), op.OperationID, 30*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, "succeeded", final.Status)
+		require.Equal(t, "i2", final.Owner)
+		t.Logf("SIGSTOP to finished by the survivor: %s (lease ttl 2s)", time.Since(stopped).Round(time.Millisecond))
+		require.GreaterOrEqual(t, metricAt(t, c2.URL, "controller_takeovers_total"), 1.0)
 
-	b.ctl.Signal(syscall.SIGCONT)
-	// Let i1 run its sweeps and heartbeats for a few lease periods.
-	op2, _, err := cl2.Submit(b.ctx(), req("sigstop-after", "device-3"), "")
-	require.NoError(t, err)
-	require.Equal(t, "succeeded", b.waitFinal(op2.OperationID).Status)
-	eventually(t, "i1 serving again", 10*time.Second, func() bool {
-		_, err := b.client.Operation(b.ctx(), op.OperationID, 0)
-		return err == nil
+		b.ctl.Signal(syscall.SIGCONT)
+		// Let i1 run its sweeps and heartbeats for a few lease periods.
+		op2, _, err := cl2.Submit(b.ctx(), req("sigstop-after", "device-3"), "")
+		require.NoError(t, err)
+		require.Equal(t, "succeeded", b.waitFinal(op2.OperationID).Status)
+		eventually(t, "i1 serving again", 10*time.Second, func() bool {
+			_, err := b.client.Operation(b.ctx(), op.OperationID, 0)
+			return err == nil
+		})
+		require.Equal(t, before, b.metric(`controller_publishes_total{kind="command"}`), "nothing i1 did after SIGCONT reached a device")
+		require.Equal(t, map[string]int{op.OperationID: 1, op2.OperationID: 1}, b.executions())
+		b.verify()
 	})
-	require.Equal(t, before, b.metric(`controller_publishes_total{kind="command"}`), "nothing i1 did after SIGCONT reached a device")
-	require.Equal(t, map[string]int{op.OperationID: 1, op2.OperationID: 1}, b.executions())
-	b.verify()
 }
 
 func TestStalledHeartbeatLosesItsLeases(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-lease-renew=sleep(4s)"}, args: []string{"--lease-ttl", "2s"},
-		faults: sim.Profile{Devices: []sim.Override{{Match: "device-1", Faults: sim.Faults{
-			SlowExecution: sim.ActionFault{Trigger: sim.Trigger{P: 1}, Delay: sim.Duration(3 * time.Second)},
-			DropReceipt:   sim.ReceiptFault{Trigger: sim.Trigger{Count: 1}, Statuses: []string{sim.ClassFinal}}}}}}})
-	_, cl2 := b.peer("i2", nil, "--lease-ttl", "2s")
-	op, _, err := b.client.Submit(b.ctx(), req("renew-stall", "device-1"), "")
-	require.NoError(t, err)
-	final, err := cl2.Operation(b.ctx(), op.OperationID, 30*time.Second)
-	require.NoError(t, err)
-	require.Equal(t, "succeeded", final.Status)
-	require.Equal(t, "i2", final.Owner, "i1's heartbeat stalled: i2 took over and asked")
-	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
-	require.Len(t, final.CommandIDs, 1)
-	b.verify()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, setupOpts{backend: be, env: []string{"CONTROLLER_FAILPOINTS=before-lease-renew=sleep(4s)"}, args: []string{"--lease-ttl", "2s"},
+			faults: sim.Profile{Devices: []sim.Override{{Match: "device-1", Faults: sim.Faults{
+				SlowExecution: sim.ActionFault{Trigger: sim.Trigger{P: 1}, Delay: sim.Duration(3 * time.Second)},
+				DropReceipt:   sim.ReceiptFault{Trigger: sim.Trigger{Count: 1}, Statuses: []string{sim.ClassFinal}}}}}}})
+		_, cl2 := b.peer("i2", nil, "--lease-ttl", "2s")
+		op, _, err := b.client.Submit(b.ctx(), req("renew-stall", "device-1"), "")
+		require.NoError(t, err)
+		final, err := cl2.Operation(b.ctx(), op.OperationID, 30*time.Second)
+		require.NoError(t, err)
+		require.Equal(t, "succeeded", final.Status)
+		require.Equal(t, "i2", final.Owner, "i1's heartbeat stalled: i2 took over and asked")
+		require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+		require.Len(t, final.CommandIDs, 1)
+		b.verify()
+	})
 }
 
 func TestTwoInstancesRaceOnTheSameOperations(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{devices: 10})
-	_, cl2 := b.peer("i2", nil)
-	const n = 50
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*n)
-	for i := 0; i < n; i++ {
-		for _, c := range []*client.Client{b.client, cl2} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, _, err := c.Submit(b.ctx(), req(fmt.Sprintf("race-%d", i), fmt.Sprintf("device-%d", i%10+1)), "")
-				errs <- err
-			}()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, setupOpts{backend: be, devices: 10})
+		_, cl2 := b.peer("i2", nil)
+		const n = 50
+		var wg sync.WaitGroup
+		errs := make(chan error, 2*n)
+		for i := 0; i < n; i++ {
+			for _, c := range []*client.Client{b.client, cl2} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, _, err := c.Submit(b.ctx(), req(fmt.Sprintf("race-%d", i), fmt.Sprintf("device-%d", i%10+1)), "")
+					errs <- err
+				}()
+			}
 		}
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	owners := map[string]int{}
-	for i := 0; i < n; i++ {
-		op := b.waitFinal(fmt.Sprintf("race-%d:restart:device-%d:v1", i, i%10+1))
-		require.Equal(t, "succeeded", op.Status)
-		require.Len(t, op.CommandIDs, 1)
-		owners[op.Owner]++
-	}
-	t.Logf("owners: %v", owners)
-	require.Equal(t, []string{fmt.Sprint(n)}, b.rows(`SELECT COUNT(*) FROM commands`))
-	ex := b.executions()
-	require.Len(t, ex, n)
-	for id, k := range ex {
-		require.Equal(t, 1, k, id)
-	}
-	b.verify()
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		owners := map[string]int{}
+		for i := 0; i < n; i++ {
+			op := b.waitFinal(fmt.Sprintf("race-%d:restart:device-%d:v1", i, i%10+1))
+			require.Equal(t, "succeeded", op.Status)
+			require.Len(t, op.CommandIDs, 1)
+			owners[op.Owner]++
+		}
+		t.Logf("owners: %v", owners)
+		require.Equal(t, []string{fmt.Sprint(n)}, b.rows(`SELECT COUNT(*) FROM commands`))
+		ex := b.executions()
+		require.Len(t, ex, n)
+		for id, k := range ex {
+			require.Equal(t, 1, k, id)
+		}
+		b.verify()
+	})
 }

@@ -15,12 +15,14 @@ import (
 	"testing"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/mattn/go-sqlite3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 	"github.com/fleetctl/fleetctl/internal/witness"
 )
@@ -28,6 +30,19 @@ import (
 // TestMain: the tests run in a scratch directory; whatever a test leaves
 // behind (files, processes, goroutines) fails the run (testenv.Main).
 func TestMain(m *testing.M) { testenv.Main(m) }
+
+// backends are the stores the tests of leases, takeover, kill -9, broker
+// restart and the task walkthrough run on, each as a subtest named after it.
+var backends = []string{"sqlite", "postgres"}
+
+func eachBackend(t *testing.T, test func(t *testing.T, be string)) {
+	for _, be := range backends {
+		t.Run(be, func(t *testing.T) {
+			t.Parallel()
+			test(t, be)
+		})
+	}
+}
 
 // bundle is one test's running system.
 type bundle struct {
@@ -41,6 +56,7 @@ type bundle struct {
 }
 
 type setupOpts struct {
+	backend string // "sqlite" (the default) or "postgres"
 	devices int
 	ids     []string // device ids instead of numbered ones
 	env     []string
@@ -56,6 +72,9 @@ func setup(t testing.TB, o setupOpts) *bundle {
 	}
 	b := &bundle{t: t, broker: testenv.StartBroker(t), stateDir: t.TempDir()}
 	b.db = filepath.Join(t.TempDir(), "controller.db")
+	if o.backend == "postgres" {
+		b.db = testenv.SharedPostgres(t).NewDatabase(t)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	fleet, err := sim.Start(context.Background(), sim.Config{
@@ -156,7 +175,14 @@ func (b *bundle) executions() map[string]int {
 // rows reads the database directly (read-only), as a witness independent of the API.
 func (b *bundle) rows(query string, args ...any) []string {
 	b.t.Helper()
-	db, err := sql.Open("sqlite3", "file:"+b.db+"?mode=ro&_busy_timeout=5000")
+	driver, dsn := "sqlite3", "file:"+b.db+"?mode=ro&_busy_timeout=5000"
+	if store.IsPostgres(b.db) {
+		driver, dsn = "pgx", b.db
+		for n := 1; strings.Contains(query, "?"); n++ {
+			query = strings.Replace(query, "?", fmt.Sprintf("$%d", n), 1)
+		}
+	}
+	db, err := sql.Open(driver, dsn)
 	require.NoError(b.t, err)
 	defer db.Close()
 	rs, err := db.Query(query, args...)

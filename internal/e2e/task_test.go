@@ -78,50 +78,52 @@ func do(t *testing.T, c *client.Client, method, path string, body, out any) (int
 
 func TestWalkthroughTask88(t *testing.T) {
 	t.Parallel()
-	tb := setupTasks(t, setupOpts{})
-	// 1-2: an agent submits a plan; its hash and version are stored.
-	var v api.TaskView
-	status, code := do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-88", "steps": steps("device-1")}, &v)
-	require.Equal(t, http.StatusCreated, status, code)
-	require.Equal(t, 1, v.Version)
-	require.Len(t, v.PlanHash, 64)
-	// Two revisions: versions 2 and 3.
-	for i, target := range []string{"device-2", "device-1001"} {
-		status, code = do(t, tb.agent, http.MethodPut, "/v1/tasks/task-88/plan", map[string]any{"steps": steps(target), "base_version": i + 1}, &v)
-		require.Equal(t, http.StatusOK, status, code)
-		require.Equal(t, i+2, v.Version)
-	}
-	// 3: it waits for approval; the step has no operation yet.
-	require.Equal(t, "waiting_approval", v.Status)
-	require.Nil(t, v.Steps[0].OperationID)
-	// 4: a person approves version 3.
-	var a api.ApprovalV
-	status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-88/approvals", map[string]any{"version": 3, "plan_hash": v.PlanHash}, &a)
-	require.Equal(t, http.StatusCreated, status, code)
-	require.Equal(t, "alice", a.Approver)
-	// 5-10: re-checks, the operation inserted, a command issued, the device answers, the task goes on.
-	done := tb.waitTask("task-88", "completed")
-	const opID = "task-88:restart-device:device-1001:approval-v3"
-	require.Equal(t, opID, *done.Steps[0].OperationID)
-	require.Equal(t, "agent", done.Requester)
-	op, err := tb.viewer.Operation(tb.ctx(), opID, 0)
-	require.NoError(t, err)
-	require.Equal(t, "succeeded", op.Status)
-	require.Contains(t, string(op.Result), "restarted")
-	cmd := tb.command(op.CommandID)
-	var seen []string
-	for _, r := range cmd.Receipts {
-		seen = append(seen, r.Status)
-	}
-	require.Equal(t, []string{"received", "executing", "succeeded"}, seen)
-	require.Equal(t, map[string]int{opID: 1}, tb.executions())
-	var actions []string
-	for _, h := range done.History {
-		actions = append(actions, h.Action+":"+h.To)
-	}
-	t.Logf("task-88 history: %v", actions)
-	require.Equal(t, "create:waiting_approval", actions[0])
-	tb.verify()
+	eachBackend(t, func(t *testing.T, be string) {
+		tb := setupTasks(t, setupOpts{backend: be})
+		// 1-2: an agent submits a plan; its hash and version are stored.
+		var v api.TaskView
+		status, code := do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-88", "steps": steps("device-1")}, &v)
+		require.Equal(t, http.StatusCreated, status, code)
+		require.Equal(t, 1, v.Version)
+		require.Len(t, v.PlanHash, 64)
+		// Two revisions: versions 2 and 3.
+		for i, target := range []string{"device-2", "device-1001"} {
+			status, code = do(t, tb.agent, http.MethodPut, "/v1/tasks/task-88/plan", map[string]any{"steps": steps(target), "base_version": i + 1}, &v)
+			require.Equal(t, http.StatusOK, status, code)
+			require.Equal(t, i+2, v.Version)
+		}
+		// 3: it waits for approval; the step has no operation yet.
+		require.Equal(t, "waiting_approval", v.Status)
+		require.Nil(t, v.Steps[0].OperationID)
+		// 4: a person approves version 3.
+		var a api.ApprovalV
+		status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-88/approvals", map[string]any{"version": 3, "plan_hash": v.PlanHash}, &a)
+		require.Equal(t, http.StatusCreated, status, code)
+		require.Equal(t, "alice", a.Approver)
+		// 5-10: re-checks, the operation inserted, a command issued, the device answers, the task goes on.
+		done := tb.waitTask("task-88", "completed")
+		const opID = "task-88:restart-device:device-1001:approval-v3"
+		require.Equal(t, opID, *done.Steps[0].OperationID)
+		require.Equal(t, "agent", done.Requester)
+		op, err := tb.viewer.Operation(tb.ctx(), opID, 0)
+		require.NoError(t, err)
+		require.Equal(t, "succeeded", op.Status)
+		require.Contains(t, string(op.Result), "restarted")
+		cmd := tb.command(op.CommandID)
+		var seen []string
+		for _, r := range cmd.Receipts {
+			seen = append(seen, r.Status)
+		}
+		require.Equal(t, []string{"received", "executing", "succeeded"}, seen)
+		require.Equal(t, map[string]int{opID: 1}, tb.executions())
+		var actions []string
+		for _, h := range done.History {
+			actions = append(actions, h.Action+":"+h.To)
+		}
+		t.Logf("task-88 history: %v", actions)
+		require.Equal(t, "create:waiting_approval", actions[0])
+		tb.verify()
+	})
 }
 
 func TestDoubleClickedApproval(t *testing.T) {
@@ -295,33 +297,35 @@ func TestPermissionsAndFourEyes(t *testing.T) {
 
 func TestTaskSurvivesCrashes(t *testing.T) {
 	t.Parallel()
-	tb := setupTasks(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-step-insert=1*crash"},
-		faults: sim.Profile{Devices: []sim.Override{{Match: "device-2", Faults: sim.Faults{
-			SlowExecution: sim.ActionFault{Trigger: sim.Trigger{P: 1}, Delay: sim.Duration(1500 * time.Millisecond)}}}}}})
-	status, code := do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-c", "steps": steps("device-1")}, nil)
-	require.Equal(t, http.StatusCreated, status, code)
-	status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-c/approvals", map[string]any{"version": 1}, nil)
-	require.Equal(t, http.StatusCreated, status, code)
-	require.Equal(t, 137, tb.ctl.ExitCode(), "crashed between approval and execution")
-	tb.ctl.Restart()
-	tb.waitTask("task-c", "completed")
-	require.Equal(t, 1, tb.executions()["task-c:restart-device:device-1:approval-v1"])
+	eachBackend(t, func(t *testing.T, be string) {
+		tb := setupTasks(t, setupOpts{backend: be, env: []string{"CONTROLLER_FAILPOINTS=before-step-insert=1*crash"},
+			faults: sim.Profile{Devices: []sim.Override{{Match: "device-2", Faults: sim.Faults{
+				SlowExecution: sim.ActionFault{Trigger: sim.Trigger{P: 1}, Delay: sim.Duration(1500 * time.Millisecond)}}}}}})
+		status, code := do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-c", "steps": steps("device-1")}, nil)
+		require.Equal(t, http.StatusCreated, status, code)
+		status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-c/approvals", map[string]any{"version": 1}, nil)
+		require.Equal(t, http.StatusCreated, status, code)
+		require.Equal(t, 137, tb.ctl.ExitCode(), "crashed between approval and execution")
+		tb.ctl.Restart()
+		tb.waitTask("task-c", "completed")
+		require.Equal(t, 1, tb.executions()["task-c:restart-device:device-1:approval-v1"])
 
-	// kill -9 during execution.
-	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-k", "steps": steps("device-2")}, nil)
-	require.Equal(t, http.StatusCreated, status, code)
-	status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-k/approvals", map[string]any{"version": 1}, nil)
-	require.Equal(t, http.StatusCreated, status, code)
-	const opID = "task-k:restart-device:device-2:approval-v1"
-	eventually(t, "step running", 20*time.Second, func() bool {
-		op, err := tb.viewer.Operation(tb.ctx(), opID, 0)
-		return err == nil && len(op.CommandIDs) == 1 && tb.command(op.CommandID).Status == "executing"
+		// kill -9 during execution.
+		status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-k", "steps": steps("device-2")}, nil)
+		require.Equal(t, http.StatusCreated, status, code)
+		status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-k/approvals", map[string]any{"version": 1}, nil)
+		require.Equal(t, http.StatusCreated, status, code)
+		const opID = "task-k:restart-device:device-2:approval-v1"
+		eventually(t, "step running", 20*time.Second, func() bool {
+			op, err := tb.viewer.Operation(tb.ctx(), opID, 0)
+			return err == nil && len(op.CommandIDs) == 1 && tb.command(op.CommandID).Status == "executing"
+		})
+		tb.ctl.Kill()
+		tb.ctl.Restart()
+		tb.waitTask("task-k", "completed")
+		require.Equal(t, 1, tb.executions()[opID])
+		tb.verify()
 	})
-	tb.ctl.Kill()
-	tb.ctl.Restart()
-	tb.waitTask("task-k", "completed")
-	require.Equal(t, 1, tb.executions()[opID])
-	tb.verify()
 }
 
 func TestCompensation(t *testing.T) {

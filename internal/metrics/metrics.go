@@ -117,6 +117,15 @@ func (m *Metrics) Receipt(effect string) {
 // Fenced implements store.Observer.
 func (m *Metrics) Fenced() { m.FencingRefused.Inc() }
 
+// CountRoundTrips exports a running count of the store's database round
+// trips (each statement, BEGIN, SAVEPOINT and COMMIT), read when scraped.
+func (m *Metrics) CountRoundTrips(read func() int64) {
+	m.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "controller_store_round_trips_total",
+		Help: "Statements sent to the database (reads, writes, BEGIN, SAVEPOINT, RELEASE, COMMIT).",
+	}, func() float64 { return float64(read()) }))
+}
+
 // Batch implements store.Observer.
 func (m *Metrics) Batch(changes int, took time.Duration) {
 	m.BatchChanges.Observe(float64(changes))

@@ -2,7 +2,8 @@
 //
 // The rules it keeps: a stable client id (controller-{instance}); a
 // persistent session (CleanSession false) so the broker queues receipts while
-// the controller is away, though correctness never depends on it;
+// the controller is away, though correctness never depends on it (instances
+// sharing a PostgreSQL store use clean sessions and a shared subscription);
 // subscriptions made in the OnConnect handler, so every reconnect
 // resubscribes; a message handler that never blocks: it appends the message
 // to an in-memory queue and returns. Acknowledgement is manual (paho's

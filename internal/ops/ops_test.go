@@ -20,7 +20,7 @@ import (
 
 type testBundle struct {
 	ctx       context.Context
-	st        *store.SQLite
+	st        *store.DB
 	svc       *Service
 	submitted []string
 }

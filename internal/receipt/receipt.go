@@ -155,12 +155,14 @@ func (in *Ingestor) Handle(ctx context.Context, m mqttx.Message) {
 		case <-ctx.Done():
 			return
 		}
-		delay *= 2
+		delay = min(2*delay, time.Second)
 	}
 }
 
-// applyAttempts bounds the tries of one message against store errors.
-const applyAttempts = 5
+// applyAttempts bounds the tries of one message against store errors (about
+// 3.5 s of waiting, enough to outlast a deadlock between instances' batches,
+// which PostgreSQL resolves after its deadlock_timeout of 1 s).
+const applyAttempts = 8
 
 // apply applies one message: nil once it is committed or known to change
 // nothing, a store error otherwise.

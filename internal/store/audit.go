@@ -10,6 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
 
@@ -27,35 +30,76 @@ import (
 type Audit struct {
 	db *sql.DB
 	tx *sql.Tx
+	q  auditQueries
 }
 
-// OpenAudit opens the database at path read-only (mode=ro: it neither
-// creates the file nor applies migrations) and takes its snapshot. A missing
-// or unreadable file is an error here, not at the first read.
-func OpenAudit(ctx context.Context, path string) (*Audit, error) {
-	if path == "" {
+// OpenAudit opens the database that dsn names (an SQLite file, read-only:
+// mode=ro neither creates the file nor applies migrations; or a postgres://
+// URL, in a READ ONLY REPEATABLE READ transaction) and takes its snapshot.
+// A missing or unreadable database is an error here, not at the first read.
+func OpenAudit(ctx context.Context, dsn string) (*Audit, error) {
+	if dsn == "" {
 		return nil, errors.New("store: empty database path")
 	}
-	db, err := sql.Open("sqlite3", "file:"+url.PathEscape(path)+"?mode=ro&_busy_timeout=5000")
-	if err != nil {
-		return nil, fmt.Errorf("open %s read-only: %w", path, err)
+	b := backendFor(dsn)
+	var db *sql.DB
+	var opts *sql.TxOptions
+	if b.name() == "postgres" {
+		cfg, err := pgx.ParseConfig(dsn)
+		if err != nil {
+			return nil, fmt.Errorf("--db: %w", err)
+		}
+		db = stdlib.OpenDB(*cfg)
+		opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+	} else {
+		var err error
+		db, err = sql.Open("sqlite3", "file:"+url.PathEscape(dsn)+"?mode=ro&_busy_timeout=5000")
+		if err != nil {
+			return nil, fmt.Errorf("open %s read-only: %w", dsn, err)
+		}
 	}
 	db.SetMaxOpenConns(1) // the transaction's connection; no query runs outside it
 	// The transaction outlives ctx: it ends at Close, not when ctx is done.
-	tx, err := db.BeginTx(context.Background(), nil)
+	tx, err := db.BeginTx(context.Background(), opts)
 	if err == nil {
-		// A deferred transaction takes its snapshot at its first read.
+		// The snapshot is taken at the first read; the schema must be there.
 		var n int
-		err = tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_master`).Scan(&n)
+		err = tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations`).Scan(&n)
 		if err != nil {
 			tx.Rollback()
 		}
 	}
 	if err != nil {
 		db.Close()
-		return nil, fmt.Errorf("open %s read-only: %w", path, err)
+		return nil, fmt.Errorf("open %s read-only: %w", redact(dsn), err)
 	}
-	return &Audit{db: db, tx: tx}, nil
+	return &Audit{db: db, tx: tx, q: auditQueries{tx: tx, b: b}}, nil
+}
+
+// redact hides a URL's password in messages.
+func redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			return u.String()
+		}
+	}
+	return dsn
+}
+
+// auditQueries runs the audit's statements in its transaction, in the
+// backend's placeholders.
+type auditQueries struct {
+	tx *sql.Tx
+	b  backend
+}
+
+func (q auditQueries) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return q.tx.QueryContext(ctx, q.b.rebind(query), args...)
+}
+
+func (q auditQueries) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return q.tx.QueryRowContext(ctx, q.b.rebind(query), args...)
 }
 
 // Close ends the snapshot and closes the connection. Calling it again does
@@ -86,6 +130,12 @@ func (a *Audit) CommandsByStatus(ctx context.Context) ([]AuditCount, error) {
 	return a.counts(ctx, "commands by status", `SELECT status, COUNT(*) FROM commands GROUP BY status ORDER BY status`)
 }
 
+// ReceiptsByInstance counts the receipt log's lines by the instance that
+// applied them: how instances sharing a database divided the receipts.
+func (a *Audit) ReceiptsByInstance(ctx context.Context) ([]AuditCount, error) {
+	return a.counts(ctx, "receipts by instance", `SELECT instance, COUNT(*) FROM receipts GROUP BY instance ORDER BY instance`)
+}
+
 // ReceiptsByEffect counts the receipt log's lines by effect (EffectApplied,
 // EffectDuplicate, ...), by effect name; effects never recorded are absent.
 func (a *Audit) ReceiptsByEffect(ctx context.Context) ([]AuditCount, error) {
@@ -93,7 +143,7 @@ func (a *Audit) ReceiptsByEffect(ctx context.Context) ([]AuditCount, error) {
 }
 
 func (a *Audit) counts(ctx context.Context, what, query string) ([]AuditCount, error) {
-	rows, err := a.tx.QueryContext(ctx, query)
+	rows, err := a.q.QueryContext(ctx, query)
 	if err != nil {
 		return nil, fmt.Errorf("audit: count %s: %w", what, err)
 	}
@@ -124,7 +174,7 @@ type AuditOperation struct {
 
 // Operations lists every operation, by operation_id.
 func (a *Audit) Operations(ctx context.Context) ([]AuditOperation, error) {
-	rows, err := a.tx.QueryContext(ctx, `SELECT operation_id, action, target, params, status FROM operations ORDER BY operation_id`)
+	rows, err := a.q.QueryContext(ctx, `SELECT operation_id, action, target, params, status FROM operations ORDER BY operation_id`)
 	if err != nil {
 		return nil, fmt.Errorf("audit: list operations: %w", err)
 	}
@@ -165,7 +215,7 @@ type AuditCommand struct {
 
 // Commands lists every command, oldest first (by created_at, then command_id).
 func (a *Audit) Commands(ctx context.Context) ([]AuditCommand, error) {
-	rows, err := a.tx.QueryContext(ctx, `SELECT command_id, operation_id, device_id, action, params, status, expires_at,
+	rows, err := a.q.QueryContext(ctx, `SELECT command_id, operation_id, device_id, action, params, status, expires_at,
 		attempt, queries, executed_as, late_outcome, created_at FROM commands ORDER BY created_at, command_id`)
 	if err != nil {
 		return nil, fmt.Errorf("audit: list commands: %w", err)
@@ -195,7 +245,7 @@ func (a *Audit) Commands(ctx context.Context) ([]AuditCommand, error) {
 // birth was applied) without the dedupe capability: devices that may run a
 // re-sent command twice, which invariant 1 does not cover.
 func (a *Audit) LegacyDevices(ctx context.Context) ([]string, error) {
-	rows, err := a.tx.QueryContext(ctx, `SELECT device_id FROM devices WHERE seen = 1 AND dedupe = 0 ORDER BY device_id`)
+	rows, err := a.q.QueryContext(ctx, `SELECT device_id FROM devices WHERE seen = 1 AND dedupe = 0 ORDER BY device_id`)
 	if err != nil {
 		return nil, fmt.Errorf("audit: list legacy devices: %w", err)
 	}
@@ -220,26 +270,26 @@ const presenceMachine = "device"
 
 // Events lists the whole events log, applied and refused lines of every
 // machine, in the order they were written (by id).
-func (a *Audit) Events(ctx context.Context) ([]Event, error) { return listEvents(ctx, a.tx, ``) }
+func (a *Audit) Events(ctx context.Context) ([]Event, error) { return listEvents(ctx, a.q, ``) }
 
 // EventsOf lists the events log of one entity (an operation, command, task,
 // device or instance id), in the order written.
 func (a *Audit) EventsOf(ctx context.Context, entityID string) ([]Event, error) {
-	return listEvents(ctx, a.tx, `WHERE entity_id = ?`, entityID)
+	return listEvents(ctx, a.q, `WHERE entity_id = ?`, entityID)
 }
 
 // PresenceEvents lists the presence changes (online, offline) recorded for
 // one device with from <= at <= to (millisecond precision), in the order
 // written.
 func (a *Audit) PresenceEvents(ctx context.Context, deviceID string, from, to time.Time) ([]Event, error) {
-	return listEvents(ctx, a.tx, `WHERE machine = ? AND entity_id = ? AND at BETWEEN ? AND ?`,
+	return listEvents(ctx, a.q, `WHERE machine = ? AND entity_id = ? AND at BETWEEN ? AND ?`,
 		presenceMachine, deviceID, ms(from), ms(to))
 }
 
 // Receipts lists the receipt log of one command (the receipts applied to it,
 // or naming it), in the order received.
 func (a *Audit) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
-	return listReceipts(ctx, a.tx, commandID)
+	return listReceipts(ctx, a.q, commandID)
 }
 
 // AuditQuery is one query the controller sent about a command, and the
@@ -256,7 +306,7 @@ type AuditQuery struct {
 
 // Queries lists the queries sent about one command, by the time they were sent.
 func (a *Audit) Queries(ctx context.Context, commandID string) ([]AuditQuery, error) {
-	rows, err := a.tx.QueryContext(ctx, `SELECT query_id, command_id, instance, fencing_token, sent_at, answered_at, answer
+	rows, err := a.q.QueryContext(ctx, `SELECT query_id, command_id, instance, fencing_token, sent_at, answered_at, answer
 		FROM queries WHERE command_id = ? ORDER BY sent_at`, commandID)
 	if err != nil {
 		return nil, fmt.Errorf("audit: list queries of %s: %w", commandID, err)
@@ -317,9 +367,10 @@ func (a *Audit) EventfulCommands(ctx context.Context, limit int) ([]EventfulComm
 	}
 	args = append(args, limit)
 	in := strings.TrimSuffix(strings.Repeat("?,", len(troubled)), ",")
-	rows, err := a.tx.QueryContext(ctx, `SELECT c.command_id, c.operation_id, c.device_id, c.status,
-		(c.attempt > 1) * 3 + (c.queries > 0) * 2 + (c.late_outcome != '') * 4 + (c.status IN (`+in+`)) * 3
-		 + (c.executed_as != '') * 2 + (SELECT COUNT(*) FROM events e WHERE e.entity_id = c.command_id AND e.refused = 1) * 2 AS score,
+	rows, err := a.q.QueryContext(ctx, `SELECT c.command_id, c.operation_id, c.device_id, c.status,
+		(CASE WHEN c.attempt > 1 THEN 3 ELSE 0 END) + (CASE WHEN c.queries > 0 THEN 2 ELSE 0 END)
+		 + (CASE WHEN c.late_outcome != '' THEN 4 ELSE 0 END) + (CASE WHEN c.status IN (`+in+`) THEN 3 ELSE 0 END)
+		 + (CASE WHEN c.executed_as != '' THEN 2 ELSE 0 END) + (SELECT COUNT(*) FROM events e WHERE e.entity_id = c.command_id AND e.refused = 1) * 2 AS score,
 		c.attempt, c.queries, c.late_outcome
 		FROM commands c ORDER BY score DESC, c.created_at LIMIT ?`, args...)
 	if err != nil {

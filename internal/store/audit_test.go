@@ -18,7 +18,7 @@ import (
 // Audit to read back: the database file and the writer that made it.
 type auditRun struct {
 	path string
-	s    *SQLite
+	s    *DB
 	now  time.Time // the store's clock; each step below advances it
 	t0   time.Time
 }
@@ -70,9 +70,9 @@ func (r *auditRun) presence(t *testing.T, device string, p wire.Presence) {
 //   - op-3/c-3 on device-2 (a device without dedupe): still pending, after a
 //     send refused as fenced;
 //   - presence: device-1 online then offline, device-2 online.
-func newAuditRun(t *testing.T) *auditRun {
+func newAuditRun(t *testing.T, be string) *auditRun {
 	t.Helper()
-	r := &auditRun{path: filepath.Join(t.TempDir(), "controller.db"), now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
+	r := &auditRun{path: testDSN(t, be), now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
 	r.t0 = r.now
 	s, err := Open(context.Background(), Config{Path: r.path, Instance: "i1", Now: r.clock})
 	require.NoError(t, err)
@@ -125,146 +125,154 @@ func openAudit(t *testing.T, path string) *Audit {
 
 func TestAuditCounts(t *testing.T) {
 	t.Parallel()
-	r := newAuditRun(t)
-	a := openAudit(t, r.path)
-	ctx := context.Background()
+	eachBackend(t, func(t *testing.T, be string) {
+		r := newAuditRun(t, be)
+		a := openAudit(t, r.path)
+		ctx := context.Background()
 
-	ops, err := a.OperationsByStatus(ctx)
-	require.NoError(t, err)
-	require.Equal(t, []AuditCount{{"started", 1}, {"succeeded", 2}}, ops, "op-2's late success decided it")
-	cmds, err := a.CommandsByStatus(ctx)
-	require.NoError(t, err)
-	require.Equal(t, []AuditCount{{"pending", 1}, {"succeeded", 1}, {"timeout", 1}}, cmds)
-	effects, err := a.ReceiptsByEffect(ctx)
-	require.NoError(t, err)
-	require.Equal(t, []AuditCount{{EffectApplied, 2}, {EffectDuplicate, 1}, {EffectLate, 1}}, effects)
+		ops, err := a.OperationsByStatus(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []AuditCount{{"started", 1}, {"succeeded", 2}}, ops, "op-2's late success decided it")
+		cmds, err := a.CommandsByStatus(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []AuditCount{{"pending", 1}, {"succeeded", 1}, {"timeout", 1}}, cmds)
+		effects, err := a.ReceiptsByEffect(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []AuditCount{{EffectApplied, 2}, {EffectDuplicate, 1}, {EffectLate, 1}}, effects)
+	})
 }
 
 func TestAuditOperationsCommandsAndDevices(t *testing.T) {
 	t.Parallel()
-	r := newAuditRun(t)
-	a := openAudit(t, r.path)
-	ctx := context.Background()
+	eachBackend(t, func(t *testing.T, be string) {
+		r := newAuditRun(t, be)
+		a := openAudit(t, r.path)
+		ctx := context.Background()
 
-	ops, err := a.Operations(ctx)
-	require.NoError(t, err)
-	require.Equal(t, []AuditOperation{
-		{OperationID: "op-1", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`), Status: fsm.OpSucceeded},
-		{OperationID: "op-2", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`), Status: fsm.OpSucceeded},
-		{OperationID: "op-3", Action: "restart", Target: "device-2", Params: json.RawMessage(`{"a":1}`), Status: fsm.OpStarted},
-	}, ops)
-
-	cmds, err := a.Commands(ctx)
-	require.NoError(t, err)
-	require.Len(t, cmds, 3)
-	for _, c := range cmds {
-		stored, err := r.s.GetCommand(ctx, c.CommandID)
+		ops, err := a.Operations(ctx)
 		require.NoError(t, err)
-		require.Equal(t, AuditCommand{CommandID: stored.CommandID, OperationID: stored.OperationID, DeviceID: stored.DeviceID,
-			Action: stored.Action, Params: stored.Params, Status: stored.Status, ExpiresAt: stored.ExpiresAt,
-			Attempt: stored.Attempt, Queries: stored.Queries, ExecutedAs: stored.ExecutedAs, LateOutcome: stored.LateOutcome,
-			CreatedAt: stored.CreatedAt}, c, "the same fields as the Store reads")
-	}
-	require.Equal(t, []string{"c-1", "c-2", "c-3"}, []string{cmds[0].CommandID, cmds[1].CommandID, cmds[2].CommandID}, "oldest first")
-	require.Equal(t, 2, cmds[1].Attempt)
-	require.Equal(t, 1, cmds[1].Queries)
-	require.Equal(t, fsm.CmdTimeout, cmds[1].Status)
-	require.Equal(t, "succeeded", cmds[1].LateOutcome)
-	require.Equal(t, cmds[2].CreatedAt.Add(time.Minute), cmds[2].ExpiresAt)
+		require.Equal(t, []AuditOperation{
+			{OperationID: "op-1", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`), Status: fsm.OpSucceeded},
+			{OperationID: "op-2", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`), Status: fsm.OpSucceeded},
+			{OperationID: "op-3", Action: "restart", Target: "device-2", Params: json.RawMessage(`{"a":1}`), Status: fsm.OpStarted},
+		}, ops)
 
-	legacy, err := a.LegacyDevices(ctx)
-	require.NoError(t, err)
-	require.Equal(t, []string{"device-2"}, legacy)
+		cmds, err := a.Commands(ctx)
+		require.NoError(t, err)
+		require.Len(t, cmds, 3)
+		for _, c := range cmds {
+			stored, err := r.s.GetCommand(ctx, c.CommandID)
+			require.NoError(t, err)
+			require.Equal(t, AuditCommand{CommandID: stored.CommandID, OperationID: stored.OperationID, DeviceID: stored.DeviceID,
+				Action: stored.Action, Params: stored.Params, Status: stored.Status, ExpiresAt: stored.ExpiresAt,
+				Attempt: stored.Attempt, Queries: stored.Queries, ExecutedAs: stored.ExecutedAs, LateOutcome: stored.LateOutcome,
+				CreatedAt: stored.CreatedAt}, c, "the same fields as the Store reads")
+		}
+		require.Equal(t, []string{"c-1", "c-2", "c-3"}, []string{cmds[0].CommandID, cmds[1].CommandID, cmds[2].CommandID}, "oldest first")
+		require.Equal(t, 2, cmds[1].Attempt)
+		require.Equal(t, 1, cmds[1].Queries)
+		require.Equal(t, fsm.CmdTimeout, cmds[1].Status)
+		require.Equal(t, "succeeded", cmds[1].LateOutcome)
+		require.Equal(t, cmds[2].CreatedAt.Add(time.Minute), cmds[2].ExpiresAt)
+
+		legacy, err := a.LegacyDevices(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []string{"device-2"}, legacy)
+	})
 }
 
 func TestAuditEventsReceiptsAndQueries(t *testing.T) {
 	t.Parallel()
-	r := newAuditRun(t)
-	a := openAudit(t, r.path)
-	ctx := context.Background()
+	eachBackend(t, func(t *testing.T, be string) {
+		r := newAuditRun(t, be)
+		a := openAudit(t, r.path)
+		ctx := context.Background()
 
-	all, err := a.Events(ctx)
-	require.NoError(t, err)
-	want, err := r.s.AllEvents(ctx)
-	require.NoError(t, err)
-	require.Equal(t, want, all)
-	var fenced []Event
-	for _, e := range all {
-		if e.Refused && e.Reason == ReasonFenced {
-			fenced = append(fenced, e)
+		all, err := a.Events(ctx)
+		require.NoError(t, err)
+		want, err := r.s.AllEvents(ctx)
+		require.NoError(t, err)
+		require.Equal(t, want, all)
+		var fenced []Event
+		for _, e := range all {
+			if e.Refused && e.Reason == ReasonFenced {
+				fenced = append(fenced, e)
+			}
 		}
-	}
-	require.Len(t, fenced, 1)
-	require.Equal(t, "c-3", fenced[0].EntityID)
-	require.EqualValues(t, 7, fenced[0].FencingToken)
+		require.Len(t, fenced, 1)
+		require.Equal(t, "c-3", fenced[0].EntityID)
+		require.EqualValues(t, 7, fenced[0].FencingToken)
 
-	of, err := a.EventsOf(ctx, "c-2")
-	require.NoError(t, err)
-	want, err = r.s.Events(ctx, "c-2")
-	require.NoError(t, err)
-	require.Equal(t, want, of)
-	none, err := a.EventsOf(ctx, "c-9")
-	require.NoError(t, err)
-	require.Empty(t, none)
+		of, err := a.EventsOf(ctx, "c-2")
+		require.NoError(t, err)
+		want, err = r.s.Events(ctx, "c-2")
+		require.NoError(t, err)
+		require.Equal(t, want, of)
+		none, err := a.EventsOf(ctx, "c-9")
+		require.NoError(t, err)
+		require.Empty(t, none)
 
-	// device-1: online at t0+1s, offline at the end; device-2 online at t0+2s.
-	pres, err := a.PresenceEvents(ctx, "device-1", r.t0, r.now)
-	require.NoError(t, err)
-	require.Len(t, pres, 2)
-	require.Equal(t, []string{"online", "offline"}, []string{pres[0].To, pres[1].To})
-	require.Equal(t, r.t0.Add(time.Second), pres[0].At)
-	require.Equal(t, r.now, pres[1].At)
-	pres, err = a.PresenceEvents(ctx, "device-1", r.t0.Add(time.Second), r.now.Add(-time.Millisecond))
-	require.NoError(t, err)
-	require.Len(t, pres, 1, "both ends inclusive, to the millisecond")
-	require.Equal(t, "online", pres[0].To)
-	for _, e := range pres {
-		require.Equal(t, "device", e.Machine)
-	}
+		// device-1: online at t0+1s, offline at the end; device-2 online at t0+2s.
+		pres, err := a.PresenceEvents(ctx, "device-1", r.t0, r.now)
+		require.NoError(t, err)
+		require.Len(t, pres, 2)
+		require.Equal(t, []string{"online", "offline"}, []string{pres[0].To, pres[1].To})
+		require.Equal(t, r.t0.Add(time.Second), pres[0].At)
+		require.Equal(t, r.now, pres[1].At)
+		pres, err = a.PresenceEvents(ctx, "device-1", r.t0.Add(time.Second), r.now.Add(-time.Millisecond))
+		require.NoError(t, err)
+		require.Len(t, pres, 1, "both ends inclusive, to the millisecond")
+		require.Equal(t, "online", pres[0].To)
+		for _, e := range pres {
+			require.Equal(t, "device", e.Machine)
+		}
 
-	rcpts, err := a.Receipts(ctx, "c-1")
-	require.NoError(t, err)
-	wantR, err := r.s.Receipts(ctx, "c-1")
-	require.NoError(t, err)
-	require.Equal(t, wantR, rcpts)
-	require.Len(t, rcpts, 3)
-	require.Equal(t, "q-1", rcpts[1].QueryID)
+		rcpts, err := a.Receipts(ctx, "c-1")
+		require.NoError(t, err)
+		wantR, err := r.s.Receipts(ctx, "c-1")
+		require.NoError(t, err)
+		require.Equal(t, wantR, rcpts)
+		require.Len(t, rcpts, 3)
+		require.Equal(t, "q-1", rcpts[1].QueryID)
 
-	qs, err := a.Queries(ctx, "c-1")
-	require.NoError(t, err)
-	require.Len(t, qs, 1)
-	require.Equal(t, "q-1", qs[0].QueryID)
-	require.Equal(t, "i1", qs[0].Instance)
-	require.EqualValues(t, 1, qs[0].FencingToken)
-	require.NotNil(t, qs[0].AnsweredAt, "the succeeded receipt answered it")
-	require.Equal(t, "succeeded", qs[0].Answer)
-	qs, err = a.Queries(ctx, "c-2")
-	require.NoError(t, err)
-	require.Len(t, qs, 1)
-	require.Nil(t, qs[0].AnsweredAt)
-	require.Empty(t, qs[0].Answer)
+		qs, err := a.Queries(ctx, "c-1")
+		require.NoError(t, err)
+		require.Len(t, qs, 1)
+		require.Equal(t, "q-1", qs[0].QueryID)
+		require.Equal(t, "i1", qs[0].Instance)
+		require.EqualValues(t, 1, qs[0].FencingToken)
+		require.NotNil(t, qs[0].AnsweredAt, "the succeeded receipt answered it")
+		require.Equal(t, "succeeded", qs[0].Answer)
+		qs, err = a.Queries(ctx, "c-2")
+		require.NoError(t, err)
+		require.Len(t, qs, 1)
+		require.Nil(t, qs[0].AnsweredAt)
+		require.Empty(t, qs[0].Answer)
+	})
 }
 
 func TestAuditEventfulCommands(t *testing.T) {
 	t.Parallel()
-	r := newAuditRun(t)
-	a := openAudit(t, r.path)
-	ctx := context.Background()
+	eachBackend(t, func(t *testing.T, be string) {
+		r := newAuditRun(t, be)
+		a := openAudit(t, r.path)
+		ctx := context.Background()
 
-	got, err := a.EventfulCommands(ctx, 10)
-	require.NoError(t, err)
-	require.Equal(t, []EventfulCommand{
-		// re-sent 3 + asked 2 + late 4 + timeout 3
-		{CommandID: "c-2", OperationID: "op-2", DeviceID: "device-1", Status: fsm.CmdTimeout, Score: 12, Attempt: 2, Queries: 1, LateOutcome: "succeeded"},
-		// asked 2; ties with c-3 and is older
-		{CommandID: "c-1", OperationID: "op-1", DeviceID: "device-1", Status: fsm.CmdSucceeded, Score: 2, Attempt: 1, Queries: 1},
-		// one refused transition 2
-		{CommandID: "c-3", OperationID: "op-3", DeviceID: "device-2", Status: fsm.CmdPending, Score: 2},
-	}, got)
-	got, err = a.EventfulCommands(ctx, 1)
-	require.NoError(t, err)
-	require.Len(t, got, 1)
-	require.Equal(t, "c-2", got[0].CommandID)
+		got, err := a.EventfulCommands(ctx, 10)
+		require.NoError(t, err)
+		require.Equal(t, []EventfulCommand{
+			// re-sent 3 + asked 2 + late 4 + timeout 3
+			{CommandID: "c-2", OperationID: "op-2", DeviceID: "device-1", Status: fsm.CmdTimeout, Score: 12, Attempt: 2, Queries: 1, LateOutcome: "succeeded"},
+			// asked 2; ties with c-3 and is older
+			{CommandID: "c-1", OperationID: "op-1", DeviceID: "device-1", Status: fsm.CmdSucceeded, Score: 2, Attempt: 1, Queries: 1},
+			// one refused transition 2
+			{CommandID: "c-3", OperationID: "op-3", DeviceID: "device-2", Status: fsm.CmdPending, Score: 2},
+		}, got)
+		got, err = a.EventfulCommands(ctx, 1)
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		require.Equal(t, "c-2", got[0].CommandID)
+	})
 }
 
 func TestTroubledCommandStates(t *testing.T) {
@@ -276,22 +284,24 @@ func TestTroubledCommandStates(t *testing.T) {
 // and a new Audit sees them.
 func TestAuditReadsOneSnapshot(t *testing.T) {
 	t.Parallel()
-	r := newAuditRun(t)
-	a := openAudit(t, r.path)
-	ctx := context.Background()
+	eachBackend(t, func(t *testing.T, be string) {
+		r := newAuditRun(t, be)
+		a := openAudit(t, r.path)
+		ctx := context.Background()
 
-	r.submit(t, "op-4", "c-4", "device-1", `{}`)
-	cmds, err := a.Commands(ctx)
-	require.NoError(t, err)
-	require.Len(t, cmds, 3, "the snapshot of OpenAudit")
-	evs, err := a.EventsOf(ctx, "c-4")
-	require.NoError(t, err)
-	require.Empty(t, evs)
+		r.submit(t, "op-4", "c-4", "device-1", `{}`)
+		cmds, err := a.Commands(ctx)
+		require.NoError(t, err)
+		require.Len(t, cmds, 3, "the snapshot of OpenAudit")
+		evs, err := a.EventsOf(ctx, "c-4")
+		require.NoError(t, err)
+		require.Empty(t, evs)
 
-	b := openAudit(t, r.path)
-	cmds, err = b.Commands(ctx)
-	require.NoError(t, err)
-	require.Len(t, cmds, 4)
+		b := openAudit(t, r.path)
+		cmds, err = b.Commands(ctx)
+		require.NoError(t, err)
+		require.Len(t, cmds, 4)
+	})
 }
 
 func TestOpenAuditNeverCreatesOrWrites(t *testing.T) {
@@ -306,7 +316,7 @@ func TestOpenAuditNeverCreatesOrWrites(t *testing.T) {
 	_, err = OpenAudit(context.Background(), "")
 	require.Error(t, err)
 
-	r := newAuditRun(t)
+	r := newAuditRun(t, "sqlite")
 	a := openAudit(t, r.path)
 	_, err = a.tx.Exec(`DELETE FROM queries`)
 	require.ErrorContains(t, err, "readonly", "the connection is read-only")
@@ -317,7 +327,7 @@ func TestOpenAuditNeverCreatesOrWrites(t *testing.T) {
 
 func TestAuditCloseTwice(t *testing.T) {
 	t.Parallel()
-	r := newAuditRun(t)
+	r := newAuditRun(t, "sqlite")
 	a, err := OpenAudit(context.Background(), r.path)
 	require.NoError(t, err)
 	require.NoError(t, a.Close())

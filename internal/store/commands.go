@@ -75,7 +75,7 @@ func scanCommand(row interface{ Scan(...any) error }) (Command, error) {
 }
 
 func getCommand(ctx context.Context, q queryer, id string) (Command, error) {
-	c, err := scanCommand(q.QueryRowContext(ctx, `SELECT `+commandColumns+` FROM commands WHERE command_id = ?`, id))
+	c, err := scanCommand(q.QueryRowContext(ctx, lockingRead(q, `SELECT `+commandColumns+` FROM commands WHERE command_id = ?`), id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Command{}, fmt.Errorf("command %s: %w", id, ErrNotFound)
 	}
@@ -86,7 +86,7 @@ func getCommand(ctx context.Context, q queryer, id string) (Command, error) {
 }
 
 // GetCommand reads one command.
-func (s *SQLite) GetCommand(ctx context.Context, id string) (Command, error) {
+func (s *DB) GetCommand(ctx context.Context, id string) (Command, error) {
 	return getCommand(ctx, s.rq, id)
 }
 
@@ -120,7 +120,7 @@ type Event struct {
 }
 
 // Receipts lists the receipt log of one command, oldest first.
-func (s *SQLite) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
+func (s *DB) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
 	return listReceipts(ctx, s.rq, commandID)
 }
 
@@ -152,12 +152,12 @@ func listReceipts(ctx context.Context, q queryer, commandID string) ([]ReceiptRe
 }
 
 // Events lists the events log of one entity (operation or command id), oldest first.
-func (s *SQLite) Events(ctx context.Context, entityID string) ([]Event, error) {
+func (s *DB) Events(ctx context.Context, entityID string) ([]Event, error) {
 	return listEvents(ctx, s.rq, `WHERE entity_id = ?`, entityID)
 }
 
 // AllEvents lists the whole events log, oldest first (for verification).
-func (s *SQLite) AllEvents(ctx context.Context) ([]Event, error) { return listEvents(ctx, s.rq, ``) }
+func (s *DB) AllEvents(ctx context.Context) ([]Event, error) { return listEvents(ctx, s.rq, ``) }
 
 // listEvents lists the events that match where, oldest first.
 func listEvents(ctx context.Context, q queryer, where string, args ...any) ([]Event, error) {
@@ -227,7 +227,7 @@ func (t *tx) decided(ctx context.Context, d *Decision) func(rowScanner) error {
 // expect with attempt n → n+1. Only one caller can win a given (state,
 // attempt); the others get a *RefusedError. nextCheck is when the sweeper
 // looks at the command again if no final receipt arrives.
-func (s *SQLite) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error) {
+func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		to := expect
@@ -258,7 +258,7 @@ func (s *SQLite) ClaimSend(ctx context.Context, commandID string, expect fsm.Com
 // max_attempts; the asks after a reconnect are not counted), fenced like
 // every decision and conditioned on the command still being in the state and
 // count the caller saw.
-func (s *SQLite) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, counted bool, f Fence, nextCheck time.Time) (Decision, error) {
+func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, counted bool, f Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		now := ms(t.now)
@@ -281,7 +281,7 @@ func (s *SQLite) ClaimQuery(ctx context.Context, commandID, queryID string, expe
 // Postpone moves a command's next check without any other change (nothing to
 // do yet). It is fenced like a decision; a refusal is not recorded (nothing
 // was decided), only returned.
-func (s *SQLite) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
+func (s *DB) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ? AND version = ? AND `+commandFenced,
 			append([]any{ms(next), commandID, expectVersion}, f.args(t.now)...)...)
@@ -301,7 +301,7 @@ func (s *SQLite) Postpone(ctx context.Context, commandID string, expectVersion i
 // version the caller saw, and the fence; a terminal state ends the
 // operation by the contract's outcome mapping. nextCheck is when the
 // sweeper looks again (ignored for terminal states).
-func (s *SQLite) Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error) {
+func (s *DB) Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error) {
 	var out Command
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		if err := fsm.Command.Transition(from, to); err != nil {
@@ -313,8 +313,8 @@ func (s *SQLite) Move(ctx context.Context, commandID string, from fsm.CommandSta
 		var d Decision
 		err := t.cas(ctx, t.decision(ctx, commandID, from, to, f), t.decided(ctx, &d),
 			`UPDATE commands SET status = ?, reason = ?, version = version + 1, next_check_at = ?, updated_at = ?,
-				last_query_id = CASE WHEN ? THEN '' ELSE last_query_id END,
-				last_answer = CASE WHEN ? THEN '' ELSE last_answer END
+				last_query_id = CASE WHEN ? = 1 THEN '' ELSE last_query_id END,
+				last_answer = CASE WHEN ? = 1 THEN '' ELSE last_answer END
 			WHERE command_id = ? AND status = ? AND version = ? AND `+commandFenced+` RETURNING `+commandColumns,
 			append([]any{to, reason, ms(nextCheck), ms(t.now), forget, forget, commandID, from, expectVersion}, f.args(t.now)...)...)
 		if err != nil {
@@ -333,12 +333,15 @@ func (s *SQLite) Move(ctx context.Context, commandID string, from fsm.CommandSta
 // bumps their version: a decision the lease holder computed from the old
 // presence (a move to waiting_device, a postpone) then fails its version
 // condition and is taken again with the new presence. No state changes.
-func (s *SQLite) Wake(ctx context.Context, device string) ([]string, error) {
+func (s *DB) Wake(ctx context.Context, device string) ([]string, error) {
 	var ids []string
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
 		ids, err = queryStrings(ctx, t, `UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
 			AND status NOT IN `+terminalCommands+` RETURNING command_id`, ms(t.now), device)
+		for _, id := range ids {
+			t.wake(WakeCommand, id) // their holders may be other instances
+		}
 		return err
 	})
 	return ids, err
@@ -356,7 +359,7 @@ type OpenCommand struct {
 // holds a live lease and whose next check (or expiry) has come by now. With
 // all set it lists every open command of owner regardless of time (the
 // ask-after-reconnect).
-func (s *SQLite) DueCommands(ctx context.Context, owner string, now time.Time, all bool, limit int) ([]OpenCommand, error) {
+func (s *DB) DueCommands(ctx context.Context, owner string, now time.Time, all bool, limit int) ([]OpenCommand, error) {
 	where := `o.owner = ? AND o.lease_expires_at > ?`
 	args := []any{owner, ms(now)}
 	if !all {
@@ -368,7 +371,7 @@ func (s *SQLite) DueCommands(ctx context.Context, owner string, now time.Time, a
 
 // OpenCommand reads one non-terminal command of a started operation with
 // its operation's lease; ErrNotFound if it is terminal or unknown.
-func (s *SQLite) OpenCommand(ctx context.Context, commandID string) (OpenCommand, error) {
+func (s *DB) OpenCommand(ctx context.Context, commandID string) (OpenCommand, error) {
 	out, err := s.openCommands(ctx, `c.command_id = ?`, commandID)
 	if err != nil {
 		return OpenCommand{}, err
@@ -384,7 +387,7 @@ var prefixedCommandColumns = "c." + strings.Join(strings.FieldsFunc(commandColum
 	return r == ',' || unicode.IsSpace(r)
 }), ", c.")
 
-func (s *SQLite) openCommands(ctx context.Context, where string, args ...any) ([]OpenCommand, error) {
+func (s *DB) openCommands(ctx context.Context, where string, args ...any) ([]OpenCommand, error) {
 	rows, err := s.rq.QueryContext(ctx, `SELECT `+prefixedCommandColumns+`, o.owner, o.fencing_token, o.lease_expires_at
 		FROM commands c JOIN operations o ON o.operation_id = c.operation_id
 		WHERE c.status NOT IN `+terminalCommands+` AND o.status = 'started' AND `+where, args...)

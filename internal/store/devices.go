@@ -50,7 +50,7 @@ func scanDevice(row interface{ Scan(...any) error }) (Device, error) {
 }
 
 // GetDevice reads one device; a device never seen is ErrNotFound.
-func (s *SQLite) GetDevice(ctx context.Context, id string) (Device, error) {
+func (s *DB) GetDevice(ctx context.Context, id string) (Device, error) {
 	d, err := scanDevice(s.rq.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Device{}, fmt.Errorf("device %s: %w", id, ErrNotFound)
@@ -70,7 +70,7 @@ type DeviceFilter struct {
 // by id, with the number that match the filter. The index devices_online
 // (online, device_id) serves a filtered page and its count; the primary key
 // an unfiltered one.
-func (s *SQLite) ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[Device], error) {
+func (s *DB) ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[Device], error) {
 	return readPage(ctx, s, deviceKeyset(f), p)
 }
 
@@ -94,7 +94,7 @@ type PresenceOutcome struct {
 // ApplyPresence applies a birth, a clean offline or an LWT, guarded by rank:
 // only a strictly higher rank than the stored one is applied (a delayed LWT
 // of an old connection, or a stale retained birth, changes nothing).
-func (s *SQLite) ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error) {
+func (s *DB) ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error) {
 	var out PresenceOutcome
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		now := ms(t.now)
@@ -102,6 +102,8 @@ func (s *SQLite) ApplyPresence(ctx context.Context, device string, p wire.Presen
 			device, now); err != nil {
 			return fmt.Errorf("insert device %s: %w", device, err)
 		}
+		// No row lock: the rank is the guard. Most presence messages are
+		// retained ones re-delivered to every instance, and change nothing.
 		before, err := scanDevice(t.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, device))
 		if err != nil {
 			return fmt.Errorf("read device %s: %w", device, err)
@@ -130,11 +132,17 @@ func (s *SQLite) ApplyPresence(ctx context.Context, device string, p wire.Presen
 				skew = p.At.Sub(t.now).Milliseconds()
 			}
 		}
-		if _, err := t.Exec(`UPDATE devices SET online = ?, confirmed = 1, seen = ?, session = ?, presence_rank = ?,
+		r, err := t.Exec(`UPDATE devices SET online = ?, confirmed = 1, seen = ?, session = ?, presence_rank = ?,
 				dedupe = ?, query = ?, clock_skew_ms = ?, last_seen_at = ?, updated_at = ?
 			WHERE device_id = ? AND presence_rank < ?`,
-			p.Online, seen, p.Session, rank, caps.Dedupe, caps.Query, skew, now, now, device, rank); err != nil {
+			p.Online, seen, p.Session, rank, caps.Dedupe, caps.Query, skew, now, now, device, rank)
+		if err != nil {
 			return fmt.Errorf("apply presence of %s: %w", device, err)
+		}
+		if n, err := r.RowsAffected(); err != nil || n == 0 {
+			// Another instance applied this rank, or a higher one, first.
+			out.Device = before
+			return err
 		}
 		from, to := onlineWord(before.Online), onlineWord(p.Online)
 		if err := t.event("device", device, from, to, fmt.Sprintf("presence session %d", p.Session), 0); err != nil {
@@ -159,7 +167,7 @@ func onlineWord(online bool) string {
 // for a device whose counter went backwards (a reflash, lost storage) or a
 // rank poisoned by a forged retained message. Its presence is unchanged
 // until that message arrives. An admin's action.
-func (s *SQLite) ResetPresence(ctx context.Context, device, who string) (Device, error) {
+func (s *DB) ResetPresence(ctx context.Context, device, who string) (Device, error) {
 	var out Device
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
@@ -177,22 +185,33 @@ func (s *SQLite) ResetPresence(ctx context.Context, device, who string) (Device,
 }
 
 // touchDevice records that a device spoke (a receipt): it is confirmed and
-// its last-seen time moves. Presence itself only changes by rank.
+// its last-seen time moves, at most once a second (lastSeenResolution):
+// a busy device's receipts do not each rewrite, and with PostgreSQL lock,
+// its row. Presence itself only changes by rank.
 func (t *tx) touchDevice(device string) error {
 	now := ms(t.now)
-	if _, err := t.Exec(`UPDATE devices SET confirmed = 1, last_seen_at = ?, updated_at = ? WHERE device_id = ?`,
-		now, now, device); err != nil {
+	// A row another instance's change holds is being written by it (touched
+	// by another receipt, or its presence applied): this touch is skipped.
+	if _, err := t.Exec(`UPDATE devices SET confirmed = 1, last_seen_at = ?, updated_at = ?
+		WHERE device_id IN (SELECT device_id FROM devices WHERE device_id = ?
+			AND (confirmed = 0 OR last_seen_at IS NULL OR last_seen_at <= ?)`+t.s.b.skipLocked()+`)`,
+		now, now, device, now-lastSeenResolution.Milliseconds()); err != nil {
 		return fmt.Errorf("touch device %s: %w", device, err)
 	}
 	return nil
 }
 
+// lastSeenResolution is how stale a device's last_seen_at may be.
+const lastSeenResolution = time.Second
+
 // UnconfirmAll marks every device unconfirmed, after the controller
 // (re)connects to a broker that may have lost its sessions: presence is a
 // hint until each device speaks again.
-func (s *SQLite) UnconfirmAll(ctx context.Context) error {
+func (s *DB) UnconfirmAll(ctx context.Context) error {
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
-		_, err := t.Exec(`UPDATE devices SET confirmed = 0`)
+		// A device whose row another change holds is speaking right now.
+		_, err := t.Exec(`UPDATE devices SET confirmed = 0 WHERE device_id IN
+			(SELECT device_id FROM devices WHERE confirmed = 1` + t.s.b.skipLocked() + `) AND confirmed = 1`)
 		return err
 	})
 }

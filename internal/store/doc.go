@@ -1,13 +1,25 @@
-// Package store is the controller's SQLite store: the operations (the
-// idempotency record and its lease), the commands (the transactional outbox
-// and the controller's view of each command_id), the receipt log, queries,
-// device presence and the append-only events log.
+// Package store is the controller's store: the operations (the idempotency
+// record and its lease), the commands (the transactional outbox and the
+// controller's view of each command_id), the receipt log, queries, device
+// presence, tasks, grants, the instances and the append-only events log.
 //
-// Connections: one writer connection (SetMaxOpenConns(1), _txlock=immediate,
-// WAL, busy_timeout, synchronous=FULL so a commit the API reported survives a
+// Two backends run the same code (backend.go): an SQLite file, the embedded
+// default (sqlite.go), and a PostgreSQL database that several controller
+// instances share (postgres.go). The statements are written in the SQL both
+// speak; what differs (connections, the schema's migrations, placeholders,
+// which errors end a transaction, the instance lock, wake-ups between
+// instances) lives with each backend.
+//
+// SQLite: one writer connection (SetMaxOpenConns(1), _txlock=immediate, WAL,
+// busy_timeout, synchronous=FULL so a commit the API reported survives a
 // crash of the machine too) and a pool of read-only connections. Every
 // transaction that reads then writes is IMMEDIATE, so it never meets
 // SQLITE_BUSY half way.
+//
+// PostgreSQL: one writer connection per instance with synchronous_commit on,
+// READ COMMITTED, and a read pool. Instances write concurrently; each
+// conditional UPDATE is re-checked by the server against the newest version
+// of its row, so a change another instance made first is a zero-row update.
 //
 // Every state change is a conditional UPDATE that names what it expects: the
 // state and version for decisions, the receipt rank for facts. Decisions

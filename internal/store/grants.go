@@ -40,7 +40,7 @@ func scanGrant(row interface{ Scan(...any) error }) (Grant, error) {
 
 // CreateGrant inserts a grant, or returns the live one with the same
 // (principal, action, devices) (created false).
-func (s *SQLite) CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error) {
+func (s *DB) CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error) {
 	for _, glob := range []string{action, devices} {
 		if _, err := path.Match(glob, ""); err != nil {
 			return Grant{}, false, fmt.Errorf("glob %q: %w", glob, ErrIllegalState)
@@ -65,7 +65,7 @@ func (s *SQLite) CreateGrant(ctx context.Context, id, principal, action, devices
 }
 
 // RevokeGrant sets revoked_at (once; a second revoke returns the grant as it is).
-func (s *SQLite) RevokeGrant(ctx context.Context, id string) (Grant, error) {
+func (s *DB) RevokeGrant(ctx context.Context, id string) (Grant, error) {
 	var g Grant
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		if _, err := t.Exec(`UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL`, ms(t.now), id); err != nil {
@@ -88,7 +88,7 @@ type GrantFilter struct {
 
 // ListGrants lists one page of grants by grant_id (minted time-ordered, so
 // this is also the order they were created in), with the number that match.
-func (s *SQLite) ListGrants(ctx context.Context, f GrantFilter, p Page) (Listed[Grant], error) {
+func (s *DB) ListGrants(ctx context.Context, f GrantFilter, p Page) (Listed[Grant], error) {
 	return readPage(ctx, s, grantKeyset(f), p)
 }
 
@@ -104,7 +104,7 @@ func grantKeyset(f GrantFilter) keyset[Grant] {
 }
 
 // Allowed reports whether a live grant lets principal run action on device.
-func (s *SQLite) Allowed(ctx context.Context, principal, action, device string) (bool, error) {
+func (s *DB) Allowed(ctx context.Context, principal, action, device string) (bool, error) {
 	return allowed(ctx, s.rq, principal, action, device)
 }
 

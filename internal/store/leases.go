@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 )
@@ -11,40 +12,140 @@ import (
 // it cannot revive a lease that has already run out (a peer may have taken
 // it; the owner must claim it again with a new token). It returns how many
 // leases it extended.
-func (s *SQLite) RenewLeases(ctx context.Context, owner string, ttl time.Duration) (int64, time.Time, error) {
+func (s *DB) RenewLeases(ctx context.Context, owner string, ttl time.Duration) (int64, time.Time, error) {
 	var n int64
 	var until time.Time
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		until = t.now.Add(ttl)
+		// A lease another instance's change holds right now (a receipt
+		// finishing its operation) is renewed at the next heartbeat.
 		r, err := t.Exec(`UPDATE operations SET lease_expires_at = ?
-			WHERE owner = ? AND status = 'started' AND lease_expires_at > ?`, ms(until), owner, ms(t.now))
+			WHERE operation_id IN (SELECT operation_id FROM operations
+				WHERE owner = ? AND status = 'started' AND lease_expires_at > ?`+t.s.b.skipLocked()+`)
+				AND owner = ? AND status = 'started' AND lease_expires_at > ?`,
+			ms(until), owner, ms(t.now), owner, ms(t.now))
 		if err != nil {
 			return fmt.Errorf("renew leases of %s: %w", owner, err)
 		}
 		n, _ = r.RowsAffected()
-		return nil
+		return t.heartbeat(owner, ttl, false)
 	})
 	return n, until, err
 }
 
+// heartbeat records that owner is alive (GET /v1/instances); start marks a
+// new process of it.
+func (t *tx) heartbeat(owner string, ttl time.Duration, start bool) error {
+	q := `INSERT INTO instances (instance_id, started_at, heartbeat_at, lease_ttl_ms) VALUES (?, ?, ?, ?)
+		ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, lease_ttl_ms = excluded.lease_ttl_ms`
+	if start {
+		q += `, started_at = excluded.started_at`
+	}
+	if _, err := t.Exec(q, owner, ms(t.now), ms(t.now), ttl.Milliseconds()); err != nil {
+		return fmt.Errorf("heartbeat of %s: %w", owner, err)
+	}
+	return nil
+}
+
+// InstanceInfo is one controller instance as GET /v1/instances shows it.
+type InstanceInfo struct {
+	InstanceID  string
+	StartedAt   time.Time
+	HeartbeatAt time.Time
+	LeaseTTL    time.Duration
+	Live        bool // its last heartbeat is within its lease ttl
+	Leases      int  // started operations it holds
+}
+
+// ListInstances lists the instances that ever ran on this database, live
+// or not, by id, with the leases each holds now.
+func (s *DB) ListInstances(ctx context.Context) ([]InstanceInfo, error) {
+	rows, err := s.rq.QueryContext(ctx, `SELECT i.instance_id, i.started_at, i.heartbeat_at, i.lease_ttl_ms,
+			(SELECT COUNT(*) FROM operations o WHERE o.status = 'started' AND o.owner = i.instance_id)
+		FROM instances i ORDER BY i.instance_id`)
+	if err != nil {
+		return nil, fmt.Errorf("list instances: %w", err)
+	}
+	defer rows.Close()
+	now := s.now()
+	out := []InstanceInfo{}
+	for rows.Next() {
+		var in InstanceInfo
+		var started, beat, ttl int64
+		if err := rows.Scan(&in.InstanceID, &started, &beat, &ttl, &in.Leases); err != nil {
+			return nil, fmt.Errorf("list instances: %w", err)
+		}
+		in.StartedAt, in.HeartbeatAt, in.LeaseTTL = fromMS(started), fromMS(beat), time.Duration(ttl)*time.Millisecond
+		in.Live = in.HeartbeatAt.Add(in.LeaseTTL).After(now)
+		out = append(out, in)
+	}
+	return out, rows.Err()
+}
+
 // ReclaimOwn takes over, with a new fencing token each, the started
 // operations that owner held before it restarted. The caller must hold the
-// instance's OS lock, which proves the previous process is dead; a decision
+// instance's lock, which proves the previous process is dead; a decision
 // the dead process had in flight then fails its fence.
-func (s *SQLite) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (int64, error) {
+//
+// It works in rounds of short transactions that lock one table each: the
+// operations (skipping any another instance's change holds, to take at the
+// next round), then their commands' questions. A receipt applied by another
+// instance locks a command, then its operation; one transaction that locked
+// many operations, then wanted their commands, would deadlock with it.
+func (s *DB) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (int64, error) {
+	// Every reclaimed lease runs until this, later than any the dead process
+	// left: lease_expires_at < until marks the ones not reclaimed yet.
+	until := ms(s.now().Add(ttl))
+	var last sql.NullInt64
+	if err := s.rq.QueryRowContext(ctx, `SELECT MAX(lease_expires_at) FROM operations WHERE owner = ? AND status = 'started'`,
+		owner).Scan(&last); err != nil {
+		return 0, fmt.Errorf("reclaim leases of %s: %w", owner, err)
+	}
+	if last.Valid && last.Int64 >= until {
+		until = last.Int64 + 1
+	}
 	var n int64
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
-		ids, err := queryStrings(ctx, t, `UPDATE operations SET fencing_token = fencing_token + 1, lease_expires_at = ?
-			WHERE owner = ? AND status = 'started' RETURNING operation_id`, ms(t.now.Add(ttl)), owner)
+	for round := 0; ; round++ {
+		var ids []string
+		left := 0
+		err := s.write(ctx, func(ctx context.Context, t *tx) error {
+			var err error
+			ids, err = queryStrings(ctx, t, `UPDATE operations SET fencing_token = fencing_token + 1, lease_expires_at = ?
+				WHERE operation_id IN (SELECT operation_id FROM operations
+					WHERE owner = ? AND status = 'started' AND lease_expires_at < ? LIMIT 500`+t.s.b.skipLocked()+`)
+					AND owner = ? AND status = 'started' AND lease_expires_at < ?
+				RETURNING operation_id`, until, owner, until, owner, until)
+			if err != nil {
+				return fmt.Errorf("reclaim leases of %s: %w", owner, err)
+			}
+			return t.QueryRowContext(ctx, `SELECT COUNT(*) FROM operations WHERE owner = ? AND status = 'started' AND lease_expires_at < ?`,
+				owner, until).Scan(&left)
+		})
 		if err != nil {
-			return fmt.Errorf("reclaim leases of %s: %w", owner, err)
+			return n, err
 		}
-		for _, id := range ids {
-			if err := t.forgetQuestions(id); err != nil {
-				return err
+		n += int64(len(ids))
+		if err := s.forgetQuestionsOf(ctx, ids); err != nil {
+			return n, err
+		}
+		if left == 0 {
+			break
+		}
+		if len(ids) == 0 { // all that is left is held by other instances' changes
+			if round > 200 {
+				return n, fmt.Errorf("reclaim leases of %s: %d operations stayed locked by other instances", owner, left)
+			}
+			select {
+			case <-ctx.Done():
+				return n, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
 			}
 		}
-		n = int64(len(ids))
+	}
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		if err := t.heartbeat(owner, ttl, true); err != nil {
+			return err
+		}
 		if n > 0 {
 			return t.event("lease", owner, "", "reclaimed", fmt.Sprintf("%d operations after restart", n), 0)
 		}
@@ -53,20 +154,39 @@ func (s *SQLite) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration
 	return n, err
 }
 
+// forgetQuestionsOf makes the open commands of the operations due now with
+// no question outstanding, in a transaction of its own.
+func (s *DB) forgetQuestionsOf(ctx context.Context, operationIDs []string) error {
+	if len(operationIDs) == 0 {
+		return nil
+	}
+	return s.write(ctx, func(ctx context.Context, t *tx) error {
+		for _, id := range operationIDs {
+			if err := t.forgetQuestions(id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // TakeOver claims, for owner, the started operations whose lease has run
 // out (their holder stalled or died), each with a new fencing token, and
 // makes their open commands due with the last question forgotten: the new
 // holder asks each device about its in-doubt command_id before any re-send
 // or new command_id. It returns the operation ids taken.
-func (s *SQLite) TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error) {
+func (s *DB) TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error) {
 	var ids []string
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		rows, err := t.QueryContext(ctx, `UPDATE operations SET owner = ?, fencing_token = fencing_token + 1,
 				lease_expires_at = ?, updated_at = ?
 			WHERE operation_id IN (SELECT operation_id FROM operations
-				WHERE status = 'started' AND lease_expires_at <= ? AND owner != ? LIMIT ?)
+				WHERE status = 'started' AND lease_expires_at <= ? AND owner != ? LIMIT ?`+t.s.b.skipLocked()+`)
+				-- again on the row itself: PostgreSQL re-checks these against
+				-- the newest version of a row another instance took first
+				AND status = 'started' AND lease_expires_at <= ? AND owner != ?
 			RETURNING operation_id, fencing_token`,
-			owner, ms(t.now.Add(ttl)), ms(t.now), ms(t.now), owner, limit)
+			owner, ms(t.now.Add(ttl)), ms(t.now), ms(t.now), owner, limit, ms(t.now), owner)
 		if err != nil {
 			return fmt.Errorf("take over expired leases: %w", err)
 		}
@@ -89,16 +209,18 @@ func (s *SQLite) TakeOver(ctx context.Context, owner string, ttl time.Duration, 
 		}
 		for _, tk := range all {
 			ids = append(ids, tk.id)
-			if err := t.forgetQuestions(tk.id); err != nil {
-				return err
-			}
 			if err := t.event("lease", tk.id, "", owner, "takeover of an expired lease", tk.token); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
-	return ids, err
+	if err != nil {
+		return nil, err
+	}
+	// The questions in a transaction of their own (see ReclaimOwn). A crash
+	// in between leaves them to the restart, whose ReclaimOwn forgets them.
+	return ids, s.forgetQuestionsOf(ctx, ids)
 }
 
 // forgetQuestions makes an operation's open commands due now with no

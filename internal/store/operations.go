@@ -75,7 +75,7 @@ type SubmitResult struct {
 // request_hash (ErrKeyReused with another). beforeCommit runs inside the
 // transaction, last (the submit-before-commit failpoint); an error from it
 // rolls everything back.
-func (s *SQLite) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
+func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
 	var res SubmitResult
 	err := s.writeOrShed(ctx, func(ctx context.Context, t *tx) error {
 		var err error
@@ -192,14 +192,14 @@ func scanOperation(row interface{ Scan(...any) error }) (Operation, error) {
 }
 
 func getOperation(ctx context.Context, q queryer, id string) (Operation, error) {
-	op, err := scanOperation(q.QueryRowContext(ctx, `SELECT `+operationColumns+` FROM operations WHERE operation_id = ?`, id))
+	op, err := scanOperation(q.QueryRowContext(ctx, lockingRead(q, `SELECT `+operationColumns+` FROM operations WHERE operation_id = ?`), id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Operation{}, fmt.Errorf("operation %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return Operation{}, fmt.Errorf("get operation %s: %w", id, err)
 	}
-	op.CommandIDs, err = queryStrings(ctx, q, `SELECT command_id FROM commands WHERE operation_id = ? ORDER BY created_at, rowid`, id)
+	op.CommandIDs, err = queryStrings(ctx, q, `SELECT command_id FROM commands WHERE operation_id = ? ORDER BY created_at, command_id`, id)
 	if err != nil {
 		return Operation{}, err
 	}
@@ -228,7 +228,7 @@ func queryStrings(ctx context.Context, q queryer, query string, args ...any) ([]
 }
 
 // GetOperation reads one operation with its command ids and links.
-func (s *SQLite) GetOperation(ctx context.Context, id string) (Operation, error) {
+func (s *DB) GetOperation(ctx context.Context, id string) (Operation, error) {
 	return getOperation(ctx, s.rq, id)
 }
 
@@ -282,6 +282,7 @@ func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.Command
 	if err := t.event("operation", op.OperationID, string(op.Status), string(to), "command "+cmd.CommandID+" "+string(state), op.FencingToken); err != nil {
 		return err
 	}
+	t.wake(WakeOperation, op.OperationID) // its ?wait= callers may wait on other instances
 	if superseded == "" {
 		return nil
 	}

@@ -72,7 +72,7 @@ func (k keyset[T]) queries() (count, page string) {
 // readPage reads the total and one page in one read transaction, so both
 // come from the same snapshot. It reads one row more than the limit to know
 // whether a next page exists.
-func readPage[T any](ctx context.Context, s *SQLite, k keyset[T], p Page) (Listed[T], error) {
+func readPage[T any](ctx context.Context, s *DB, k keyset[T], p Page) (Listed[T], error) {
 	out := Listed[T]{Items: []T{}}
 	limit := p.limit()
 	countQ, pageQ := k.queries()
@@ -81,11 +81,11 @@ func readPage[T any](ctx context.Context, s *SQLite, k keyset[T], p Page) (Liste
 		return out, fmt.Errorf("list %s: %w", k.table, err)
 	}
 	defer rtx.Rollback()
-	if err := rtx.QueryRowContext(ctx, countQ, k.args...).Scan(&out.Total); err != nil {
+	if err := rtx.QueryRowContext(ctx, s.b.rebind(countQ), s.args(append([]any(nil), k.args...))...).Scan(&out.Total); err != nil {
 		return out, fmt.Errorf("count %s: %w", k.table, err)
 	}
 	args := append(append([]any(nil), k.args...), p.After, limit+1)
-	rows, err := rtx.QueryContext(ctx, pageQ, args...)
+	rows, err := rtx.QueryContext(ctx, s.b.rebind(pageQ), s.args(args)...)
 	if err != nil {
 		return out, fmt.Errorf("list %s: %w", k.table, err)
 	}

@@ -57,158 +57,168 @@ func walkDevices(t *testing.T, b *testBundle, f DeviceFilter, limit int) (pages 
 
 func TestListDevicesEmpty(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	got, err := b.s.ListDevices(b.ctx, DeviceFilter{}, Page{})
-	require.NoError(t, err)
-	require.NotNil(t, got.Items, "an empty page is an empty slice, not nil")
-	require.Empty(t, got.Items)
-	require.Zero(t, got.Total)
-	require.Empty(t, got.Next)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		got, err := b.s.ListDevices(b.ctx, DeviceFilter{}, Page{})
+		require.NoError(t, err)
+		require.NotNil(t, got.Items, "an empty page is an empty slice, not nil")
+		require.Empty(t, got.Items)
+		require.Zero(t, got.Total)
+		require.Empty(t, got.Next)
+	})
 }
 
 func TestListDevicesPages(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	ids := numbered(25)
-	addDevices(t, b, ids, nil)
-	sorted := append([]string(nil), ids...)
-	sort.Strings(sorted) // bytewise: device-1, device-10, ..., device-19, device-2, ...
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		ids := numbered(25)
+		addDevices(t, b, ids, nil)
+		sorted := append([]string(nil), ids...)
+		sort.Strings(sorted) // bytewise: device-1, device-10, ..., device-19, device-2, ...
 
-	for _, tc := range []struct {
-		limit int
-		sizes []int
-	}{
-		{10, []int{10, 10, 5}},
-		{5, []int{5, 5, 5, 5, 5}}, // an exact multiple: no empty last page
-		{25, []int{25}},
-		{1, []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
-		{0, []int{25}}, // the default limit
-		{MaxPageLimit + 1, []int{25}},
-	} {
-		t.Run(fmt.Sprint(tc.limit), func(t *testing.T) {
-			pages, totals := walkDevices(t, b, DeviceFilter{}, tc.limit)
-			var all []string
-			var sizes []int
-			for i, p := range pages {
-				sizes = append(sizes, len(p))
-				all = append(all, p...)
-				require.EqualValues(t, 25, totals[i], "the total on every page")
-			}
-			require.Equal(t, tc.sizes, sizes)
-			require.Equal(t, sorted, all, "every device once, in id order")
-		})
-	}
+		for _, tc := range []struct {
+			limit int
+			sizes []int
+		}{
+			{10, []int{10, 10, 5}},
+			{5, []int{5, 5, 5, 5, 5}}, // an exact multiple: no empty last page
+			{25, []int{25}},
+			{1, []int{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}},
+			{0, []int{25}}, // the default limit
+			{MaxPageLimit + 1, []int{25}},
+		} {
+			t.Run(fmt.Sprint(tc.limit), func(t *testing.T) {
+				pages, totals := walkDevices(t, b, DeviceFilter{}, tc.limit)
+				var all []string
+				var sizes []int
+				for i, p := range pages {
+					sizes = append(sizes, len(p))
+					all = append(all, p...)
+					require.EqualValues(t, 25, totals[i], "the total on every page")
+				}
+				require.Equal(t, tc.sizes, sizes)
+				require.Equal(t, sorted, all, "every device once, in id order")
+			})
+		}
+	})
 }
 
 func TestListDevicesFilterAndPaging(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	ids := numbered(15)
-	offline := map[string]bool{}
-	var wantOff, wantOn []string
-	for i, id := range ids {
-		if i%3 == 0 {
-			offline[id] = true
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		ids := numbered(15)
+		offline := map[string]bool{}
+		var wantOff, wantOn []string
+		for i, id := range ids {
+			if i%3 == 0 {
+				offline[id] = true
+			}
 		}
-	}
-	addDevices(t, b, ids, offline)
-	sort.Strings(ids)
-	for _, id := range ids {
-		if offline[id] {
-			wantOff = append(wantOff, id)
-		} else {
-			wantOn = append(wantOn, id)
+		addDevices(t, b, ids, offline)
+		sort.Strings(ids)
+		for _, id := range ids {
+			if offline[id] {
+				wantOff = append(wantOff, id)
+			} else {
+				wantOn = append(wantOn, id)
+			}
 		}
-	}
-	on, off := true, false
-	for _, tc := range []struct {
-		online *bool
-		want   []string
-	}{{&off, wantOff}, {&on, wantOn}} {
-		pages, totals := walkDevices(t, b, DeviceFilter{Online: tc.online}, 2)
-		var all []string
-		for i, p := range pages {
-			require.LessOrEqual(t, len(p), 2)
-			require.EqualValues(t, len(tc.want), totals[i], "the total counts the filter, not the table")
-			all = append(all, p...)
+		on, off := true, false
+		for _, tc := range []struct {
+			online *bool
+			want   []string
+		}{{&off, wantOff}, {&on, wantOn}} {
+			pages, totals := walkDevices(t, b, DeviceFilter{Online: tc.online}, 2)
+			var all []string
+			for i, p := range pages {
+				require.LessOrEqual(t, len(p), 2)
+				require.EqualValues(t, len(tc.want), totals[i], "the total counts the filter, not the table")
+				all = append(all, p...)
+			}
+			require.Equal(t, tc.want, all)
+			require.Len(t, pages, (len(tc.want)+1)/2)
 		}
-		require.Equal(t, tc.want, all)
-		require.Len(t, pages, (len(tc.want)+1)/2)
-	}
-	got, err := b.s.ListDevices(b.ctx, DeviceFilter{Online: &off}, Page{Limit: 100})
-	require.NoError(t, err)
-	for _, d := range got.Items {
-		require.False(t, d.Online)
-	}
+		got, err := b.s.ListDevices(b.ctx, DeviceFilter{Online: &off}, Page{Limit: 100})
+		require.NoError(t, err)
+		for _, d := range got.Items {
+			require.False(t, d.Online)
+		}
+	})
 }
 
 func TestListDevicesAfterUnknownID(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	addDevices(t, b, []string{"a-1", "a-3", "a-5"}, nil)
-	for _, tc := range []struct {
-		after string
-		want  []string
-	}{
-		{"a-2", []string{"a-3", "a-5"}}, // between two ids: starts at the next
-		{"a-3", []string{"a-5"}},        // a known id: strictly after it
-		{"0", []string{"a-1", "a-3", "a-5"}},
-		{"a-5", []string{}},
-		{"z", []string{}}, // past the end: an empty page, the total still counts
-	} {
-		got, err := b.s.ListDevices(b.ctx, DeviceFilter{}, Page{After: tc.after, Limit: 10})
-		require.NoError(t, err)
-		ids := []string{}
-		for _, d := range got.Items {
-			ids = append(ids, d.DeviceID)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		addDevices(t, b, []string{"a-1", "a-3", "a-5"}, nil)
+		for _, tc := range []struct {
+			after string
+			want  []string
+		}{
+			{"a-2", []string{"a-3", "a-5"}}, // between two ids: starts at the next
+			{"a-3", []string{"a-5"}},        // a known id: strictly after it
+			{"0", []string{"a-1", "a-3", "a-5"}},
+			{"a-5", []string{}},
+			{"z", []string{}}, // past the end: an empty page, the total still counts
+		} {
+			got, err := b.s.ListDevices(b.ctx, DeviceFilter{}, Page{After: tc.after, Limit: 10})
+			require.NoError(t, err)
+			ids := []string{}
+			for _, d := range got.Items {
+				ids = append(ids, d.DeviceID)
+			}
+			require.Equal(t, tc.want, ids, "after %q", tc.after)
+			require.EqualValues(t, 3, got.Total)
+			require.Empty(t, got.Next)
 		}
-		require.Equal(t, tc.want, ids, "after %q", tc.after)
-		require.EqualValues(t, 3, got.Total)
-		require.Empty(t, got.Next)
-	}
+	})
 }
 
 func TestListGrantsPages(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	var ids []string
-	for i := 0; i < 5; i++ {
-		g, created, err := b.s.CreateGrant(b.ctx, fmt.Sprintf("g-%02d", i), "agent", "restart", fmt.Sprintf("device-%d", i), "admin")
-		require.NoError(t, err)
-		require.True(t, created)
-		ids = append(ids, g.GrantID)
-	}
-	for _, id := range []string{"g-01", "g-03"} {
-		_, err := b.s.RevokeGrant(b.ctx, id)
-		require.NoError(t, err)
-	}
-	walk := func(f GrantFilter) (all []string, pages int) {
-		p := Page{Limit: 2}
-		for {
-			got, err := b.s.ListGrants(b.ctx, f, p)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		var ids []string
+		for i := 0; i < 5; i++ {
+			g, created, err := b.s.CreateGrant(b.ctx, fmt.Sprintf("g-%02d", i), "agent", "restart", fmt.Sprintf("device-%d", i), "admin")
 			require.NoError(t, err)
-			pages++
-			for _, g := range got.Items {
-				all = append(all, g.GrantID)
-				require.True(t, f.Revoked || g.RevokedAt == nil)
-			}
-			if f.Revoked {
-				require.EqualValues(t, 5, got.Total)
-			} else {
-				require.EqualValues(t, 3, got.Total)
-			}
-			if got.Next == "" {
-				return all, pages
-			}
-			p.After = got.Next
+			require.True(t, created)
+			ids = append(ids, g.GrantID)
 		}
-	}
-	live, pages := walk(GrantFilter{})
-	require.Equal(t, []string{"g-00", "g-02", "g-04"}, live)
-	require.Equal(t, 2, pages)
-	all, pages := walk(GrantFilter{Revoked: true})
-	require.Equal(t, ids, all)
-	require.Equal(t, 3, pages)
+		for _, id := range []string{"g-01", "g-03"} {
+			_, err := b.s.RevokeGrant(b.ctx, id)
+			require.NoError(t, err)
+		}
+		walk := func(f GrantFilter) (all []string, pages int) {
+			p := Page{Limit: 2}
+			for {
+				got, err := b.s.ListGrants(b.ctx, f, p)
+				require.NoError(t, err)
+				pages++
+				for _, g := range got.Items {
+					all = append(all, g.GrantID)
+					require.True(t, f.Revoked || g.RevokedAt == nil)
+				}
+				if f.Revoked {
+					require.EqualValues(t, 5, got.Total)
+				} else {
+					require.EqualValues(t, 3, got.Total)
+				}
+				if got.Next == "" {
+					return all, pages
+				}
+				p.After = got.Next
+			}
+		}
+		live, pages := walk(GrantFilter{})
+		require.Equal(t, []string{"g-00", "g-02", "g-04"}, live)
+		require.Equal(t, 2, pages)
+		all, pages := walk(GrantFilter{Revoked: true})
+		require.Equal(t, ids, all)
+		require.Equal(t, 3, pages)
+	})
 }
 
 // TestListQueriesUseAnIndex: each page is a range of an index in its order
@@ -216,7 +226,7 @@ func TestListGrantsPages(t *testing.T) {
 // index alone.
 func TestListQueriesUseAnIndex(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setup(t, "sqlite")
 	plan := func(q string, args ...any) string {
 		rows, err := b.s.r.QueryContext(b.ctx, "EXPLAIN QUERY PLAN "+q, args...)
 		require.NoError(t, err)

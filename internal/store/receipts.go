@@ -49,13 +49,16 @@ type ReceiptOutcome struct {
 // instance may apply it. device is the device id from the topic.
 // beforeCommit runs last inside the transaction (the before-receipt-commit
 // failpoint); an error from it records nothing.
-func (s *SQLite) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
+func (s *DB) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
 	var out ReceiptOutcome
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
 		out, err = t.applyReceipt(ctx, device, r)
 		if err != nil {
 			return err
+		}
+		if out.Due {
+			t.wake(WakeCommand, out.CommandID) // its holder may be another instance
 		}
 		if err := t.touchDevice(device); err != nil {
 			return err

@@ -53,7 +53,7 @@ type Retrying struct {
 
 // RetryingOf returns the retrying operation whose current command is
 // commandID, owned by owner; ErrNotFound if there is none.
-func (s *SQLite) RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error) {
+func (s *DB) RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error) {
 	var opID string
 	var until int64
 	err := s.rq.QueryRowContext(ctx, `SELECT operation_id, retry_until FROM operations
@@ -76,7 +76,7 @@ func (s *SQLite) RetryingOf(ctx context.Context, commandID, owner string) (Retry
 }
 
 // RetryingCommands lists the current command ids of owner's retrying operations.
-func (s *SQLite) RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error) {
+func (s *DB) RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error) {
 	return queryStrings(ctx, s.rq, `SELECT command_id FROM operations
 		WHERE owner = ? AND status = 'started' AND retry_until IS NOT NULL LIMIT ?`, owner, limit)
 }
@@ -84,7 +84,7 @@ func (s *SQLite) RetryingCommands(ctx context.Context, owner string, limit int) 
 // MintCommand gives a retrying operation a new command_id (the last one is
 // known not to run: the device answered unknown or rejected, or it was never
 // published). Fenced like every decision.
-func (s *SQLite) MintCommand(ctx context.Context, r Retrying, f Fence, commandID string, ttl time.Duration, qos int) error {
+func (s *DB) MintCommand(ctx context.Context, r Retrying, f Fence, commandID string, ttl time.Duration, qos int) error {
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpStarted, f), nil,
@@ -103,7 +103,7 @@ func (s *SQLite) MintCommand(ctx context.Context, r Retrying, f Fence, commandID
 
 // AbandonRetry puts a retrying operation back to failed_retryable (no
 // answer about its last command within the retry window). Fenced.
-func (s *SQLite) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason string) error {
+func (s *DB) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason string) error {
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpFailedRetryable, f), nil,
@@ -121,7 +121,7 @@ func (s *SQLite) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason s
 // published gets ErrAlreadyPublished; a cancel of a cancelled command is a
 // replay (no error). Not fenced: an operator's decision from any instance,
 // decided by the same conditional write the publisher's claim races.
-func (s *SQLite) Cancel(ctx context.Context, commandID, who string) (Command, error) {
+func (s *DB) Cancel(ctx context.Context, commandID, who string) (Command, error) {
 	var out Command
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		c, err := getCommand(ctx, t, commandID)
@@ -164,7 +164,7 @@ type ResolveOutcome struct {
 // (succeeded or failed, with a note), which finishes the operation. A resolve
 // that races a final receipt: the first wins; a resolve that lost is kept as
 // the late outcome, with late_conflict when the two disagree.
-func (s *SQLite) Resolve(ctx context.Context, commandID string, outcome fsm.CommandState, note, who string) (ResolveOutcome, error) {
+func (s *DB) Resolve(ctx context.Context, commandID string, outcome fsm.CommandState, note, who string) (ResolveOutcome, error) {
 	var out ResolveOutcome
 	if outcome != fsm.CmdSucceeded && outcome != fsm.CmdFailed {
 		return out, fmt.Errorf("resolve outcome %q: want succeeded or failed: %w", outcome, ErrIllegalState)

@@ -78,10 +78,19 @@ func (c *stmtCache) close() {
 	c.m = map[string]*sql.Stmt{}
 }
 
-// readers runs the read pool's queries through its prepared statements.
-type readers struct{ c *stmtCache }
+// readers runs the read pool's queries, through its prepared statements
+// where the backend wants them.
+type readers struct {
+	s *DB
+	c *stmtCache
+}
 
 func (r readers) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	r.s.trips.Add(1)
+	query, args = r.s.b.rebind(query), r.s.args(args)
+	if !r.s.b.prepares() {
+		return r.c.db.QueryContext(ctx, query, args...)
+	}
 	st, err := r.c.getOrPrepare(ctx, query)
 	if err != nil {
 		return nil, err
@@ -90,6 +99,11 @@ func (r readers) QueryContext(ctx context.Context, query string, args ...any) (*
 }
 
 func (r readers) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	r.s.trips.Add(1)
+	query, args = r.s.b.rebind(query), r.s.args(args)
+	if !r.s.b.prepares() {
+		return r.c.db.QueryRowContext(ctx, query, args...)
+	}
 	st, err := r.c.getOrPrepare(ctx, query)
 	if err != nil {
 		return r.c.db.QueryRowContext(ctx, query, args...) // carries the same error
@@ -100,11 +114,25 @@ func (r readers) QueryRowContext(ctx context.Context, query string, args ...any)
 // The writer transaction's statements: prepared ones when the writer has
 // them, the text otherwise (then prepared after the batch).
 
+// stmt returns the writer's prepared statement for query, or nil (noting
+// the miss) when there is none yet; query is already rebound.
+func (t *tx) stmt(query string) *sql.Stmt {
+	if !t.s.b.prepares() {
+		return nil
+	}
+	if st := t.s.wstmts.get(query); st != nil {
+		return st
+	}
+	t.s.wstmts.miss(query)
+	return nil
+}
+
 func (t *tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if st := t.stmts.get(query); st != nil {
+	t.s.trips.Add(1)
+	query, args = t.s.b.rebind(query), t.s.args(args)
+	if st := t.stmt(query); st != nil {
 		return t.Tx.StmtContext(ctx, st).ExecContext(ctx, args...)
 	}
-	t.stmts.miss(query)
 	return t.Tx.ExecContext(ctx, query, args...)
 }
 
@@ -113,17 +141,19 @@ func (t *tx) Exec(query string, args ...any) (sql.Result, error) {
 }
 
 func (t *tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	if st := t.stmts.get(query); st != nil {
+	t.s.trips.Add(1)
+	query, args = t.s.b.rebind(query), t.s.args(args)
+	if st := t.stmt(query); st != nil {
 		return t.Tx.StmtContext(ctx, st).QueryContext(ctx, args...)
 	}
-	t.stmts.miss(query)
 	return t.Tx.QueryContext(ctx, query, args...)
 }
 
 func (t *tx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	if st := t.stmts.get(query); st != nil {
+	t.s.trips.Add(1)
+	query, args = t.s.b.rebind(query), t.s.args(args)
+	if st := t.stmt(query); st != nil {
 		return t.Tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
 	}
-	t.stmts.miss(query)
 	return t.Tx.QueryRowContext(ctx, query, args...)
 }

@@ -8,19 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
-
-	_ "github.com/mattn/go-sqlite3" // registers the sqlite3 driver
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
-//go:embed migrations/*.sql
+//go:embed migrations/sqlite/*.sql migrations/postgres/*.sql
 var migrationFS embed.FS
 
 // Errors returned by the store. Handlers map them to HTTP codes in one place.
@@ -85,8 +83,10 @@ type Config struct {
 	QueueSize, MaxBatch int
 }
 
-// SQLite is the SQLite store. It is safe for concurrent use.
-type SQLite struct {
+// DB is the store, on either backend. It is safe for concurrent use.
+type DB struct {
+	b        backend
+	dsn      string
 	w, r     *sql.DB
 	now      func() time.Time
 	obs      Observer
@@ -98,11 +98,17 @@ type SQLite struct {
 	rq            readers
 	maxBatch      int
 	quit, stopped chan struct{}
+	trips         atomic.Int64 // statements sent to the database
 }
 
-// Open opens (creating if needed) the database at cfg.Path and applies the
-// embedded migrations that are not yet applied.
-func Open(ctx context.Context, cfg Config) (*SQLite, error) {
+// RoundTrips counts the statements the store sent to its database so far:
+// every read and write, and each BEGIN, SAVEPOINT, RELEASE and COMMIT.
+func (s *DB) RoundTrips() int64 { return s.trips.Load() }
+
+// Open opens the database cfg.Path names (an SQLite file, created if
+// needed, or a postgres:// URL) and applies the embedded migrations that are
+// not yet applied.
+func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if cfg.Path == "" {
 		return nil, errors.New("store: empty database path")
 	}
@@ -121,29 +127,20 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = DefaultMaxBatch
 	}
-	path := url.PathEscape(cfg.Path)
-	params := "_journal_mode=WAL&_busy_timeout=10000&_synchronous=FULL&_foreign_keys=on"
-	w, err := sql.Open("sqlite3", "file:"+path+"?"+params+"&_txlock=immediate")
+	b := backendFor(cfg.Path)
+	w, r, err := b.open(ctx, cfg.Path, cfg.Readers)
 	if err != nil {
-		return nil, fmt.Errorf("open writer: %w", err)
+		return nil, err
 	}
-	w.SetMaxOpenConns(1)
-	w.SetConnMaxIdleTime(0)
-	s := &SQLite{w: w, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
+	s := &DB{b: b, dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
 		queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch,
 		quit: make(chan struct{}), stopped: make(chan struct{})}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
+		r.Close()
 		return nil, err
 	}
-	r, err := sql.Open("sqlite3", "file:"+path+"?mode=ro&"+params)
-	if err != nil {
-		w.Close()
-		return nil, fmt.Errorf("open readers: %w", err)
-	}
-	r.SetMaxOpenConns(cfg.Readers)
-	s.r = r
-	s.rq = readers{newStmtCache(r)}
+	s.rq = readers{s: s, c: newStmtCache(r)}
 	s.wstmts = newStmtCache(w)
 	go s.runWriter()
 	return s, nil
@@ -151,7 +148,7 @@ func Open(ctx context.Context, cfg Config) (*SQLite, error) {
 
 // Close stops the writer once its current batch is answered (changes still
 // queued get ErrClosed, nothing of them written) and closes both pools.
-func (s *SQLite) Close() error {
+func (s *DB) Close() error {
 	select {
 	case <-s.quit:
 	default:
@@ -163,27 +160,27 @@ func (s *SQLite) Close() error {
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
-func (s *SQLite) migrate(ctx context.Context) error {
-	tx, err := s.w.BeginTx(ctx, nil)
+func (s *DB) migrate(ctx context.Context) error {
+	tx, err := s.b.beginMigrations(ctx, s.w)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT`); err != nil {
+	if _, err := tx.ExecContext(ctx, s.b.schemaTable()); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	var current int
 	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	names, err := fs.Glob(migrationFS, "migrations/*.sql")
+	dir := s.b.migrations()
+	names, err := fs.Glob(migrationFS, dir+"/*.sql")
 	if err != nil {
 		return err
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		base := strings.TrimPrefix(name, "migrations/")
+		base := strings.TrimPrefix(name, dir+"/")
 		v, err := strconv.Atoi(strings.SplitN(base, "_", 2)[0])
 		if err != nil {
 			return fmt.Errorf("migration %s: name must start with a number", base)
@@ -198,7 +195,7 @@ func (s *SQLite) migrate(ctx context.Context) error {
 		if _, err := tx.ExecContext(ctx, string(body)); err != nil {
 			return fmt.Errorf("migration %s: %w", base, err)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
+		if _, err := tx.ExecContext(ctx, s.b.rebind(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`),
 			v, base, ms(s.now())); err != nil {
 			return fmt.Errorf("migration %s: %w", base, err)
 		}
@@ -210,11 +207,18 @@ func (s *SQLite) migrate(ctx context.Context) error {
 // recorded and the observations to report once it commits.
 type tx struct {
 	*sql.Tx
-	stmts    *stmtCache
+	s        *DB
 	now      time.Time
 	instance string
 	refusals []refusal
 	notes    []func(Observer)
+	wakes    []string // NOTIFY payloads for other instances
+}
+
+// wake tells the other instances, once this change commits, that kind id
+// changed under them.
+func (t *tx) wake(kind, id string) {
+	t.wakes = append(t.wakes, wakePayload(t.instance, kind, id))
 }
 
 type refusal struct {
@@ -222,7 +226,7 @@ type refusal struct {
 	token                         int64
 }
 
-func insertRefusals(t *sql.Tx, now time.Time, instance string, refs []refusal) error {
+func insertRefusals(t *tx, now time.Time, instance string, refs []refusal) error {
 	for _, r := range refs {
 		if _, err := t.Exec(`INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)`, ms(now), r.machine, r.id, r.from, r.to, r.reason, instance, r.token); err != nil {
@@ -232,7 +236,7 @@ func insertRefusals(t *sql.Tx, now time.Time, instance string, refs []refusal) e
 	return nil
 }
 
-func (s *SQLite) report(notes []func(Observer), refs []refusal) {
+func (s *DB) report(notes []func(Observer), refs []refusal) {
 	for _, n := range notes {
 		n(s.obs)
 	}
@@ -381,7 +385,7 @@ func fromNullMS(v sql.NullInt64) *time.Time {
 // Store is what the controller needs of its database, whichever backend
 // holds it. Every method that changes state is one transaction of
 // conditional writes; a refused one returns a *RefusedError
-// (errors.Is ErrRefused). *SQLite implements it.
+// (errors.Is ErrRefused). *DB implements it.
 type Store interface {
 	// Operations: the idempotency record, its first command (the outbox)
 	// and its retry.
@@ -418,6 +422,7 @@ type Store interface {
 	RenewLeases(ctx context.Context, owner string, ttl time.Duration) (int64, time.Time, error)
 	ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (int64, error)
 	TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error)
+	ListInstances(ctx context.Context) ([]InstanceInfo, error)
 
 	// Tasks, approvals and grants.
 	CreateTask(ctx context.Context, n NewTask) (Task, bool, error)
@@ -436,4 +441,4 @@ type Store interface {
 	Close() error
 }
 
-var _ Store = (*SQLite)(nil)
+var _ Store = (*DB)(nil)

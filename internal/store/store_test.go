@@ -13,8 +13,11 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/clock"
 	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/testenv"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
+
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 type countingObserver struct {
 	mu                   sync.Mutex
@@ -43,17 +46,40 @@ func (o *countingObserver) Batch(n int, _ time.Duration) {
 }
 
 type testBundle struct {
-	s   *SQLite
+	s   *DB
 	clk *clock.Fake
 	obs *countingObserver
 	ctx context.Context
 }
 
-func setup(t *testing.T) *testBundle {
+// The shared suite: every test that opens a store runs once per backend,
+// as a subtest named after it (TestSubmitIsIdempotent/postgres), against a
+// real SQLite file or a fresh database on a throwaway PostgreSQL cluster.
+var backends = []string{"sqlite", "postgres"}
+
+func eachBackend(t *testing.T, test func(t *testing.T, be string)) {
+	for _, be := range backends {
+		t.Run(be, func(t *testing.T) {
+			t.Parallel()
+			test(t, be)
+		})
+	}
+}
+
+// testDSN is a new, empty database of the backend.
+func testDSN(t *testing.T, be string) string {
+	t.Helper()
+	if be == "postgres" {
+		return testenv.SharedPostgres(t).NewDatabase(t)
+	}
+	return filepath.Join(t.TempDir(), "c.db")
+}
+
+func setup(t *testing.T, be string) *testBundle {
 	t.Helper()
 	clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
 	obs := newObserver()
-	s, err := Open(context.Background(), Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now, Observer: obs})
+	s, err := Open(context.Background(), Config{Path: testDSN(t, be), Instance: "i1", Now: clk.Now, Observer: obs})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return &testBundle{s: s, clk: clk, obs: obs, ctx: context.Background()}
@@ -68,145 +94,157 @@ var fence = Fence{Owner: "i1", Token: 1}
 
 func TestSubmitIsIdempotent(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	r1, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
-	require.NoError(t, err)
-	require.True(t, r1.Created)
-	require.Equal(t, fsm.OpStarted, r1.Operation.Status)
-	require.Equal(t, []string{"c-1"}, r1.Operation.CommandIDs)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		r1, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+		require.NoError(t, err)
+		require.True(t, r1.Created)
+		require.Equal(t, fsm.OpStarted, r1.Operation.Status)
+		require.Equal(t, []string{"c-1"}, r1.Operation.CommandIDs)
 
-	r2, err := b.s.Submit(b.ctx, newOp("op-1", "c-2"), nil)
-	require.NoError(t, err)
-	require.False(t, r2.Created)
-	require.Equal(t, "c-1", r2.Operation.CommandID, "the stored record, not the new command id")
+		r2, err := b.s.Submit(b.ctx, newOp("op-1", "c-2"), nil)
+		require.NoError(t, err)
+		require.False(t, r2.Created)
+		require.Equal(t, "c-1", r2.Operation.CommandID, "the stored record, not the new command id")
 
-	other := newOp("op-1", "c-3")
-	other.RequestHash = "h2"
-	_, err = b.s.Submit(b.ctx, other, nil)
-	require.ErrorIs(t, err, ErrKeyReused)
+		other := newOp("op-1", "c-3")
+		other.RequestHash = "h2"
+		_, err = b.s.Submit(b.ctx, other, nil)
+		require.ErrorIs(t, err, ErrKeyReused)
 
-	_, err = b.s.GetCommand(b.ctx, "c-2")
-	require.ErrorIs(t, err, ErrNotFound)
+		_, err = b.s.GetCommand(b.ctx, "c-2")
+		require.ErrorIs(t, err, ErrNotFound)
+	})
 }
 
 func TestSubmitBeforeCommitErrorRollsBack(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	boom := errors.New("boom")
-	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), func() error { return boom })
-	require.ErrorIs(t, err, boom)
-	_, err = b.s.GetOperation(b.ctx, "op-1")
-	require.ErrorIs(t, err, ErrNotFound)
-	_, err = b.s.GetCommand(b.ctx, "c-1")
-	require.ErrorIs(t, err, ErrNotFound)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		boom := errors.New("boom")
+		_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), func() error { return boom })
+		require.ErrorIs(t, err, boom)
+		_, err = b.s.GetOperation(b.ctx, "op-1")
+		require.ErrorIs(t, err, ErrNotFound)
+		_, err = b.s.GetCommand(b.ctx, "c-1")
+		require.ErrorIs(t, err, ErrNotFound)
+	})
 }
 
 func TestConcurrentSubmitsOneRow(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	created := 0
-	for i := 0; i < 50; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := b.s.Submit(b.ctx, newOp("op-1", "c-"+string(rune('a'+i%26))+string(rune('a'+i/26))), nil)
-			require.NoError(t, err)
-			if r.Created {
-				mu.Lock()
-				created++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	require.Equal(t, 1, created)
-	op, err := b.s.GetOperation(b.ctx, "op-1")
-	require.NoError(t, err)
-	require.Len(t, op.CommandIDs, 1)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		created := 0
+		for i := 0; i < 50; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r, err := b.s.Submit(b.ctx, newOp("op-1", "c-"+string(rune('a'+i%26))+string(rune('a'+i/26))), nil)
+				require.NoError(t, err)
+				if r.Created {
+					mu.Lock()
+					created++
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		require.Equal(t, 1, created)
+		op, err := b.s.GetOperation(b.ctx, "op-1")
+		require.NoError(t, err)
+		require.Len(t, op.CommandIDs, 1)
+	})
 }
 
 func TestClaimSendOnlyOneWinner(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
-	require.NoError(t, err)
-	d, err := b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now().Add(time.Second))
-	require.NoError(t, err)
-	require.Equal(t, fsm.CmdSent, d.Command.Status)
-	require.Equal(t, 1, d.Command.Attempt)
-	require.Equal(t, b.clk.Now().Add(10*time.Second), d.LeaseExpiresAt)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+		require.NoError(t, err)
+		d, err := b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now().Add(time.Second))
+		require.NoError(t, err)
+		require.Equal(t, fsm.CmdSent, d.Command.Status)
+		require.Equal(t, 1, d.Command.Attempt)
+		require.Equal(t, b.clk.Now().Add(10*time.Second), d.LeaseExpiresAt)
 
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
-	var re *RefusedError
-	require.ErrorAs(t, err, &re)
-	require.Equal(t, ReasonStale, re.Reason)
-	require.False(t, errors.Is(err, ErrFenced))
+		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
+		var re *RefusedError
+		require.ErrorAs(t, err, &re)
+		require.Equal(t, ReasonStale, re.Reason)
+		require.False(t, errors.Is(err, ErrFenced))
 
-	// A re-send is attempt n → n+1 on the same state.
-	d, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdSent, 1, 1, fence, b.clk.Now())
-	require.NoError(t, err)
-	require.Equal(t, 2, d.Command.Attempt)
-	require.Equal(t, 1, b.obs.refused["command:stale"])
+		// A re-send is attempt n → n+1 on the same state.
+		d, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdSent, 1, 1, fence, b.clk.Now())
+		require.NoError(t, err)
+		require.Equal(t, 2, d.Command.Attempt)
+		require.Equal(t, 1, b.obs.refused["command:stale"])
 
-	evs, err := b.s.Events(b.ctx, "c-1")
-	require.NoError(t, err)
-	refused := 0
-	for _, e := range evs {
-		if e.Refused {
-			refused++
+		evs, err := b.s.Events(b.ctx, "c-1")
+		require.NoError(t, err)
+		refused := 0
+		for _, e := range evs {
+			if e.Refused {
+				refused++
+			}
 		}
-	}
-	require.Equal(t, 1, refused, "the refusal is on record")
+		require.Equal(t, 1, refused, "the refusal is on record")
+	})
 }
 
 func TestDecisionsAreFenced(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
-	require.NoError(t, err)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+		require.NoError(t, err)
 
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 2}, b.clk.Now())
-	require.ErrorIs(t, err, ErrFenced, "wrong token")
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i2", Token: 1}, b.clk.Now())
-	require.ErrorIs(t, err, ErrFenced, "wrong owner")
+		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+		require.ErrorIs(t, err, ErrFenced, "wrong token")
+		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i2", Token: 1}, b.clk.Now())
+		require.ErrorIs(t, err, ErrFenced, "wrong owner")
 
-	// The restarted instance takes over its own operations with a new token.
-	n, err := b.s.ReclaimOwn(b.ctx, "i1", 10*time.Second)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
-	require.ErrorIs(t, err, ErrFenced, "the old token is stale after the takeover")
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 2}, b.clk.Now())
-	require.NoError(t, err)
+		// The restarted instance takes over its own operations with a new token.
+		n, err := b.s.ReclaimOwn(b.ctx, "i1", 10*time.Second)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
+		require.ErrorIs(t, err, ErrFenced, "the old token is stale after the takeover")
+		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+		require.NoError(t, err)
 
-	// A lease that ran out fences its holder too, and a heartbeat cannot revive it.
-	b.clk.Advance(11 * time.Second)
-	_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, Fence{Owner: "i1", Token: 2}, b.clk.Now())
-	require.ErrorIs(t, err, ErrFenced)
-	renewed, _, err := b.s.RenewLeases(b.ctx, "i1", 10*time.Second)
-	require.NoError(t, err)
-	require.Zero(t, renewed)
-	require.Equal(t, 4, b.obs.fenced)
-	c, err := b.s.GetCommand(b.ctx, "c-1")
-	require.NoError(t, err)
-	require.Equal(t, 0, c.Queries, "nothing a fenced decision tried was applied")
+		// A lease that ran out fences its holder too, and a heartbeat cannot revive it.
+		b.clk.Advance(11 * time.Second)
+		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+		require.ErrorIs(t, err, ErrFenced)
+		renewed, _, err := b.s.RenewLeases(b.ctx, "i1", 10*time.Second)
+		require.NoError(t, err)
+		require.Zero(t, renewed)
+		require.Equal(t, 4, b.obs.fenced)
+		c, err := b.s.GetCommand(b.ctx, "c-1")
+		require.NoError(t, err)
+		require.Equal(t, 0, c.Queries, "nothing a fenced decision tried was applied")
+	})
 }
 
 func TestHeartbeatExtendsWithoutBumpingVersion(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	r, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
-	require.NoError(t, err)
-	b.clk.Advance(5 * time.Second)
-	n, until, err := b.s.RenewLeases(b.ctx, "i1", 10*time.Second)
-	require.NoError(t, err)
-	require.EqualValues(t, 1, n)
-	op, _ := b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, until, op.LeaseExpiresAt)
-	require.Equal(t, r.Operation.Version, op.Version)
-	require.Equal(t, r.Operation.FencingToken, op.FencingToken)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		r, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+		require.NoError(t, err)
+		b.clk.Advance(5 * time.Second)
+		n, until, err := b.s.RenewLeases(b.ctx, "i1", 10*time.Second)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		op, _ := b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, until, op.LeaseExpiresAt)
+		require.Equal(t, r.Operation.Version, op.Version)
+		require.Equal(t, r.Operation.FencingToken, op.FencingToken)
+	})
 }
 
 func receipt(cmd string, st wire.ReceiptStatus, seq int) wire.Receipt {
@@ -223,163 +261,178 @@ func sentCommand(t *testing.T, b *testBundle) {
 
 func TestReceiptsMoveForwardOnly(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	sentCommand(t, b)
-	apply := func(r wire.Receipt) ReceiptOutcome {
-		out, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		apply := func(r wire.Receipt) ReceiptOutcome {
+			out, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+			require.NoError(t, err)
+			return out
+		}
+		require.Equal(t, EffectApplied, apply(receipt("c-1", wire.ReceiptExecuting, 2)).Effect, "a jump over received")
+		require.Equal(t, EffectStale, apply(receipt("c-1", wire.ReceiptReceived, 1)).Effect)
+		require.Equal(t, EffectDuplicate, apply(receipt("c-1", wire.ReceiptExecuting, 2)).Effect)
+		r := receipt("c-1", wire.ReceiptSucceeded, 3)
+		r.Result = json.RawMessage(`{"ok":true}`)
+		out := apply(r)
+		require.Equal(t, EffectApplied, out.Effect)
+		require.Equal(t, fsm.CmdSucceeded, out.To)
+		require.Equal(t, EffectDuplicate, apply(r).Effect)
+		require.Equal(t, EffectStale, apply(receipt("c-1", wire.ReceiptExecuting, 2)).Effect, "executing after succeeded")
+		require.Equal(t, EffectUnknownCommand, apply(receipt("c-9", wire.ReceiptSucceeded, 3)).Effect)
+		wrong := receipt("c-1", wire.ReceiptFailed, 3)
+		wrong.OperationID = "op-2"
+		require.Equal(t, EffectMismatch, apply(wrong).Effect)
+		out, err := b.s.ApplyReceipt(b.ctx, "device-2", receipt("c-1", wire.ReceiptFailed, 3), nil)
 		require.NoError(t, err)
-		return out
-	}
-	require.Equal(t, EffectApplied, apply(receipt("c-1", wire.ReceiptExecuting, 2)).Effect, "a jump over received")
-	require.Equal(t, EffectStale, apply(receipt("c-1", wire.ReceiptReceived, 1)).Effect)
-	require.Equal(t, EffectDuplicate, apply(receipt("c-1", wire.ReceiptExecuting, 2)).Effect)
-	r := receipt("c-1", wire.ReceiptSucceeded, 3)
-	r.Result = json.RawMessage(`{"ok":true}`)
-	out := apply(r)
-	require.Equal(t, EffectApplied, out.Effect)
-	require.Equal(t, fsm.CmdSucceeded, out.To)
-	require.Equal(t, EffectDuplicate, apply(r).Effect)
-	require.Equal(t, EffectStale, apply(receipt("c-1", wire.ReceiptExecuting, 2)).Effect, "executing after succeeded")
-	require.Equal(t, EffectUnknownCommand, apply(receipt("c-9", wire.ReceiptSucceeded, 3)).Effect)
-	wrong := receipt("c-1", wire.ReceiptFailed, 3)
-	wrong.OperationID = "op-2"
-	require.Equal(t, EffectMismatch, apply(wrong).Effect)
-	out, err := b.s.ApplyReceipt(b.ctx, "device-2", receipt("c-1", wire.ReceiptFailed, 3), nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectMismatch, out.Effect, "topic device differs")
+		require.Equal(t, EffectMismatch, out.Effect, "topic device differs")
 
-	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	require.Equal(t, fsm.CmdSucceeded, c.Status)
-	require.Empty(t, c.LateOutcome)
-	op, _ := b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, fsm.OpSucceeded, op.Status)
-	require.JSONEq(t, `{"ok":true}`, string(op.Result))
-	recs, _ := b.s.Receipts(b.ctx, "c-1")
-	require.Len(t, recs, 8)
+		c, _ := b.s.GetCommand(b.ctx, "c-1")
+		require.Equal(t, fsm.CmdSucceeded, c.Status)
+		require.Empty(t, c.LateOutcome)
+		op, _ := b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, fsm.OpSucceeded, op.Status)
+		require.JSONEq(t, `{"ok":true}`, string(op.Result))
+		recs, _ := b.s.Receipts(b.ctx, "c-1")
+		require.Len(t, recs, 8)
+	})
 }
 
 func TestBeforeReceiptCommitErrorRecordsNothing(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	sentCommand(t, b)
-	boom := errors.New("boom")
-	_, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptSucceeded, 3), func() error { return boom })
-	require.ErrorIs(t, err, boom)
-	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	require.Equal(t, fsm.CmdSent, c.Status)
-	recs, _ := b.s.Receipts(b.ctx, "c-1")
-	require.Empty(t, recs)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		boom := errors.New("boom")
+		_, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptSucceeded, 3), func() error { return boom })
+		require.ErrorIs(t, err, boom)
+		c, _ := b.s.GetCommand(b.ctx, "c-1")
+		require.Equal(t, fsm.CmdSent, c.Status)
+		recs, _ := b.s.Receipts(b.ctx, "c-1")
+		require.Empty(t, recs)
+	})
 }
 
 func TestLateReceiptAfterTimeout(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	sentCommand(t, b)
-	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	c2, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdTimeout, fsm.ReasonTimeout, fence, b.clk.Now())
-	require.NoError(t, err)
-	require.Equal(t, fsm.CmdTimeout, c2.Status)
-	op, _ := b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, fsm.OpFailedRetryable, op.Status)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		c, _ := b.s.GetCommand(b.ctx, "c-1")
+		c2, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdTimeout, fsm.ReasonTimeout, fence, b.clk.Now())
+		require.NoError(t, err)
+		require.Equal(t, fsm.CmdTimeout, c2.Status)
+		op, _ := b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, fsm.OpFailedRetryable, op.Status)
 
-	r := receipt("c-1", wire.ReceiptSucceeded, 3)
-	r.Result = json.RawMessage(`{"late":1}`)
-	out, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectLate, out.Effect)
-	c, _ = b.s.GetCommand(b.ctx, "c-1")
-	require.Equal(t, fsm.CmdTimeout, c.Status, "a terminal state is never rewritten")
-	require.Equal(t, "succeeded", c.LateOutcome)
-	require.JSONEq(t, `{"late":1}`, string(c.LateResult))
-	op, _ = b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, fsm.OpSucceeded, op.Status, "a late success decides the failed_retryable operation")
+		r := receipt("c-1", wire.ReceiptSucceeded, 3)
+		r.Result = json.RawMessage(`{"late":1}`)
+		out, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectLate, out.Effect)
+		c, _ = b.s.GetCommand(b.ctx, "c-1")
+		require.Equal(t, fsm.CmdTimeout, c.Status, "a terminal state is never rewritten")
+		require.Equal(t, "succeeded", c.LateOutcome)
+		require.JSONEq(t, `{"late":1}`, string(c.LateResult))
+		op, _ = b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, fsm.OpSucceeded, op.Status, "a late success decides the failed_retryable operation")
 
-	out, err = b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectDuplicate, out.Effect)
+		out, err = b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectDuplicate, out.Effect)
+	})
 }
 
 func TestQueryAnswerForAnotherCommandOfTheOperation(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	sentCommand(t, b)
-	_, err := b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, fence, b.clk.Now().Add(time.Second))
-	require.NoError(t, err)
-	r := receipt("c-0", wire.ReceiptSucceeded, 3) // the device ran another command of op-1
-	r.QueryID = "q-1"
-	out, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectApplied, out.Effect)
-	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	require.Equal(t, fsm.CmdSucceeded, c.Status)
-	require.Equal(t, "c-0", c.ExecutedAs)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		_, err := b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, fence, b.clk.Now().Add(time.Second))
+		require.NoError(t, err)
+		r := receipt("c-0", wire.ReceiptSucceeded, 3) // the device ran another command of op-1
+		r.QueryID = "q-1"
+		out, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectApplied, out.Effect)
+		c, _ := b.s.GetCommand(b.ctx, "c-1")
+		require.Equal(t, fsm.CmdSucceeded, c.Status)
+		require.Equal(t, "c-0", c.ExecutedAs)
 
-	// An unknown answer to a query is information, not a state change.
-	_, err = b.s.Submit(b.ctx, NewOperation{OperationID: "op-2", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`),
-		RequestHash: "h", CommandID: "c-2", CommandTTL: time.Minute, Owner: "i1", LeaseTTL: 10 * time.Second, QoS: 1}, nil)
-	require.NoError(t, err)
-	_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
-	require.NoError(t, err)
-	_, err = b.s.ClaimQuery(b.ctx, "c-2", "q-2", fsm.CmdSent, 0, true, fence, b.clk.Now())
-	require.NoError(t, err)
-	out, err = b.s.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: "c-2", OperationID: "op-2", Status: wire.ReceiptUnknown, QueryID: "q-2"}, nil)
-	require.NoError(t, err)
-	require.True(t, out.Unknown)
-	require.True(t, out.Due, "an unknown answer wakes the lease holder")
-	c, _ = b.s.GetCommand(b.ctx, "c-2")
-	require.Equal(t, fsm.CmdSent, c.Status)
-	require.Equal(t, "unknown", c.LastAnswer)
+		// An unknown answer to a query is information, not a state change.
+		_, err = b.s.Submit(b.ctx, NewOperation{OperationID: "op-2", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`),
+			RequestHash: "h", CommandID: "c-2", CommandTTL: time.Minute, Owner: "i1", LeaseTTL: 10 * time.Second, QoS: 1}, nil)
+		require.NoError(t, err)
+		_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
+		require.NoError(t, err)
+		_, err = b.s.ClaimQuery(b.ctx, "c-2", "q-2", fsm.CmdSent, 0, true, fence, b.clk.Now())
+		require.NoError(t, err)
+		out, err = b.s.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: "c-2", OperationID: "op-2", Status: wire.ReceiptUnknown, QueryID: "q-2"}, nil)
+		require.NoError(t, err)
+		require.True(t, out.Unknown)
+		require.True(t, out.Due, "an unknown answer wakes the lease holder")
+		c, _ = b.s.GetCommand(b.ctx, "c-2")
+		require.Equal(t, fsm.CmdSent, c.Status)
+		require.Equal(t, "unknown", c.LastAnswer)
+	})
 }
 
 func TestPresenceByRank(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	at := b.clk.Now().Add(1500 * time.Millisecond)
-	caps := &wire.Capabilities{Dedupe: true, Query: true}
-	out, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 2, Capabilities: caps, At: &at})
-	require.NoError(t, err)
-	require.True(t, out.Applied)
-	require.True(t, out.WentOnline)
-	require.Equal(t, 1500*time.Millisecond, out.Device.ClockSkew)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		at := b.clk.Now().Add(1500 * time.Millisecond)
+		caps := &wire.Capabilities{Dedupe: true, Query: true}
+		out, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 2, Capabilities: caps, At: &at})
+		require.NoError(t, err)
+		require.True(t, out.Applied)
+		require.True(t, out.WentOnline)
+		require.Equal(t, 1500*time.Millisecond, out.Device.ClockSkew)
 
-	out, err = b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: false, Session: 1})
-	require.NoError(t, err)
-	require.False(t, out.Applied, "a delayed LWT of an older session")
-	out, err = b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: false, Session: 2})
-	require.NoError(t, err)
-	require.True(t, out.Applied)
-	out, err = b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 2, Capabilities: caps})
-	require.NoError(t, err)
-	require.False(t, out.Applied, "a stale online of the same session after its offline")
-	d, _ := b.s.GetDevice(b.ctx, "device-1")
-	require.False(t, d.Online)
-	require.True(t, d.Capabilities.Dedupe)
+		out, err = b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: false, Session: 1})
+		require.NoError(t, err)
+		require.False(t, out.Applied, "a delayed LWT of an older session")
+		out, err = b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: false, Session: 2})
+		require.NoError(t, err)
+		require.True(t, out.Applied)
+		out, err = b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 2, Capabilities: caps})
+		require.NoError(t, err)
+		require.False(t, out.Applied, "a stale online of the same session after its offline")
+		d, _ := b.s.GetDevice(b.ctx, "device-1")
+		require.False(t, d.Online)
+		require.True(t, d.Capabilities.Dedupe)
+	})
 }
 
 func TestEventsAreAppendOnly(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	sentCommand(t, b)
-	_, err := b.s.w.Exec(`UPDATE events SET reason = 'x'`)
-	require.ErrorContains(t, err, "append-only")
-	_, err = b.s.w.Exec(`DELETE FROM events`)
-	require.ErrorContains(t, err, "append-only")
-	_, err = b.s.w.Exec(`UPDATE commands SET status = 'bogus'`)
-	require.ErrorContains(t, err, "CHECK")
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		_, err := b.s.w.Exec(`UPDATE events SET reason = 'x'`)
+		require.ErrorContains(t, err, "append-only")
+		_, err = b.s.w.Exec(`DELETE FROM events`)
+		require.ErrorContains(t, err, "append-only")
+		_, err = b.s.w.Exec(`UPDATE commands SET status = 'bogus'`)
+		require.Error(t, err)
+		require.Regexp(t, `(?i)check constraint`, err.Error())
+	})
 }
 
 func TestIllegalFinishRefused(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	sentCommand(t, b)
-	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	_, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdCancelled, "cancelled", fence, b.clk.Now())
-	require.ErrorIs(t, err, ErrRefused)
-	var re *RefusedError
-	require.ErrorAs(t, err, &re)
-	require.Equal(t, ReasonIllegal, re.Reason)
-	c2, _ := b.s.GetCommand(b.ctx, "c-1")
-	require.Equal(t, c, c2)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		c, _ := b.s.GetCommand(b.ctx, "c-1")
+		_, err := b.s.Move(b.ctx, "c-1", fsm.CmdSent, c.Version, fsm.CmdCancelled, "cancelled", fence, b.clk.Now())
+		require.ErrorIs(t, err, ErrRefused)
+		var re *RefusedError
+		require.ErrorAs(t, err, &re)
+		require.Equal(t, ReasonIllegal, re.Reason)
+		c2, _ := b.s.GetCommand(b.ctx, "c-1")
+		require.Equal(t, c, c2)
+	})
 }
 
 func needsAttention(t *testing.T, b *testBundle) {
@@ -392,60 +445,66 @@ func needsAttention(t *testing.T, b *testBundle) {
 
 func TestResolveThenLateReceiptConflict(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	needsAttention(t, b)
-	out, err := b.s.Resolve(b.ctx, "c-1", fsm.CmdSucceeded, "looked at it", "alice")
-	require.NoError(t, err)
-	require.False(t, out.Lost)
-	op, _ := b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, fsm.OpSucceeded, op.Status)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		needsAttention(t, b)
+		out, err := b.s.Resolve(b.ctx, "c-1", fsm.CmdSucceeded, "looked at it", "alice")
+		require.NoError(t, err)
+		require.False(t, out.Lost)
+		op, _ := b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, fsm.OpSucceeded, op.Status)
 
-	r, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptFailed, 3), nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectLate, r.Effect)
-	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	require.Equal(t, fsm.CmdSucceeded, c.Status, "the resolve won; never rewritten")
-	require.Equal(t, "failed", c.LateOutcome)
-	require.True(t, c.LateConflict)
-	op, _ = b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, fsm.OpSucceeded, op.Status)
+		r, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptFailed, 3), nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectLate, r.Effect)
+		c, _ := b.s.GetCommand(b.ctx, "c-1")
+		require.Equal(t, fsm.CmdSucceeded, c.Status, "the resolve won; never rewritten")
+		require.Equal(t, "failed", c.LateOutcome)
+		require.True(t, c.LateConflict)
+		op, _ = b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, fsm.OpSucceeded, op.Status)
+	})
 }
 
 func TestFinalReceiptThenResolveIsKeptAsLate(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	needsAttention(t, b)
-	r, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptSucceeded, 3), nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectApplied, r.Effect, "a final receipt settles needs_attention")
-	out, err := b.s.Resolve(b.ctx, "c-1", fsm.CmdFailed, "thought it failed", "alice")
-	require.NoError(t, err)
-	require.True(t, out.Lost)
-	require.Equal(t, fsm.CmdSucceeded, out.Command.Status)
-	require.True(t, out.Command.LateConflict)
-	_, err = b.s.Resolve(b.ctx, "c-1", "maybe", "", "alice")
-	require.ErrorIs(t, err, ErrIllegalState)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		needsAttention(t, b)
+		r, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptSucceeded, 3), nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectApplied, r.Effect, "a final receipt settles needs_attention")
+		out, err := b.s.Resolve(b.ctx, "c-1", fsm.CmdFailed, "thought it failed", "alice")
+		require.NoError(t, err)
+		require.True(t, out.Lost)
+		require.Equal(t, fsm.CmdSucceeded, out.Command.Status)
+		require.True(t, out.Command.LateConflict)
+		_, err = b.s.Resolve(b.ctx, "c-1", "maybe", "", "alice")
+		require.ErrorIs(t, err, ErrIllegalState)
+	})
 }
 
 func TestCancelRacesTheClaim(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
-	require.NoError(t, err)
-	c, err := b.s.Cancel(b.ctx, "c-1", "bob")
-	require.NoError(t, err)
-	require.Equal(t, fsm.CmdCancelled, c.Status)
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
-	require.ErrorIs(t, err, ErrRefused, "a cancelled command is never published")
-	op, _ := b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, fsm.OpFailedFinal, op.Status)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+		require.NoError(t, err)
+		c, err := b.s.Cancel(b.ctx, "c-1", "bob")
+		require.NoError(t, err)
+		require.Equal(t, fsm.CmdCancelled, c.Status)
+		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
+		require.ErrorIs(t, err, ErrRefused, "a cancelled command is never published")
+		op, _ := b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, fsm.OpFailedFinal, op.Status)
 
-	_, err = b.s.Submit(b.ctx, newOp("op-2", "c-2"), nil)
-	require.NoError(t, err)
-	_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
-	require.NoError(t, err)
-	_, err = b.s.Cancel(b.ctx, "c-2", "bob")
-	require.ErrorIs(t, err, ErrAlreadyPublished)
+		_, err = b.s.Submit(b.ctx, newOp("op-2", "c-2"), nil)
+		require.NoError(t, err)
+		_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
+		require.NoError(t, err)
+		_, err = b.s.Cancel(b.ctx, "c-2", "bob")
+		require.ErrorIs(t, err, ErrAlreadyPublished)
+	})
 }
 
 // timedOutThenRetried publishes c-1 of op-1, times it out (the operation is
@@ -464,119 +523,127 @@ func timedOutThenRetried(t *testing.T, b *testBundle) SubmitResult {
 
 func TestRetryAsksThenMints(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	res := timedOutThenRetried(t, b)
-	require.Equal(t, fsm.OpStarted, res.Operation.Status)
-	require.EqualValues(t, 2, res.Operation.FencingToken, "the retry takes the lease with a new token")
-	r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
-	require.NoError(t, err)
-	f := Fence{Owner: "i1", Token: 2}
-	_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-r", fsm.CmdTimeout, r.Last.Queries, true, f, b.clk.Now())
-	require.NoError(t, err)
-	_, err = b.s.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptUnknown, QueryID: "q-r"}, nil)
-	require.NoError(t, err)
-	r, err = b.s.RetryingOf(b.ctx, "c-1", "i1")
-	require.NoError(t, err)
-	require.Equal(t, "unknown", r.Last.LastAnswer)
-	require.ErrorIs(t, b.s.MintCommand(b.ctx, r, fence, "c-2", time.Minute, 1), ErrFenced, "the old token cannot mint")
-	require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1))
-	op, _ := b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, []string{"c-1", "c-2"}, op.CommandIDs)
-	require.Equal(t, 2, op.Attempt)
-	_, err = b.s.RetryingOf(b.ctx, "c-1", "i1")
-	require.ErrorIs(t, err, ErrNotFound)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		res := timedOutThenRetried(t, b)
+		require.Equal(t, fsm.OpStarted, res.Operation.Status)
+		require.EqualValues(t, 2, res.Operation.FencingToken, "the retry takes the lease with a new token")
+		r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
+		require.NoError(t, err)
+		f := Fence{Owner: "i1", Token: 2}
+		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-r", fsm.CmdTimeout, r.Last.Queries, true, f, b.clk.Now())
+		require.NoError(t, err)
+		_, err = b.s.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptUnknown, QueryID: "q-r"}, nil)
+		require.NoError(t, err)
+		r, err = b.s.RetryingOf(b.ctx, "c-1", "i1")
+		require.NoError(t, err)
+		require.Equal(t, "unknown", r.Last.LastAnswer)
+		require.ErrorIs(t, b.s.MintCommand(b.ctx, r, fence, "c-2", time.Minute, 1), ErrFenced, "the old token cannot mint")
+		require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1))
+		op, _ := b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, []string{"c-1", "c-2"}, op.CommandIDs)
+		require.Equal(t, 2, op.Attempt)
+		_, err = b.s.RetryingOf(b.ctx, "c-1", "i1")
+		require.ErrorIs(t, err, ErrNotFound)
+	})
 }
 
 func TestWakeRefusesADecisionMadeOnOldPresence(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
-	require.NoError(t, err)
-	seen, _ := b.s.GetCommand(b.ctx, "c-1") // the holder reads it while the device looks offline
-	ids, err := b.s.Wake(b.ctx, "device-1") // the device's birth arrives
-	require.NoError(t, err)
-	require.Equal(t, []string{"c-1"}, ids)
-	_, err = b.s.Move(b.ctx, "c-1", fsm.CmdPending, seen.Version, fsm.CmdWaitingDevice, "device offline", fence, b.clk.Now().Add(time.Minute))
-	require.ErrorIs(t, err, ErrRefused, "the decision on the old presence is refused, to be taken again")
-	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	require.Equal(t, fsm.CmdPending, c.Status)
-	require.False(t, c.NextCheckAt.After(b.clk.Now()), "still due now")
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+		require.NoError(t, err)
+		seen, _ := b.s.GetCommand(b.ctx, "c-1") // the holder reads it while the device looks offline
+		ids, err := b.s.Wake(b.ctx, "device-1") // the device's birth arrives
+		require.NoError(t, err)
+		require.Equal(t, []string{"c-1"}, ids)
+		_, err = b.s.Move(b.ctx, "c-1", fsm.CmdPending, seen.Version, fsm.CmdWaitingDevice, "device offline", fence, b.clk.Now().Add(time.Minute))
+		require.ErrorIs(t, err, ErrRefused, "the decision on the old presence is refused, to be taken again")
+		c, _ := b.s.GetCommand(b.ctx, "c-1")
+		require.Equal(t, fsm.CmdPending, c.Status)
+		require.False(t, c.NextCheckAt.After(b.clk.Now()), "still due now")
+	})
 }
 
 // A final receipt that contradicts the terminal state (another status, or
 // another result) is flagged late_conflict and kept, never a duplicate.
 func TestContradictingFinalReceiptsAfterSucceeded(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	sentCommand(t, b)
-	ok := receipt("c-1", wire.ReceiptSucceeded, 3)
-	ok.Result = json.RawMessage(`{"a":1,"b":2}`)
-	out, err := b.s.ApplyReceipt(b.ctx, "device-1", ok, nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectApplied, out.Effect)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		ok := receipt("c-1", wire.ReceiptSucceeded, 3)
+		ok.Result = json.RawMessage(`{"a":1,"b":2}`)
+		out, err := b.s.ApplyReceipt(b.ctx, "device-1", ok, nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectApplied, out.Effect)
 
-	same := ok
-	same.Result = json.RawMessage(`{"b":2.0, "a":1}`)
-	out, err = b.s.ApplyReceipt(b.ctx, "device-1", same, nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectDuplicate, out.Effect, "the same result, spelt otherwise")
-	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	require.False(t, c.LateConflict)
+		same := ok
+		same.Result = json.RawMessage(`{"b":2.0, "a":1}`)
+		out, err = b.s.ApplyReceipt(b.ctx, "device-1", same, nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectDuplicate, out.Effect, "the same result, spelt otherwise")
+		c, _ := b.s.GetCommand(b.ctx, "c-1")
+		require.False(t, c.LateConflict)
 
-	failed := receipt("c-1", wire.ReceiptFailed, 4)
-	failed.Error = "disk_full"
-	out, err = b.s.ApplyReceipt(b.ctx, "device-1", failed, nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectLate, out.Effect)
-	c, _ = b.s.GetCommand(b.ctx, "c-1")
-	require.True(t, c.LateConflict)
-	require.Equal(t, fsm.CmdSucceeded, c.Status, "the terminal state is never rewritten")
+		failed := receipt("c-1", wire.ReceiptFailed, 4)
+		failed.Error = "disk_full"
+		out, err = b.s.ApplyReceipt(b.ctx, "device-1", failed, nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectLate, out.Effect)
+		c, _ = b.s.GetCommand(b.ctx, "c-1")
+		require.True(t, c.LateConflict)
+		require.Equal(t, fsm.CmdSucceeded, c.Status, "the terminal state is never rewritten")
 
-	other := receipt("c-1", wire.ReceiptSucceeded, 5)
-	other.Result = json.RawMessage(`{"a":2}`)
-	out, err = b.s.ApplyReceipt(b.ctx, "device-1", other, nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectLate, out.Effect, "another result is a conflict too")
-	recs, err := b.s.Receipts(b.ctx, "c-1")
-	require.NoError(t, err)
-	require.Len(t, recs, 4, "every receipt is kept in the log")
-	op, _ := b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, fsm.OpSucceeded, op.Status)
-	require.JSONEq(t, `{"a":1,"b":2}`, string(op.Result), "the operation keeps the first outcome")
+		other := receipt("c-1", wire.ReceiptSucceeded, 5)
+		other.Result = json.RawMessage(`{"a":2}`)
+		out, err = b.s.ApplyReceipt(b.ctx, "device-1", other, nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectLate, out.Effect, "another result is a conflict too")
+		recs, err := b.s.Receipts(b.ctx, "c-1")
+		require.NoError(t, err)
+		require.Len(t, recs, 4, "every receipt is kept in the log")
+		op, _ := b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, fsm.OpSucceeded, op.Status)
+		require.JSONEq(t, `{"a":1,"b":2}`, string(op.Result), "the operation keeps the first outcome")
+	})
 }
 
 // A presence with a huge session poisons the rank: later real births are
 // ignored, counted as stale and shown; an admin's reset lets the next one apply.
 func TestStalePresenceCountedAndReset(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	caps := &wire.Capabilities{Dedupe: true, Query: true}
-	_, err := b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: false, Session: 9007199254740000})
-	require.NoError(t, err)
-	for session := int64(2); session <= 3; session++ {
-		out, err := b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: true, Session: session, Capabilities: caps})
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		caps := &wire.Capabilities{Dedupe: true, Query: true}
+		_, err := b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: false, Session: 9007199254740000})
 		require.NoError(t, err)
-		require.False(t, out.Applied)
-		require.True(t, out.Stale)
-	}
-	out, err := b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: false, Session: 9007199254740000})
-	require.NoError(t, err)
-	require.False(t, out.Stale, "the same message again is not stale")
-	d, err := b.s.GetDevice(b.ctx, "device-5")
-	require.NoError(t, err)
-	require.False(t, d.Online)
-	require.EqualValues(t, 2, d.StalePresence)
-	require.EqualValues(t, 3, d.LastStaleSession)
+		for session := int64(2); session <= 3; session++ {
+			out, err := b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: true, Session: session, Capabilities: caps})
+			require.NoError(t, err)
+			require.False(t, out.Applied)
+			require.True(t, out.Stale)
+		}
+		out, err := b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: false, Session: 9007199254740000})
+		require.NoError(t, err)
+		require.False(t, out.Stale, "the same message again is not stale")
+		d, err := b.s.GetDevice(b.ctx, "device-5")
+		require.NoError(t, err)
+		require.False(t, d.Online)
+		require.EqualValues(t, 2, d.StalePresence)
+		require.EqualValues(t, 3, d.LastStaleSession)
 
-	d, err = b.s.ResetPresence(b.ctx, "device-5", "admin")
-	require.NoError(t, err)
-	require.Zero(t, d.StalePresence)
-	out, err = b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: true, Session: 4, Capabilities: caps})
-	require.NoError(t, err)
-	require.True(t, out.Applied)
-	require.True(t, out.Device.Online)
-	_, err = b.s.ResetPresence(b.ctx, "device-404", "admin")
-	require.ErrorIs(t, err, ErrNotFound)
+		d, err = b.s.ResetPresence(b.ctx, "device-5", "admin")
+		require.NoError(t, err)
+		require.Zero(t, d.StalePresence)
+		out, err = b.s.ApplyPresence(b.ctx, "device-5", wire.Presence{Online: true, Session: 4, Capabilities: caps})
+		require.NoError(t, err)
+		require.True(t, out.Applied)
+		require.True(t, out.Device.Online)
+		_, err = b.s.ResetPresence(b.ctx, "device-404", "admin")
+		require.ErrorIs(t, err, ErrNotFound)
+	})
 }
 
 // A success the controller already holds is adopted: after a retry minted a
@@ -584,26 +651,28 @@ func TestStalePresenceCountedAndReset(t *testing.T) {
 // the newer command, never published, is cancelled.
 func TestLateSuccessOfAnEarlierCommandDecidesTheOperation(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	timedOutThenRetried(t, b)
-	r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
-	require.NoError(t, err)
-	f := Fence{Owner: "i1", Token: r.Operation.FencingToken}
-	require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1)) // the device said unknown
-	op, _ := b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, fsm.OpStarted, op.Status)
-	require.Equal(t, "c-2", op.CommandID)
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		timedOutThenRetried(t, b)
+		r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
+		require.NoError(t, err)
+		f := Fence{Owner: "i1", Token: r.Operation.FencingToken}
+		require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1)) // the device said unknown
+		op, _ := b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, fsm.OpStarted, op.Status)
+		require.Equal(t, "c-2", op.CommandID)
 
-	ok := receipt("c-1", wire.ReceiptSucceeded, 3)
-	ok.Result = json.RawMessage(`{"boots":2}`)
-	out, err := b.s.ApplyReceipt(b.ctx, "device-1", ok, nil)
-	require.NoError(t, err)
-	require.Equal(t, EffectLate, out.Effect)
-	op, _ = b.s.GetOperation(b.ctx, "op-1")
-	require.Equal(t, fsm.OpSucceeded, op.Status, "the device's own success decides the operation")
-	require.JSONEq(t, `{"boots":2}`, string(op.Result))
-	c2, _ := b.s.GetCommand(b.ctx, "c-2")
-	require.Equal(t, fsm.CmdCancelled, c2.Status, "the newer command, never published, is cancelled")
+		ok := receipt("c-1", wire.ReceiptSucceeded, 3)
+		ok.Result = json.RawMessage(`{"boots":2}`)
+		out, err := b.s.ApplyReceipt(b.ctx, "device-1", ok, nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectLate, out.Effect)
+		op, _ = b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, fsm.OpSucceeded, op.Status, "the device's own success decides the operation")
+		require.JSONEq(t, `{"boots":2}`, string(op.Result))
+		c2, _ := b.s.GetCommand(b.ctx, "c-2")
+		require.Equal(t, fsm.CmdCancelled, c2.Status, "the newer command, never published, is cancelled")
+	})
 }
 
 // A command parked until its expiry (sends and asks used up) whose device
@@ -611,21 +680,23 @@ func TestLateSuccessOfAnEarlierCommandDecidesTheOperation(t *testing.T) {
 // receipt is asked for instead of waiting for the expiry.
 func TestProgressUnparksACommandParkedUntilItsExpiry(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
-	require.NoError(t, err)
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
-	require.NoError(t, err)
-	c, _ := b.s.GetCommand(b.ctx, "c-1")
-	require.NoError(t, b.s.Postpone(b.ctx, "c-1", c.Version, fence, c.ExpiresAt))
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+		require.NoError(t, err)
+		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
+		require.NoError(t, err)
+		c, _ := b.s.GetCommand(b.ctx, "c-1")
+		require.NoError(t, b.s.Postpone(b.ctx, "c-1", c.Version, fence, c.ExpiresAt))
 
-	out, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptReceived, 1), nil)
-	require.NoError(t, err)
-	require.True(t, out.Due, "parked, then progress: due now")
-	c, _ = b.s.GetCommand(b.ctx, "c-1")
-	require.Equal(t, b.clk.Now(), c.NextCheckAt)
+		out, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptReceived, 1), nil)
+		require.NoError(t, err)
+		require.True(t, out.Due, "parked, then progress: due now")
+		c, _ = b.s.GetCommand(b.ctx, "c-1")
+		require.Equal(t, b.clk.Now(), c.NextCheckAt)
 
-	out, err = b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptExecuting, 2), nil)
-	require.NoError(t, err)
-	require.False(t, out.Due, "not parked: its next check stands")
+		out, err = b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptExecuting, 2), nil)
+		require.NoError(t, err)
+		require.False(t, out.Due, "not parked: its next check stands")
+	})
 }

@@ -108,7 +108,7 @@ func (t *tx) history(taskID, principal, action string, from, to fsm.TaskState, v
 // CreateTask inserts a task with plan version 1 by its author, or returns
 // the task when the same create is replayed (created false); another create
 // with the same task_id is ErrKeyReused.
-func (s *SQLite) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
+func (s *DB) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var hash string
@@ -146,7 +146,7 @@ func (s *SQLite) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) 
 // one. An unchanged plan (same hash) returns the current version (changed
 // false); a base version that is not the current one is ErrStaleVersion; a
 // task that left waiting_approval is ErrIllegalState.
-func (s *SQLite) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (Task, bool, error) {
+func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (Task, bool, error) {
 	changed := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var status fsm.TaskState
@@ -195,7 +195,7 @@ func (s *SQLite) UpdatePlan(ctx context.Context, taskID string, steps json.RawMe
 // the caller's 401/403: 404, an exact replay (returned, created false),
 // 409 illegal_state, 409 stale_version (another version, or a plan_hash
 // that differs), 403 four_eyes (the approver wrote the version).
-func (s *SQLite) Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (Approval, bool, error) {
+func (s *DB) Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (Approval, bool, error) {
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var status fsm.TaskState
@@ -260,7 +260,7 @@ func (s *SQLite) Approve(ctx context.Context, taskID string, version int, planHa
 
 // Reject rejects a task that is waiting for approval or approved (not yet
 // running). A rejection of a rejected task is a replay.
-func (s *SQLite) Reject(ctx context.Context, taskID, reason, who string) (Task, error) {
+func (s *DB) Reject(ctx context.Context, taskID, reason, who string) (Task, error) {
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var status fsm.TaskState
 		var rowVersion int64
@@ -303,7 +303,7 @@ func (t *tx) moveTask(ctx context.Context, taskID string, from fsm.TaskState, ro
 
 // MoveTask is a runner's conditional task transition (completed, failed,
 // rejected window_missed, or running → running to the next step).
-func (s *SQLite) MoveTask(ctx context.Context, task Task, to fsm.TaskState, stepIndex int, reason, who string) error {
+func (s *DB) MoveTask(ctx context.Context, task Task, to fsm.TaskState, stepIndex int, reason, who string) error {
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		return t.moveTask(ctx, task.TaskID, task.Status, task.RowVersion, to, stepIndex, reason, who, task.ApprovedVersion)
 	})
@@ -322,7 +322,7 @@ type StepCheck struct {
 // then the step's operation is inserted (UNIQUE: a re-run returns it) and
 // the task is running at that step. A failed check rejects the task (before
 // the first step) or fails it (later), and nothing is inserted.
-func (s *SQLite) StartStep(ctx context.Context, task Task, stepIndex int, enforceGrants bool, n NewOperation, who string) (StepCheck, error) {
+func (s *DB) StartStep(ctx context.Context, task Task, stepIndex int, enforceGrants bool, n NewOperation, who string) (StepCheck, error) {
 	var out StepCheck
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		a := task.Approval
@@ -371,12 +371,12 @@ func (s *SQLite) StartStep(ctx context.Context, task Task, stepIndex int, enforc
 }
 
 // ActiveTasks lists the ids of approved and running tasks.
-func (s *SQLite) ActiveTasks(ctx context.Context) ([]string, error) {
+func (s *DB) ActiveTasks(ctx context.Context) ([]string, error) {
 	return queryStrings(ctx, s.rq, `SELECT task_id FROM tasks WHERE status IN `+activeTasks+` ORDER BY updated_at`)
 }
 
 // GetTask reads a task with its current plan, its approval and its history.
-func (s *SQLite) GetTask(ctx context.Context, id string) (Task, error) {
+func (s *DB) GetTask(ctx context.Context, id string) (Task, error) {
 	var (
 		k                Task
 		after, before    sql.NullInt64

@@ -2,11 +2,10 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/mattn/go-sqlite3"
 )
 
 // Group commit. Every change goes through one writer goroutine that owns the
@@ -15,8 +14,9 @@ import (
 // savepoint of its own, commits once and only then answers every caller.
 // A change that fails or is refused rolls back to its savepoint and records
 // its refusals there, so its neighbours never see it; an error that ends
-// the whole transaction (SQLITE_FULL, IOERR, BUSY, INTERRUPT, NOMEM,
-// CORRUPT, or a failed COMMIT) fails every change of the batch with a
+// the whole transaction (the backend's endsTransaction: with SQLite FULL,
+// IOERR, BUSY, INTERRUPT, NOMEM, CORRUPT; with PostgreSQL a lost
+// connection or a server shutting down; or a failed COMMIT) fails every change of the batch with a
 // *BatchError, and each caller retries as it would after any store error.
 // The queue is FIFO, so the changes of one caller (and of one command, which
 // its callers apply in order) commit in the order they were made.
@@ -67,17 +67,17 @@ type applied struct {
 // batch. A caller whose ctx ends before its change is taken gets ctx's error
 // and nothing is written; once taken, the change's outcome is always
 // returned, so a caller never has to guess whether it committed.
-func (s *SQLite) write(ctx context.Context, fn func(context.Context, *tx) error) error {
+func (s *DB) write(ctx context.Context, fn func(context.Context, *tx) error) error {
 	return s.enqueue(ctx, fn, false)
 }
 
 // writeOrShed is write that returns ErrOverloaded at once when the queue is
 // full.
-func (s *SQLite) writeOrShed(ctx context.Context, fn func(context.Context, *tx) error) error {
+func (s *DB) writeOrShed(ctx context.Context, fn func(context.Context, *tx) error) error {
 	return s.enqueue(ctx, fn, true)
 }
 
-func (s *SQLite) enqueue(ctx context.Context, fn func(context.Context, *tx) error, shed bool) error {
+func (s *DB) enqueue(ctx context.Context, fn func(context.Context, *tx) error, shed bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -115,7 +115,7 @@ func (s *SQLite) enqueue(ctx context.Context, fn func(context.Context, *tx) erro
 
 // runWriter is the writer goroutine: it gathers and commits batches until
 // the store closes.
-func (s *SQLite) runWriter() {
+func (s *DB) runWriter() {
 	defer close(s.stopped)
 	batch := make([]*job, 0, s.maxBatch)
 	for {
@@ -136,17 +136,26 @@ func (s *SQLite) runWriter() {
 		}
 		s.commitBatch(batch)
 		clear(batch)
-		s.wstmts.prepareMissed(context.Background())
+		if s.b.prepares() {
+			s.wstmts.prepareMissed(context.Background())
+		}
 	}
 }
 
 // commitBatch applies, commits and answers one batch. Observations are
 // reported before the callers are answered, so a caller that returns sees
 // its change counted.
-func (s *SQLite) commitBatch(batch []*job) {
+func (s *DB) commitBatch(batch []*job) {
 	start := time.Now()
 	res := make([]applied, len(batch))
-	if err := s.applyBatch(batch, res); err != nil {
+	err := s.applyBatch(batch, res)
+	for run := 1; err != nil && s.b.conflict(err) && run < maxConflictRuns; run++ {
+		// Nothing of it committed and no caller was answered: run it again,
+		// after the other instance's batch that won.
+		clear(res)
+		err = s.applyBatch(batch, res)
+	}
+	if err != nil {
 		berr := &BatchError{Err: err}
 		for _, j := range batch {
 			j.done <- berr
@@ -163,45 +172,83 @@ func (s *SQLite) commitBatch(batch []*job) {
 // applyBatch runs every change of the batch in one transaction and commits
 // it. It returns an error only when the transaction as a whole failed; each
 // change's own error is in res.
-func (s *SQLite) applyBatch(batch []*job, res []applied) error {
+func (s *DB) applyBatch(batch []*job, res []applied) error {
 	ctx := context.Background()
 	sqlTx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer sqlTx.Rollback()
+	s.trips.Add(2) // BEGIN and COMMIT (or ROLLBACK)
+	var wakes []string
 	for i, j := range batch {
 		if err := j.ctx.Err(); err != nil {
 			res[i].err = err // the caller gave up before its turn: nothing written
 			continue
 		}
-		if _, err := sqlTx.ExecContext(ctx, `SAVEPOINT change`); err != nil {
-			return fmt.Errorf("savepoint: %w", err)
-		}
-		t := &tx{Tx: sqlTx, stmts: s.wstmts, now: s.now().UTC(), instance: s.instance}
-		ferr := runChange(ctx, j.fn, t)
-		if ferr != nil {
-			if endsTransaction(ferr) {
-				return ferr
-			}
-			if _, err := sqlTx.ExecContext(ctx, `ROLLBACK TO change`); err != nil {
-				return fmt.Errorf("rollback to savepoint: %w (after %v)", err, ferr)
-			}
-			t.notes = nil
-		}
-		// A refused transition is on record whether or not its change stood.
-		if err := insertRefusals(sqlTx, t.now, s.instance, t.refusals); err != nil {
+		t, err := s.applyChange(ctx, sqlTx, j)
+		if err != nil {
 			return err
 		}
-		if _, err := sqlTx.ExecContext(ctx, `RELEASE change`); err != nil {
-			return fmt.Errorf("release savepoint: %w", err)
+		if t.err == nil {
+			wakes = append(wakes, t.wakes...)
 		}
-		res[i] = applied{err: ferr, notes: t.notes, refusals: t.refusals}
+		res[i] = applied{err: t.err, notes: t.notes, refusals: t.refusals}
+	}
+	sent, err := s.b.notify(ctx, sqlTx, wakes)
+	if sent {
+		s.trips.Add(1)
+	}
+	if err != nil {
+		return fmt.Errorf("notify: %w", err)
 	}
 	if err := sqlTx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
+}
+
+// maxConflictRuns bounds how often a batch that lost a deadlock (or a
+// serialisation failure) to another instance's batch is run again.
+const maxConflictRuns = 5
+
+// changeRun is one change as it stood at its RELEASE: its own error (nil,
+// refused or failed), and what it reports.
+type changeRun struct {
+	*tx
+	err error
+}
+
+// applyChange runs one change under its savepoint. A change that fails is
+// rolled back to its savepoint, its refusals recorded there. The error
+// returned ends the whole batch: one that ends the transaction, and a
+// conflict with another instance's batch (the rows this batch locked
+// earlier stay locked until it rolls back, so the change alone cannot win
+// by running again; the whole batch runs again instead).
+func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun, error) {
+	s.trips.Add(2) // SAVEPOINT and RELEASE
+	if _, err := sqlTx.ExecContext(ctx, `SAVEPOINT change`); err != nil {
+		return changeRun{}, fmt.Errorf("savepoint: %w", err)
+	}
+	t := &tx{Tx: sqlTx, s: s, now: s.now().UTC(), instance: s.instance}
+	ferr := runChange(ctx, j.fn, t)
+	if ferr != nil {
+		if s.b.endsTransaction(ferr) || s.b.conflict(ferr) {
+			return changeRun{}, ferr
+		}
+		if _, err := sqlTx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT change`); err != nil {
+			return changeRun{}, fmt.Errorf("rollback to savepoint: %w (after %v)", err, ferr)
+		}
+		t.notes, t.wakes = nil, nil
+	}
+	// A refused transition is on record whether or not its change stood.
+	if err := insertRefusals(t, t.now, s.instance, t.refusals); err != nil {
+		return changeRun{}, err
+	}
+	if _, err := sqlTx.ExecContext(ctx, `RELEASE SAVEPOINT change`); err != nil {
+		return changeRun{}, fmt.Errorf("release savepoint: %w", err)
+	}
+	return changeRun{tx: t, err: ferr}, nil
 }
 
 // runChange runs one change, turning a panic into its error: one broken
@@ -213,19 +260,4 @@ func runChange(ctx context.Context, fn func(context.Context, *tx) error, t *tx) 
 		}
 	}()
 	return fn(ctx, t)
-}
-
-// endsTransaction reports whether err may have rolled back the whole
-// transaction (SQLite does so on these codes), so the batch must fail.
-func endsTransaction(err error) bool {
-	var se sqlite3.Error
-	if !errors.As(err, &se) {
-		return false
-	}
-	switch se.Code {
-	case sqlite3.ErrFull, sqlite3.ErrIoErr, sqlite3.ErrBusy, sqlite3.ErrInterrupt,
-		sqlite3.ErrNomem, sqlite3.ErrCorrupt, sqlite3.ErrNotADB:
-		return true
-	}
-	return false
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,7 +14,7 @@ import (
 
 // holdWriter makes the writer busy with a change that waits until release
 // is called, so the changes queued meanwhile form the next batch.
-func holdWriter(t *testing.T, s *SQLite) (release func()) {
+func holdWriter(t *testing.T, s *DB) (release func()) {
 	t.Helper()
 	entered, gate := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
@@ -40,7 +39,7 @@ func holdWriter(t *testing.T, s *SQLite) (release func()) {
 
 // queued starts change in a goroutine and returns once it waits in the
 // writer's queue, so changes queue in the order they are started.
-func queued(t *testing.T, s *SQLite, change func() error) <-chan error {
+func queued(t *testing.T, s *DB, change func() error) <-chan error {
 	t.Helper()
 	before := len(s.queue)
 	out := make(chan error, 1)
@@ -51,48 +50,51 @@ func queued(t *testing.T, s *SQLite, change func() error) <-chan error {
 }
 
 func TestGroupCommitIsolatesAFailingChange(t *testing.T) {
-	b := setup(t)
-	release := holdWriter(t, b.s)
-	batchesBefore := b.obs.batches
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		release := holdWriter(t, b.s)
+		batchesBefore := b.obs.batches
 
-	okA := queued(t, b.s, func() error { _, err := b.s.Submit(b.ctx, newOp("op-a", "c-a"), nil); return err })
-	injected := errors.New("injected")
-	failing := queued(t, b.s, func() error {
-		_, err := b.s.Submit(b.ctx, newOp("op-x", "c-x"), func() error { return injected })
-		return err
-	})
-	panicking := queued(t, b.s, func() error {
-		return b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
-			if _, err := t.ExecContext(ctx, `UPDATE operations SET action = 'wiped'`); err != nil {
-				return err
-			}
-			panic("a broken change")
+		okA := queued(t, b.s, func() error { _, err := b.s.Submit(b.ctx, newOp("op-a", "c-a"), nil); return err })
+		injected := errors.New("injected")
+		failing := queued(t, b.s, func() error {
+			_, err := b.s.Submit(b.ctx, newOp("op-x", "c-x"), func() error { return injected })
+			return err
 		})
+		panicking := queued(t, b.s, func() error {
+			return b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+				if _, err := t.ExecContext(ctx, `UPDATE operations SET action = 'wiped'`); err != nil {
+					return err
+				}
+				panic("a broken change")
+			})
+		})
+		okB := queued(t, b.s, func() error { _, err := b.s.Submit(b.ctx, newOp("op-b", "c-b"), nil); return err })
+		release()
+
+		require.NoError(t, <-okA)
+		require.ErrorIs(t, <-failing, injected)
+		require.ErrorContains(t, <-panicking, "panicked")
+		require.NoError(t, <-okB)
+		for _, id := range []string{"op-a", "op-b"} {
+			op, err := b.s.GetOperation(b.ctx, id)
+			require.NoError(t, err, "%s must have committed beside the failing changes", id)
+			require.Equal(t, "restart", op.Action, "the panicking change's update must be rolled back")
+		}
+		_, err := b.s.GetOperation(b.ctx, "op-x")
+		require.ErrorIs(t, err, ErrNotFound, "the failing change must leave nothing")
+		_, err = b.s.GetCommand(b.ctx, "c-x")
+		require.ErrorIs(t, err, ErrNotFound)
+
+		b.obs.mu.Lock()
+		defer b.obs.mu.Unlock()
+		require.Equal(t, batchesBefore+2, b.obs.batches, "the held change, then the four queued ones in one commit")
 	})
-	okB := queued(t, b.s, func() error { _, err := b.s.Submit(b.ctx, newOp("op-b", "c-b"), nil); return err })
-	release()
-
-	require.NoError(t, <-okA)
-	require.ErrorIs(t, <-failing, injected)
-	require.ErrorContains(t, <-panicking, "panicked")
-	require.NoError(t, <-okB)
-	for _, id := range []string{"op-a", "op-b"} {
-		op, err := b.s.GetOperation(b.ctx, id)
-		require.NoError(t, err, "%s must have committed beside the failing changes", id)
-		require.Equal(t, "restart", op.Action, "the panicking change's update must be rolled back")
-	}
-	_, err := b.s.GetOperation(b.ctx, "op-x")
-	require.ErrorIs(t, err, ErrNotFound, "the failing change must leave nothing")
-	_, err = b.s.GetCommand(b.ctx, "c-x")
-	require.ErrorIs(t, err, ErrNotFound)
-
-	b.obs.mu.Lock()
-	defer b.obs.mu.Unlock()
-	require.Equal(t, batchesBefore+2, b.obs.batches, "the held change, then the four queued ones in one commit")
 }
 
 func TestGroupCommitFailsTheWholeBatchWhenTheDiskIsFull(t *testing.T) {
-	b := setup(t)
+	b := setup(t, "sqlite")
 	var pages int
 	require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
 		if err := t.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages); err != nil {
@@ -126,48 +128,57 @@ func TestGroupCommitFailsTheWholeBatchWhenTheDiskIsFull(t *testing.T) {
 }
 
 func TestSubmitIsShedWhenTheQueueIsFull(t *testing.T) {
-	s, err := Open(context.Background(), Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", QueueSize: 1})
-	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
-	ctx := context.Background()
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		s, err := Open(context.Background(), Config{Path: testDSN(t, be), Instance: "i1", QueueSize: 1})
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		ctx := context.Background()
 
-	release := holdWriter(t, s)
-	waiting := queued(t, s, func() error { _, err := s.Submit(ctx, newOp("op-1", "c-1"), nil); return err })
-	_, err = s.Submit(ctx, newOp("op-2", "c-2"), nil)
-	require.ErrorIs(t, err, ErrOverloaded)
-	release()
-	require.NoError(t, <-waiting)
-	_, err = s.GetOperation(ctx, "op-2")
-	require.ErrorIs(t, err, ErrNotFound, "a shed submit writes nothing")
-	_, err = s.Submit(ctx, newOp("op-2", "c-2"), nil)
-	require.NoError(t, err, "the retry succeeds once there is room")
+		release := holdWriter(t, s)
+		waiting := queued(t, s, func() error { _, err := s.Submit(ctx, newOp("op-1", "c-1"), nil); return err })
+		_, err = s.Submit(ctx, newOp("op-2", "c-2"), nil)
+		require.ErrorIs(t, err, ErrOverloaded)
+		release()
+		require.NoError(t, <-waiting)
+		_, err = s.GetOperation(ctx, "op-2")
+		require.ErrorIs(t, err, ErrNotFound, "a shed submit writes nothing")
+		_, err = s.Submit(ctx, newOp("op-2", "c-2"), nil)
+		require.NoError(t, err, "the retry succeeds once there is room")
+	})
 }
 
 func TestAChangeGivenUpBeforeItsTurnWritesNothing(t *testing.T) {
-	b := setup(t)
-	release := holdWriter(t, b.s)
-	ctx, cancel := context.WithCancel(b.ctx)
-	gaveUp := queued(t, b.s, func() error { _, err := b.s.Submit(ctx, newOp("op-1", "c-1"), nil); return err })
-	cancel()
-	release()
-	require.ErrorIs(t, <-gaveUp, context.Canceled)
-	_, err := b.s.GetOperation(b.ctx, "op-1")
-	require.ErrorIs(t, err, ErrNotFound)
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		release := holdWriter(t, b.s)
+		ctx, cancel := context.WithCancel(b.ctx)
+		gaveUp := queued(t, b.s, func() error { _, err := b.s.Submit(ctx, newOp("op-1", "c-1"), nil); return err })
+		cancel()
+		release()
+		require.ErrorIs(t, <-gaveUp, context.Canceled)
+		_, err := b.s.GetOperation(b.ctx, "op-1")
+		require.ErrorIs(t, err, ErrNotFound)
+	})
 }
 
 func TestClosedStoreRefusesChanges(t *testing.T) {
-	s, err := Open(context.Background(), Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
-	require.NoError(t, err)
-	require.NoError(t, s.Close())
-	_, err = s.Submit(context.Background(), newOp("op-1", "c-1"), nil)
-	require.ErrorIs(t, err, ErrClosed)
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		s, err := Open(context.Background(), Config{Path: testDSN(t, be), Instance: "i1"})
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+		_, err = s.Submit(context.Background(), newOp("op-1", "c-1"), nil)
+		require.ErrorIs(t, err, ErrClosed)
+	})
 }
 
 // Statements are prepared once: the writer's after the batch that first
 // ran them (its one connection is busy during a batch), the readers' on
 // first use; the same changes and reads then run prepared.
 func TestStatementsArePreparedOnce(t *testing.T) {
-	b := setup(t)
+	b := setup(t, "sqlite")
 	prepared := func(c *stmtCache) int { c.mu.Lock(); defer c.mu.Unlock(); return len(c.m) }
 	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
 	require.NoError(t, err)

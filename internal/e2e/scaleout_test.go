@@ -1,0 +1,199 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/client"
+	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/testenv"
+)
+
+// Three instances on one PostgreSQL, 100 devices with faults, 2,000
+// operations submitted round-robin through all three, and an instance
+// killed with SIGKILL (then restarted) every couple of seconds, at least 10
+// times: every accepted operation ends succeeded, none runs twice on a
+// device (the devices' execution log), no decision with a stale token is
+// applied (controller verify), and the instances divide the receipts: each
+// applies a share, and the receipt log holds each receipt once, not once
+// per instance.
+func TestThreeInstancesOnPostgresDivideTheWorkThroughKills(t *testing.T) {
+	t.Parallel()
+	const ops, devices, minKills = 2000, 100, 10
+	profile := sim.Profile{Seed: 13, Defaults: sim.Faults{
+		DropReceipt:      sim.ReceiptFault{Trigger: sim.Trigger{P: 0.05}, Statuses: []string{sim.ClassFinal}},
+		DuplicateReceipt: sim.ReceiptFault{Trigger: sim.Trigger{P: 0.05}},
+		DropCommand:      sim.Trigger{P: 0.02},
+		SlowExecution:    sim.ActionFault{Trigger: sim.Trigger{P: 0.3}, Delay: sim.Duration(300 * time.Millisecond)},
+	}}
+	lease := []string{"--lease-ttl", "2s"}
+	b := setup(t, setupOpts{backend: "postgres", devices: devices, faults: profile, args: lease})
+	ctls := []*testenv.Controller{b.ctl}
+	clients := []*client.Client{b.client}
+	for _, id := range []string{"i2", "i3"} {
+		c, cl := b.peer(id, nil, lease...)
+		ctls, clients = append(ctls, c), append(clients, cl)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	// Submit round-robin; a caller whose instance is down (or answers 503)
+	// asks the next one with the same operation_id.
+	var accepted atomic.Int64
+	submit := func(i int) {
+		r := req(fmt.Sprintf("scale-%04d", i), fmt.Sprintf("device-%d", i%devices+1))
+		for try := 0; ctx.Err() == nil; try++ {
+			_, status, err := clients[(i+try)%3].Submit(ctx, r, "")
+			if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
+				accepted.Add(1)
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond): // back off before the next instance
+			}
+		}
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < 24; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				submit(i)
+			}
+		}()
+	}
+	submitted := make(chan struct{})
+	go func() {
+		defer close(submitted)
+		defer close(work)
+		for i := 0; i < ops; i++ {
+			select {
+			case work <- i:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	// The chaos: kill -9 a random instance every 1 to 2 s, restart it, until
+	// the submissions are done and at least minKills kills were made.
+	rng := rand.New(rand.NewSource(11))
+	kills := map[int]int{}
+	start := time.Now()
+	for k := 0; ; k++ {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out during the kills (%d made, %d accepted)", k, accepted.Load())
+		case <-time.After(time.Duration(1000+rng.Intn(1000)) * time.Millisecond):
+		}
+		done := false
+		select {
+		case <-submitted:
+			done = true
+		default:
+		}
+		if done && k >= minKills {
+			break
+		}
+		victim := rng.Intn(3)
+		ctls[victim].Kill()
+		ctls[victim].Restart()
+		kills[victim]++
+	}
+	chaos := time.Since(start)
+	wg.Wait()
+	require.EqualValues(t, ops, accepted.Load(), "every operation was accepted by some instance")
+
+	final := map[string]int{}
+	for i := 0; i < ops; i++ {
+		id := fmt.Sprintf("scale-%04d:restart:device-%d:v1", i, i%devices+1)
+		if op, err := b.client.Operation(b.ctx(), id, 20*time.Second); err == nil && op.Status == "started" {
+			c := b.command(op.CommandID)
+			t.Logf("%s still started after 20s: owner %s, command %s %s attempt %d queries %d next %s expires %s receipts %d",
+				id, op.Owner, c.CommandID, c.Status, c.Attempt, c.Queries, c.NextCheckAt.Format(time.RFC3339Nano),
+				c.ExpiresAt.Format(time.RFC3339), len(c.Receipts))
+		}
+		op := b.waitFinal(id)
+		final[op.Status]++
+	}
+	settled := time.Since(start)
+	total := 0
+	for _, n := range kills {
+		total += n
+	}
+	t.Logf("%d kill -9s (by instance %v) in %s during %d submissions over %d devices; all final %s after the first kill: %v",
+		total, kills, chaos.Round(time.Millisecond), ops, devices, settled.Round(time.Millisecond), final)
+	require.GreaterOrEqual(t, total, minKills)
+	require.Equal(t, ops, final["succeeded"], "every accepted operation ends succeeded")
+	for id, n := range b.executions() {
+		require.Equal(t, 1, n, "%s executed %d times", id, n)
+	}
+	b.verify() // invariants 1-7, 6 among them: no decision with a stale token applied
+
+	a, err := store.OpenAudit(context.Background(), b.db)
+	require.NoError(t, err)
+	defer a.Close()
+	byInstance, err := a.ReceiptsByInstance(context.Background())
+	require.NoError(t, err)
+	published := b.fleet.Stats().ReceiptsPublished
+	logged := 0
+	share := map[string]int{}
+	for _, c := range byInstance {
+		share[c.Name] = c.N
+		logged += c.N
+	}
+	t.Logf("receipts: %d published by the fleet, %d in the receipt log, by instance %v", published, logged, share)
+	for _, id := range []string{"i1", "i2", "i3"} {
+		require.Greater(t, share[id], logged/10, "instance %s applied a share of the receipts", id)
+	}
+	require.LessOrEqual(t, int64(logged), published+published/10,
+		"each receipt is applied by one instance, not by every one (a broker redelivery after a kill may add a few)")
+}
+
+// The controllers list each other: GET /v1/instances on any of them shows
+// every live instance with its leases and heartbeat; a stopped one drops
+// out of the list (and stays in ?all=1) once its heartbeat is older than
+// its lease ttl.
+func TestInstancesListEachOther(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{backend: "postgres", devices: 2, args: []string{"--lease-ttl", "2s"}})
+	i2, cl2 := b.peer("i2", nil, "--lease-ttl", "2s")
+	list := func(c *client.Client, q string) []api.InstanceView {
+		var out []api.InstanceView
+		status, err := c.Do(b.ctx(), http.MethodGet, "/v1/instances"+q, nil, nil, &out)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, status)
+		return out
+	}
+	ids := func(vs []api.InstanceView) []string {
+		var out []string
+		for _, v := range vs {
+			out = append(out, v.InstanceID)
+		}
+		return out
+	}
+	eventually(t, "both instances listed", 20*time.Second, func() bool {
+		return fmt.Sprint(ids(list(b.client, ""))) == "[i1 i2]"
+	})
+	require.Equal(t, []string{"i1", "i2"}, ids(list(cl2, "")), "the same list from the other instance")
+	i2.Stop()
+	eventually(t, "the stopped instance drops out", 20*time.Second, func() bool {
+		return fmt.Sprint(ids(list(b.client, ""))) == "[i1]"
+	})
+	all := list(b.client, "?all=1")
+	require.Equal(t, []string{"i1", "i2"}, ids(all))
+	require.False(t, all[1].Live)
+}

@@ -1,0 +1,281 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/clock"
+	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/wire"
+)
+
+// peers opens n stores on one database, as n instances on different hosts
+// would (each its own writer and its own clock reading).
+func peers(t *testing.T, be string, n int, clk *clock.Fake) []*DB {
+	t.Helper()
+	dsn := testDSN(t, be)
+	out := make([]*DB, n)
+	for i := range out {
+		s, err := Open(context.Background(), Config{Path: dsn, Instance: fmt.Sprintf("i%d", i+1), Now: clk.Now})
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		out[i] = s
+	}
+	return out
+}
+
+// Two instances that decide at once about the same command (a stale holder
+// and its taker-over, or a lost race): exactly one conditional write wins,
+// on either backend, and each operation whose lease ran out is taken by one
+// instance only.
+func TestInstancesRaceOnOneDatabase(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
+		ss := peers(t, be, 3, clk)
+		ctx := context.Background()
+		const ops = 60
+		for i := 0; i < ops; i++ {
+			n := newOp(fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i))
+			n.Owner = "gone" // a dead instance's operations
+			_, err := ss[i%3].Submit(ctx, n, nil)
+			require.NoError(t, err)
+		}
+		clk.Advance(11 * time.Second) // every lease ran out
+
+		var mu sync.Mutex
+		taken := map[string][]string{}
+		var wg sync.WaitGroup
+		for _, s := range ss {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					ids, err := s.TakeOver(ctx, s.instance, 10*time.Second, 7)
+					require.NoError(t, err)
+					if len(ids) == 0 {
+						return
+					}
+					mu.Lock()
+					for _, id := range ids {
+						taken[id] = append(taken[id], s.instance)
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		require.Len(t, taken, ops, "every expired lease is taken")
+		for id, by := range taken {
+			require.Len(t, by, 1, "%s taken by %v", id, by)
+		}
+
+		// Every instance tries to publish every command under its own fence:
+		// one publish decision per command, by its holder.
+		wins := map[string]int{}
+		for i := 0; i < ops; i++ {
+			id := fmt.Sprintf("c-%d", i)
+			holder := taken[fmt.Sprintf("op-%d", i)][0]
+			var wg sync.WaitGroup
+			for _, s := range ss {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, err := s.ClaimSend(ctx, id, fsm.CmdPending, 0, 1, Fence{Owner: s.instance, Token: 2}, clk.Now())
+					if err == nil {
+						mu.Lock()
+						wins[id]++
+						mu.Unlock()
+						require.Equal(t, holder, s.instance)
+						return
+					}
+					require.ErrorIs(t, err, ErrRefused)
+				}()
+			}
+			wg.Wait()
+		}
+		for i := 0; i < ops; i++ {
+			require.Equal(t, 1, wins[fmt.Sprintf("c-%d", i)])
+		}
+	})
+}
+
+// The instance lock: a second process with the same id is refused while
+// the first holds it, and starts at once after the first lets go.
+func TestInstanceLockIsExclusive(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		clk := clock.NewFake(time.Now())
+		ss := peers(t, be, 2, clk)
+		ctx := context.Background()
+		first, err := ss[0].LockInstance(ctx, "ctl-a")
+		require.NoError(t, err)
+		_, err = ss[1].LockInstance(ctx, "ctl-a")
+		require.ErrorIs(t, err, ErrInstanceRunning)
+		other, err := ss[1].LockInstance(ctx, "ctl-b")
+		require.NoError(t, err, "another id is free")
+		other.Close()
+		first.Close()
+		again, err := ss[1].LockInstance(ctx, "ctl-a")
+		require.NoError(t, err)
+		again.Close()
+	})
+}
+
+// Wake-ups through LISTEN/NOTIFY: a final receipt applied by one instance
+// wakes the ?wait= callers of another; a receipt that makes a command due
+// wakes every instance but the one that applied it (the holder decides).
+// A wake-up is sent only when its change commits.
+func TestWakeUpsReachTheOtherInstances(t *testing.T) {
+	t.Parallel()
+	clk := clock.NewFake(time.Now())
+	ss := peers(t, "postgres", 2, clk)
+	ctx := context.Background()
+	holder, err := ss[0].LockInstance(ctx, "i1")
+	require.NoError(t, err)
+	defer holder.Close()
+	applier, err := ss[1].LockInstance(ctx, "i2")
+	require.NoError(t, err)
+	defer applier.Close()
+
+	_, err = ss[0].Submit(ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	_, err = ss[0].ClaimSend(ctx, "c-1", fsm.CmdPending, 0, 1, fence, clk.Now().Add(time.Second))
+	require.NoError(t, err)
+
+	// A receipt refused before its commit wakes nobody.
+	_, err = ss[1].ApplyReceipt(ctx, "device-1", wire.Receipt{CommandID: "c-1", OperationID: "op-1",
+		Status: wire.ReceiptSucceeded, Seq: 3}, func() error { return sql.ErrConnDone })
+	require.Error(t, err)
+	out, err := ss[1].ApplyReceipt(ctx, "device-1", wire.Receipt{CommandID: "c-1", OperationID: "op-1",
+		Status: wire.ReceiptSucceeded, Seq: 3}, nil)
+	require.NoError(t, err)
+	require.Equal(t, EffectApplied, out.Effect)
+
+	select {
+	case w := <-holder.Wakes():
+		require.Equal(t, Wake{Kind: WakeOperation, ID: "op-1"}, w, "the first wake-up is the committed one")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no wake-up reached the other instance within 10s")
+	}
+	select {
+	case w := <-applier.Wakes():
+		t.Fatalf("an instance heard its own wake-up: %+v", w)
+	default:
+	}
+
+	// Presence that makes the device's open commands due wakes their holder.
+	_, err = ss[0].Submit(ctx, newOp("op-2", "c-2"), nil)
+	require.NoError(t, err)
+	ids, err := ss[1].Wake(ctx, "device-1")
+	require.NoError(t, err)
+	require.Equal(t, []string{"c-2"}, ids)
+	select {
+	case w := <-holder.Wakes():
+		require.Equal(t, Wake{Kind: WakeCommand, ID: "c-2"}, w)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no command wake-up within 10s")
+	}
+}
+
+// PostgreSQL drops the writer's connection in the middle of the run (as a
+// server restart or a failover does): the batch that was on it fails as a
+// whole (a BatchError, nothing of it written), and the next change
+// connects again and commits.
+func TestLostConnectionFailsTheBatchAndTheNextOneReconnects(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "postgres")
+	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	var pid int
+	require.NoError(t, b.s.w.QueryRowContext(b.ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+
+	admin, err := Open(b.ctx, Config{Path: b.s.dsn, Instance: "admin"})
+	require.NoError(t, err)
+	defer admin.Close()
+	err = b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+		if _, err := admin.w.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			return err
+		}
+		_, err := t.ExecContext(ctx, `UPDATE operations SET reason = 'x' WHERE operation_id = ?`, "op-1")
+		return err
+	})
+	var be *BatchError
+	require.ErrorAs(t, err, &be, "a dead connection fails the whole batch")
+
+	_, err = b.s.Submit(b.ctx, newOp("op-2", "c-2"), nil)
+	require.NoError(t, err, "the next batch reconnects")
+	op, err := b.s.GetOperation(b.ctx, "op-1")
+	require.NoError(t, err)
+	require.Empty(t, op.Reason, "nothing of the failed batch was written")
+}
+
+// GET /v1/instances reads this: each instance's heartbeat and its leases.
+func TestListInstances(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
+		ss := peers(t, be, 2, clk)
+		ctx := context.Background()
+		_, err := ss[0].Submit(ctx, newOp("op-1", "c-1"), nil)
+		require.NoError(t, err)
+		_, err = ss[0].ReclaimOwn(ctx, "i1", 10*time.Second)
+		require.NoError(t, err)
+		_, err = ss[1].ReclaimOwn(ctx, "i2", 2*time.Second)
+		require.NoError(t, err)
+		clk.Advance(3 * time.Second) // i2 stops beating; i1 beats
+		_, _, err = ss[0].RenewLeases(ctx, "i1", 10*time.Second)
+		require.NoError(t, err)
+		got, err := ss[1].ListInstances(ctx)
+		require.NoError(t, err)
+		require.Len(t, got, 2)
+		require.Equal(t, "i1", got[0].InstanceID)
+		require.True(t, got[0].Live)
+		require.Equal(t, 1, got[0].Leases)
+		require.Equal(t, clk.Now(), got[0].HeartbeatAt)
+		require.Equal(t, "i2", got[1].InstanceID)
+		require.False(t, got[1].Live, "its last heartbeat is older than its ttl")
+		require.Equal(t, 0, got[1].Leases)
+	})
+}
+
+// Receipts of one command applied at once by two instances (a shared
+// subscription hands received to one and executing to the other): both
+// facts count, whichever commits first. A change reads the rows it writes
+// under a lock, so the later one sees the earlier's commit instead of
+// being refused as stale.
+func TestReceiptsOfOneCommandAppliedByTwoInstances(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		clk := clock.NewFake(time.Now())
+		ss := peers(t, be, 2, clk)
+		ctx := context.Background()
+		const n = 40
+		for i := 0; i < n; i++ {
+			op, cmd := fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i)
+			_, err := ss[0].Submit(ctx, newOp(op, cmd), nil)
+			require.NoError(t, err)
+			_, err = ss[0].ClaimSend(ctx, cmd, fsm.CmdPending, 0, 1, fence, clk.Now().Add(time.Minute))
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			for k, st := range []wire.ReceiptStatus{wire.ReceiptReceived, wire.ReceiptExecuting} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, err := ss[k].ApplyReceipt(ctx, "device-1", wire.Receipt{CommandID: cmd, OperationID: op, Status: st, Seq: k + 1}, nil)
+					require.NoError(t, err)
+				}()
+			}
+			wg.Wait()
+			c, err := ss[1].GetCommand(ctx, cmd)
+			require.NoError(t, err)
+			require.Equal(t, fsm.CmdExecuting, c.Status, "%s: the executing receipt was applied", cmd)
+		}
+	})
+}

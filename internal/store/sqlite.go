@@ -1,0 +1,98 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/mattn/go-sqlite3"
+)
+
+// sqliteBackend is the embedded default: a file in WAL mode with
+// synchronous=FULL, one writer connection taking IMMEDIATE transactions and
+// a read-only pool beside it.
+type sqliteBackend struct{}
+
+func (sqliteBackend) name() string       { return "sqlite" }
+func (sqliteBackend) migrations() string { return "migrations/sqlite" }
+func (sqliteBackend) prepares() bool     { return true }
+func (sqliteBackend) rebind(q string) string {
+	return q
+}
+
+func (sqliteBackend) arg(v any) any { return v }
+
+func (sqliteBackend) forUpdate() string  { return "" }
+func (sqliteBackend) skipLocked() string { return "" }
+
+func (sqliteBackend) open(_ context.Context, path string, readers int) (w, r *sql.DB, err error) {
+	file := url.PathEscape(path)
+	params := "_journal_mode=WAL&_busy_timeout=10000&_synchronous=FULL&_foreign_keys=on"
+	if w, err = sql.Open("sqlite3", "file:"+file+"?"+params+"&_txlock=immediate"); err != nil {
+		return nil, nil, fmt.Errorf("open writer: %w", err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetConnMaxIdleTime(0)
+	// The file must exist (and be in WAL mode) before a read-only
+	// connection opens it.
+	if err := w.Ping(); err != nil {
+		w.Close()
+		return nil, nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	if r, err = sql.Open("sqlite3", "file:"+file+"?mode=ro&"+params); err != nil {
+		w.Close()
+		return nil, nil, fmt.Errorf("open readers: %w", err)
+	}
+	r.SetMaxOpenConns(readers)
+	return w, r, nil
+}
+
+func (sqliteBackend) beginMigrations(ctx context.Context, w *sql.DB) (*sql.Tx, error) {
+	return w.BeginTx(ctx, nil) // IMMEDIATE (_txlock): one migrator at a time
+}
+
+func (sqliteBackend) schemaTable() string {
+	return `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT`
+}
+
+// endsTransaction: SQLite rolls the whole transaction back on these codes.
+func (sqliteBackend) endsTransaction(err error) bool {
+	var se sqlite3.Error
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch se.Code {
+	case sqlite3.ErrFull, sqlite3.ErrIoErr, sqlite3.ErrBusy, sqlite3.ErrInterrupt,
+		sqlite3.ErrNomem, sqlite3.ErrCorrupt, sqlite3.ErrNotADB:
+		return true
+	}
+	return false
+}
+
+// conflict: one writer never deadlocks with itself.
+func (sqliteBackend) conflict(error) bool { return false }
+
+// notify: instances sharing one SQLite file poll; there is no channel.
+func (sqliteBackend) notify(context.Context, *sql.Tx, []string) (bool, error) { return false, nil }
+
+// lockInstance takes an flock on a file beside the database: the kernel
+// drops it when the holder dies (kill -9 included), so a restarted instance
+// starts at once.
+func (sqliteBackend) lockInstance(_ context.Context, s *DB, id string) (*Instance, error) {
+	path := s.dsn + ".instance-" + id + ".lock"
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("instance lock %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("instance %q (lock %s): %w", id, filepath.Base(path), ErrInstanceRunning)
+	}
+	return newInstance(id, nil, func() { f.Close() }), nil
+}
