@@ -6,7 +6,7 @@ MOSQUITTO ?= /usr/sbin/mosquitto
 PGBIN     := /usr/lib/postgresql/15/bin
 BIN       := bin
 
-.PHONY: all deps build test vet bench gobench demo scenarios soak clean
+.PHONY: all deps build test vet bench gobench demo scenarios scenarios-postgres soak clean
 
 all: build
 
@@ -65,6 +65,10 @@ gobench: deps
 # Every failure-window scenario with its invariant verdicts (the soak: 2 min on CI, 30 min otherwise).
 scenarios: deps
 	scenarios/run all
+
+# The same scenarios with every controller on PostgreSQL (a throwaway cluster).
+scenarios-postgres: deps
+	SCENARIO_DB=postgres scenarios/run all
 
 soak: deps
 	SOAK_DURATION=$${SOAK_DURATION:-30m} scenarios/run 17-soak

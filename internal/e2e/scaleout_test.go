@@ -197,3 +197,96 @@ func TestInstancesListEachOther(t *testing.T) {
 	require.Equal(t, []string{"i1", "i2"}, ids(all))
 	require.False(t, all[1].Live)
 }
+
+// PostgreSQL stopped as by a crash (pg_ctl stop -m immediate) and started
+// again while operations are submitted: the controller stays up and
+// reconnects; a submit in the outage gets 503 and succeeds when retried
+// with the same operation_id; nothing accepted before, during or after is
+// lost, and nothing runs twice.
+func TestPostgresRestartUnderLoad(t *testing.T) {
+	t.Parallel()
+	const ops, devices = 300, 10
+	pg := testenv.StartPostgres(t) // its own cluster: the test stops it
+	b := setup(t, setupOpts{db: pg.NewDatabase(t), devices: devices})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var unavailable, accepted atomic.Int64
+	other := make(chan string, 100)
+	submit := func(i int) {
+		r := req(fmt.Sprintf("pgrestart-%03d", i), fmt.Sprintf("device-%d", i%devices+1))
+		for ctx.Err() == nil {
+			_, status, err := b.client.Submit(ctx, r, "")
+			switch {
+			case err == nil && (status == http.StatusCreated || status == http.StatusOK):
+				accepted.Add(1)
+				return
+			case status == http.StatusServiceUnavailable:
+				unavailable.Add(1)
+			default:
+				select {
+				case other <- fmt.Sprintf("status %d err %v", status, err):
+				default:
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond): // Retry-After, shortened
+			}
+		}
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				submit(i)
+			}
+		}()
+	}
+	outage := make(chan time.Duration, 1)
+	go func() {
+		defer close(work)
+		pace := time.NewTicker(5 * time.Millisecond) // the load's submit rate
+		defer pace.Stop()
+		for i := 0; i < ops && ctx.Err() == nil; i++ {
+			if i == ops/3 {
+				go func() {
+					pg.Stop(t) // as a crash: no checkpoint, connections cut
+					down := time.Now()
+					seen := unavailable.Load()
+					eventually(t, "submits meet the outage", 30*time.Second, func() bool { return unavailable.Load() >= seen+8 })
+					pg.Start(t)
+					outage <- time.Since(down)
+				}()
+			}
+			select {
+			case work <- i:
+			case <-ctx.Done():
+				return
+			}
+			<-pace.C
+		}
+	}()
+	wg.Wait()
+	select {
+	case msg := <-other:
+		t.Fatalf("a submit got neither a success nor 503: %s", msg)
+	default:
+	}
+	require.EqualValues(t, ops, accepted.Load())
+	require.Greater(t, unavailable.Load(), int64(0), "the outage was met by submits, and answered 503")
+	final := map[string]int{}
+	for i := 0; i < ops; i++ {
+		final[b.waitFinal(fmt.Sprintf("pgrestart-%03d:restart:device-%d:v1", i, i%devices+1)).Status]++
+	}
+	t.Logf("PostgreSQL down for %s; %d submits answered 503 and retried; final: %v", (<-outage).Round(time.Millisecond), unavailable.Load(), final)
+	require.Equal(t, ops, final["succeeded"])
+	select {
+	case <-b.ctl.Done():
+		t.Fatalf("the controller exited during the outage:\n%s", b.ctl.Output())
+	default:
+	}
+	b.verify()
+}

@@ -35,6 +35,10 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // restart and the task walkthrough run on, each as a subtest named after it.
 var backends = []string{"sqlite", "postgres"}
 
+// backendEnv names the backend of every test that does not choose one
+// (scenarios/run sets it from SCENARIO_DB): sqlite by default, or postgres.
+const backendEnv = "FLEETCTL_TEST_BACKEND"
+
 func eachBackend(t *testing.T, test func(t *testing.T, be string)) {
 	for _, be := range backends {
 		t.Run(be, func(t *testing.T) {
@@ -57,6 +61,7 @@ type bundle struct {
 
 type setupOpts struct {
 	backend string // "sqlite" (the default) or "postgres"
+	db      string // a database URL of the test's own, instead of a new one
 	devices int
 	ids     []string // device ids instead of numbered ones
 	env     []string
@@ -72,7 +77,13 @@ func setup(t testing.TB, o setupOpts) *bundle {
 	}
 	b := &bundle{t: t, broker: testenv.StartBroker(t), stateDir: t.TempDir()}
 	b.db = filepath.Join(t.TempDir(), "controller.db")
-	if o.backend == "postgres" {
+	if o.backend == "" {
+		o.backend = os.Getenv(backendEnv)
+	}
+	switch {
+	case o.db != "":
+		b.db = o.db
+	case o.backend == "postgres":
 		b.db = testenv.SharedPostgres(t).NewDatabase(t)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
