@@ -29,7 +29,11 @@ latest.json and latest.html in --out. Run it from the repository's root.
 Environment (the flags win): BENCH_DEVICES (default 100), BENCH_SECONDS (each
 measured phase, default 10; seconds or a Go duration), BENCH_DB (an SQLite
 file, kept; or a postgres:// URL, passed to the controller's --db as is;
-default a temporary file), BENCH_CONCURRENCY (default 256).
+default a temporary file), BENCH_CONCURRENCY (default 256), BENCH_INSTANCES
+(controller processes in the controller phases, default 1: bench-1..bench-N,
+each its own HTTP port on the same --db and broker, operation k submitted to
+instance k%N and waited for there; more than 1 needs a postgres:// BENCH_DB),
+BENCH_NAME (also write NAME.json and NAME.html in --out).
 
 Flags:
 `
@@ -42,6 +46,8 @@ func main() {
 	exitOn(err)
 	conc, err := envInt("BENCH_CONCURRENCY", bench.DefaultConcurrency)
 	exitOn(err)
+	instances, err := envInt("BENCH_INSTANCES", 1)
+	exitOn(err)
 	flag.StringVar(&cfg.Bin, "bin", "bin", "directory holding the controller and devicesim binaries")
 	flag.StringVar(&cfg.OutDir, "out", "bench/out", "directory for latest.json and latest.html")
 	flag.StringVar(&cfg.Mosquitto, "mosquitto", bench.DefaultMosquitto, "the Mosquitto binary")
@@ -50,6 +56,8 @@ func main() {
 	flag.DurationVar(&cfg.Window, "seconds", window, "length of each measured phase (env BENCH_SECONDS)")
 	flag.IntVar(&cfg.Concurrency, "concurrency", conc, "callers in flight in the closed loops (env BENCH_CONCURRENCY)")
 	flag.StringVar(&cfg.DB, "db", os.Getenv("BENCH_DB"), "the controller's --db (env BENCH_DB; default a temporary SQLite file)")
+	flag.IntVar(&cfg.Instances, "instances", instances, "controller processes sharing the --db (env BENCH_INSTANCES; more than 1 needs postgres://)")
+	flag.StringVar(&cfg.Name, "name", os.Getenv("BENCH_NAME"), "also write NAME.json and NAME.html in --out (env BENCH_NAME)")
 	flag.StringVar(&cfg.TopicRoot, "topic-root", "fleet", "MQTT topic root")
 	flag.Usage = func() {
 		fmt.Fprint(flag.CommandLine.Output(), usage)
@@ -68,7 +76,11 @@ func main() {
 		}
 		os.Exit(1)
 	}
-	fmt.Fprintf(os.Stderr, "bench: done in %s; wrote %s/latest.json and latest.html\n", time.Since(start).Round(time.Second), cfg.OutDir)
+	also := ""
+	if cfg.Name != "" {
+		also = fmt.Sprintf(", %s.json and %s.html", cfg.Name, cfg.Name)
+	}
+	fmt.Fprintf(os.Stderr, "bench: done in %s; wrote %s/latest.json and latest.html%s\n", time.Since(start).Round(time.Second), cfg.OutDir, also)
 }
 
 func envInt(name string, def int) (int, error) {

@@ -41,6 +41,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -63,8 +64,8 @@ const (
 	DefaultMaxOutstanding = 20000
 )
 
-// instanceID is the bench controller's --instance-id.
-const instanceID = "bench"
+// instanceID is the --instance-id of the bench's i-th controller (from 1).
+func instanceID(i int) string { return fmt.Sprintf("bench-%d", i) }
 
 // Config configures a run.
 type Config struct {
@@ -90,8 +91,16 @@ type Config struct {
 	// URL (passed through), or "" for a file in the run's directory.
 	DB        string
 	TopicRoot string
+	// Instances is how many controller processes the controller phases
+	// start (bench-1..bench-N, each its own HTTP port, one --db, one
+	// broker); operation k goes to instance k%N and is waited for there.
+	// More than one needs a postgres:// DB.
+	Instances int
 	// OutDir receives latest.json and latest.html; "" writes nothing.
 	OutDir string
+	// Name, if set, also writes NAME.json and NAME.html in OutDir (a run
+	// kept beside the next one's latest.*).
+	Name string
 	// Out receives the table; Log the progress lines (nil: discarded).
 	Out, Log io.Writer
 }
@@ -124,6 +133,9 @@ func (c Config) withDefaults() Config {
 	if c.TopicRoot == "" {
 		c.TopicRoot = wire.DefaultTopicRoot
 	}
+	if c.Instances == 0 {
+		c.Instances = 1
+	}
 	if c.Out == nil {
 		c.Out = io.Discard
 	}
@@ -143,6 +155,15 @@ func (c Config) validate() error {
 		return fmt.Errorf("concurrency %d: at least 1", c.Concurrency)
 	case c.Bin == "":
 		return errors.New("the directory of the controller and devicesim binaries is required")
+	case c.Name != "" && (c.Name == "latest" || !namePattern.MatchString(c.Name)):
+		return fmt.Errorf("name %q: use [A-Za-z0-9._-], not latest", c.Name)
+	case c.Instances < 1:
+		return fmt.Errorf("instances %d: at least 1", c.Instances)
+	case c.Instances > 1 && Backend(c.DB) != "postgres":
+		// SQLite instances share one file on one host, and each applies
+		// every receipt from a persistent subscription of its own: the
+		// bench of several instances is for PostgreSQL.
+		return fmt.Errorf("%d instances need a postgres:// database (BENCH_DB); several instances on one SQLite file are not benchmarked", c.Instances)
 	}
 	for _, name := range []string{"controller", "devicesim"} {
 		if _, err := os.Stat(filepath.Join(c.Bin, name)); err != nil {
@@ -151,6 +172,8 @@ func (c Config) validate() error {
 	}
 	return nil
 }
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
 // Backend names the controller's store for a --db value.
 func Backend(db string) string {
@@ -180,7 +203,11 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 	if cfg.OutDir != "" {
-		if err := res.write(cfg.OutDir); err != nil {
+		var names []string
+		if cfg.Name != "" {
+			names = append(names, cfg.Name)
+		}
+		if err := res.write(cfg.OutDir, names...); err != nil {
 			return res, fmt.Errorf("bench: %w", err)
 		}
 	}
@@ -197,7 +224,7 @@ type run struct {
 	url    string
 	fleet  *benchwire.MemoryFleet
 	cm     *benchwire.Commander
-	ctl    *process
+	ctls   []*process
 	sim    *process
 	procs  map[string]int
 	res    *Result
@@ -208,7 +235,7 @@ func (r *run) logf(format string, args ...any) {
 }
 
 func (r *run) close() {
-	r.ctl.stop(15 * time.Second)
+	r.stopControllers()
 	r.sim.stop(60 * time.Second)
 	if r.cm != nil {
 		r.cm.Close()
@@ -298,91 +325,211 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	return res, nil
 }
 
-// controllerPhases starts the controller on the in-memory fleet, runs the
-// saturation and half-load phases, reads its peak RSS and stops it.
+// controllerPhases starts Config.Instances controllers on the in-memory
+// fleet, runs the saturation and half-load phases, reads their peak RSS
+// and stops them.
 func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 	cfg := r.cfg
 	db := cfg.DB
 	if db == "" {
 		db = filepath.Join(r.dir, "controller.db")
 	}
-	port, err := freePort()
-	if err != nil {
-		return nil, nil, err
-	}
 	bin := filepath.Join(cfg.Bin, "controller")
-	args := []string{"serve", "--db", db, "--mqtt", r.url, "--http", fmt.Sprintf("127.0.0.1:%d", port),
-		"--instance-id", instanceID, "--topic-root", cfg.TopicRoot}
 	// The ceiling throttles nobody; a controller with a per-device receipt
 	// limit gets one that the bench's traffic never reaches.
-	if help, _ := exec.CommandContext(ctx, bin, "serve", "--help").CombinedOutput(); strings.Contains(string(help), "--receipt-rate") {
-		args = append(args, "--receipt-rate", "1000000")
-	}
-	r.res.ControllerArgs = redactArgs(args[1:])
-	r.logf("starting the controller (%s backend)", Backend(db))
-	if r.ctl, err = startProcess("controller", filepath.Join(r.dir, "controller.log"), append([]string{bin}, args...), nil); err != nil {
-		return nil, nil, err
-	}
-	load := newControllerLoad(fmt.Sprintf("http://127.0.0.1:%d", port), r.runID, cfg.Devices, cfg.Concurrency)
-	err = waitUntil(ctx, r.ctl, 30*time.Second, "the controller's /healthz", func() bool {
-		resp, err := load.http.Get(load.base + "/healthz")
-		if err == nil {
-			resp.Body.Close()
+	help, _ := exec.CommandContext(ctx, bin, "serve", "--help").CombinedOutput()
+	receiptRate := strings.Contains(string(help), "--receipt-rate")
+	var bases []string
+	for i := 1; i <= cfg.Instances; i++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, nil, err
 		}
-		return err == nil && resp.StatusCode == 200
-	})
-	if err != nil {
-		return nil, nil, err
+		args := []string{"serve", "--db", db, "--mqtt", r.url, "--http", fmt.Sprintf("127.0.0.1:%d", port),
+			"--instance-id", instanceID(i), "--topic-root", cfg.TopicRoot}
+		if receiptRate {
+			args = append(args, "--receipt-rate", "1000000")
+		}
+		if i == 1 {
+			r.res.ControllerArgs = redactArgs(args[1:])
+		}
+		name := r.controllerName(i)
+		r.logf("starting %s (--instance-id %s, %s backend, http 127.0.0.1:%d)", name, instanceID(i), Backend(db), port)
+		p, err := startProcess(name, filepath.Join(r.dir, name+".log"), append([]string{bin}, args...), nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		r.ctls = append(r.ctls, p)
+		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", port))
 	}
-	// The births are retained: the controller reads them all at subscribe.
-	t0, last, lastLog := time.Now(), 0, time.Now()
-	err = waitUntil(ctx, r.ctl, 60*time.Second+time.Duration(cfg.Devices)*20*time.Millisecond,
-		fmt.Sprintf("the controller to see %d devices online", cfg.Devices), func() bool {
-			n, err := load.onlineDevices(ctx)
+	load := newControllerLoad(bases, r.runID, cfg.Devices, cfg.Concurrency)
+	for i, p := range r.ctls {
+		base := bases[i]
+		err := waitUntil(ctx, p, 30*time.Second, p.name+"'s /healthz", func() bool {
+			resp, err := load.http.Get(base + "/healthz")
 			if err == nil {
-				last = n
+				resp.Body.Close()
 			}
-			if time.Since(lastLog) > 5*time.Second {
-				r.logf("the controller sees %d of %d devices online", last, cfg.Devices)
-				lastLog = time.Now()
-			}
-			return last >= cfg.Devices
+			return err == nil && resp.StatusCode == 200
 		})
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w (it saw %d)", err, last)
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	// The births are retained: each controller reads them all at subscribe.
+	t0 := time.Now()
+	for i, p := range r.ctls {
+		last, lastLog := 0, time.Now()
+		err := waitUntil(ctx, p, 60*time.Second+time.Duration(cfg.Devices)*20*time.Millisecond,
+			fmt.Sprintf("%s to see %d devices online", p.name, cfg.Devices), func() bool {
+				n, err := load.onlineDevices(ctx, i)
+				if err == nil {
+					last = n
+				}
+				if time.Since(lastLog) > 5*time.Second {
+					r.logf("%s sees %d of %d devices online", p.name, last, cfg.Devices)
+					lastLog = time.Now()
+				}
+				return last >= cfg.Devices
+			})
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w (it saw %d)", err, last)
+		}
 	}
 	r.res.ControllerDevicesOnlineSeconds = time.Since(t0).Seconds()
-	r.logf("the controller sees all %d devices online after %s", cfg.Devices, time.Since(t0).Round(time.Millisecond))
-	r.procs["controller"] = r.ctl.pid()
-	defer delete(r.procs, "controller")
+	r.logf("the controller%s see%s all %d devices online after %s", plural(len(r.ctls), "s", ""), plural(len(r.ctls), "", "s"),
+		cfg.Devices, time.Since(t0).Round(time.Millisecond))
+	for i, p := range r.ctls {
+		r.procs[r.controllerName(i+1)] = p.pid()
+	}
+	defer func() {
+		for i := range r.ctls {
+			delete(r.procs, r.controllerName(i+1))
+		}
+	}()
 
 	sat := &Phase{Name: "controller", Target: "controller"}
-	r.logf("phase controller: closed loop, %d in flight, %s", cfg.Concurrency, cfg.Window)
+	r.logf("phase controller: closed loop, %d in flight over %d instance(s), %s", cfg.Concurrency, cfg.Instances, cfg.Window)
+	trips := r.roundTrips(ctx, load)
 	closedLoop(ctx, sat, cfg.Concurrency, r.opts(), load.op("sat"))
+	r.countRoundTrips(ctx, load, sat, trips)
 	sat.Overloaded = load.overloaded.Swap(0)
-	if err := r.alive(ctx, r.ctl); err != nil {
+	if err := r.controllersAlive(ctx); err != nil {
 		return nil, nil, err
 	}
 	rate := max(1, sat.PerS/2)
 	half := &Phase{Name: "controller_half_load", Target: "controller"}
 	r.logf("phase controller_half_load: open loop at %.1f/s, %s", rate, cfg.Window)
+	trips = r.roundTrips(ctx, load)
 	openLoop(ctx, half, rate, cfg.MaxOutstanding, r.opts(), load.op("half"))
+	r.countRoundTrips(ctx, load, half, trips)
 	half.Overloaded = load.overloaded.Swap(0)
-	if err := r.alive(ctx, r.ctl); err != nil {
+	if err := r.controllersAlive(ctx); err != nil {
 		return nil, nil, err
 	}
-	if rss, err := peakRSS(r.ctl.pid()); err == nil {
-		r.res.ControllerPeakRSSMB = round(rss, 1)
+	for _, p := range r.ctls {
+		if rss, err := peakRSS(p.pid()); err == nil {
+			r.res.ControllerPeakRSSMB = max(r.res.ControllerPeakRSSMB, round(rss, 1))
+			r.res.ControllerPeakRSSMBEach = append(r.res.ControllerPeakRSSMBEach, round(rss, 1))
+		}
 	}
-	r.ctl.stop(15 * time.Second)
-	r.ctl = nil
+	r.stopControllers()
 	load.http.CloseIdleConnections()
-	// Its persistent session would queue the ceiling's receipts for a
-	// controller that is gone: a clean-session connect discards it.
-	if err := discardSession(ctx, r.url, "controller-"+instanceID); err != nil {
-		return nil, nil, err
+	// A persistent session (SQLite's) would queue the ceiling's receipts
+	// for a controller that is gone: a clean-session connect discards it.
+	for i := 1; i <= cfg.Instances; i++ {
+		if err := discardSession(ctx, r.url, "controller-"+instanceID(i)); err != nil {
+			return nil, nil, err
+		}
 	}
 	return sat, half, nil
+}
+
+// controllerName is the i-th controller's name among the processes (its
+// CPU row and log): "controller" when there is one.
+func (r *run) controllerName(i int) string {
+	if r.cfg.Instances == 1 {
+		return "controller"
+	}
+	return fmt.Sprintf("controller-%d", i)
+}
+
+// controllersAlive fails if ctx ended or a controller exited.
+func (r *run) controllersAlive(ctx context.Context) error {
+	for _, p := range r.ctls {
+		if err := r.alive(ctx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stopControllers stops every controller, keeping the warnings and errors
+// of their logs in the result (the logs go with the run's directory).
+func (r *run) stopControllers() {
+	for _, p := range r.ctls {
+		p.stop(15 * time.Second)
+	}
+	for _, p := range r.ctls {
+		n, lines := logProblems(p.log, maxLogProblems)
+		if n == 0 {
+			continue
+		}
+		r.logf("%s logged %d warning or error line(s); the first:\n  %s", p.name, n, strings.Join(lines, "\n  "))
+		if r.res != nil {
+			if r.res.ControllerLogProblems == nil {
+				r.res.ControllerLogProblems = map[string]int{}
+			}
+			r.res.ControllerLogProblems[p.name] = n
+			for _, l := range lines {
+				r.res.ControllerLogSamples = append(r.res.ControllerLogSamples, p.name+": "+l)
+			}
+		}
+	}
+	r.ctls = nil
+}
+
+// roundTrips reads every instance's controller_store_round_trips_total;
+// nil if one could not be read (the figure is then left out).
+func (r *run) roundTrips(ctx context.Context, load *controllerLoad) []float64 {
+	var out []float64
+	for i := range load.bases {
+		v, err := load.roundTrips(ctx, i)
+		if err != nil {
+			r.logf("no database round trips: %v", err)
+			return nil
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// countRoundTrips sets p's database round trips: every instance's counter
+// after the phase less before it, over the operations the phase completed
+// (warm-up and drain included, as the counters span them).
+func (r *run) countRoundTrips(ctx context.Context, load *controllerLoad, p *Phase, before []float64) {
+	if before == nil {
+		return
+	}
+	after := r.roundTrips(ctx, load)
+	if after == nil {
+		return
+	}
+	var sum float64
+	for i := range before {
+		sum += after[i] - before[i]
+	}
+	p.DBRoundTrips = int64(sum)
+	if p.Completed > 0 {
+		p.DBRoundTripsPerOp = round(sum/float64(p.Completed), 2)
+	}
+}
+
+func plural(n int, many, one string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // fleetPhase starts devicesim with the same N device ids, runs the plain

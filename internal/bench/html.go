@@ -35,22 +35,24 @@ svg{background:#fff;border:1px solid #e4e4e4} svg text{font-size:11px;fill:#444}
 ul{color:#555}
 </style></head><body>
 <h1>fleetctl bench</h1>
-<div class="meta">{{.R.Date}} · {{.R.GoVersion}}{{if .R.Commit}} · {{.R.Commit}}{{end}} · {{.R.Backend}} backend · {{.R.Devices}} devices · {{.R.Concurrency}} in flight · {{.R.Seconds}} s per phase · {{.R.CPUs}} CPUs</div>
+<div class="meta">{{.R.Date}} · {{.R.GoVersion}}{{if .R.Commit}} · {{.R.Commit}}{{end}} · {{.R.Backend}} backend · {{.R.Instances}} instance{{if ne .R.Instances 1}}s{{end}} · {{.R.Devices}} devices · {{.R.Concurrency}} in flight · {{.R.Seconds}} s per phase · {{.R.CPUs}} CPUs</div>
 <div class="big">
 <div class="card"><span>controller</span><b>{{printf "%.1f" .R.ControllerPerS}}/s</b></div>
 <div class="card"><span>ceiling</span><b>{{printf "%.1f" .R.CeilingPerS}}/s</b></div>
 <div class="card"><span>ratio</span><b>{{printf "%.4f" .R.Ratio}}</b></div>
 <div class="card"><span>fleet ceiling (devicesim)</span><b>{{printf "%.1f" .R.FleetCeilingPerS}}/s</b></div>
+<div class="card"><span>database round trips per operation</span><b>{{printf "%.2f" .R.DBRoundTripsPerOp}}</b></div>
 <div class="card"><span>p99 at half load (controller / ceiling)</span><b>{{printf "%.1f" .R.HalfLoadP99MS}} / {{printf "%.1f" .R.CeilingHalfLoadP99MS}} ms</b></div>
 </div>
 <h2>Figures</h2>
 <table>{{range .Figures}}<tr><td>{{index . 0}}</td><td>{{index . 1}}</td></tr>{{end}}</table>
 <h2>Phases</h2>
-<table><tr><th>phase</th><th>mode</th><th>ops/s</th><th>ops</th><th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>max ms</th><th>errors</th><th>cpu ms/op</th></tr>
+<table><tr><th>phase</th><th>mode</th><th>ops/s</th><th>ops</th><th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99.9 ms</th><th>max ms</th><th>errors</th><th>db rt/op</th><th>cpu ms/op</th></tr>
 {{range .R.Phases}}<tr><td>{{.Name}}</td><td>{{if eq .Mode "open"}}open {{printf "%.1f" .TargetRate}}/s{{else}}closed C={{.Concurrency}}{{end}}</td>
 <td>{{printf "%.1f" .PerS}}</td><td>{{.Ops}}</td><td>{{printf "%.2f" .Latency.P50}}</td><td>{{printf "%.2f" .Latency.P90}}</td>
 <td>{{printf "%.2f" .Latency.P99}}</td><td>{{printf "%.2f" .Latency.P999}}</td><td>{{printf "%.2f" .Latency.Max}}</td>
 <td>{{.Errors}}{{if .Skipped}} +{{.Skipped}} skipped{{end}}{{if .Unfinished}} +{{.Unfinished}} unfinished{{end}}</td>
+<td>{{if .DBRoundTripsPerOp}}{{printf "%.2f" .DBRoundTripsPerOp}}{{end}}</td>
 <td class="cpu">{{range .CPU}}{{.Process}} {{printf "%.3f" .MSPerOp}}<br>{{end}}</td></tr>
 {{end}}</table>
 <h2>Latency, cumulative (log scale)</h2>
@@ -59,7 +61,11 @@ ul{color:#555}
 {{.Hist}}
 <h2>How it was measured</h2>
 <ul>{{range .R.Notes}}<li>{{.}}</li>{{end}}
-<li>controller flags: <code>{{range .R.ControllerArgs}}{{.}} {{end}}</code></li></ul>
+<li>controller flags (the first instance's): <code>{{range .R.ControllerArgs}}{{.}} {{end}}</code></li></ul>
+{{if .R.ControllerLogSamples}}<h2>Controller warnings and errors</h2>
+<ul>{{range $k, $v := .R.ControllerLogProblems}}<li>{{$k}}: {{$v}} line(s)</li>{{end}}</ul>
+<pre>{{range .R.ControllerLogSamples}}{{.}}
+{{end}}</pre>{{end}}
 </body></html>
 `))
 

@@ -42,6 +42,14 @@ type Phase struct {
 	Latency    Summary  `json:"latency_ms"`
 	Overloaded int64    `json:"overloaded_503,omitempty"`
 	CPU        []CPUUse `json:"cpu,omitempty"`
+	// Completed counts every operation that succeeded, warm-up and drain
+	// included (Ops only those of the window).
+	Completed int64 `json:"completed"`
+	// DBRoundTrips (controller phases): the statements every instance sent
+	// to its database from the phase's start to the end of its drain, and
+	// per completed operation.
+	DBRoundTrips      int64   `json:"db_round_trips,omitempty"`
+	DBRoundTripsPerOp float64 `json:"db_round_trips_per_op,omitempty"`
 
 	latencies []time.Duration
 }
@@ -76,6 +84,7 @@ type recorder struct {
 	mu         sync.Mutex
 	lat        []time.Duration
 	ok         int64
+	completed  int64
 	errs       map[string]int64
 	samples    []string
 	errCount   int64
@@ -100,6 +109,7 @@ func (r *recorder) add(lat time.Duration, err error, counted bool, drained bool)
 		}
 		return
 	}
+	r.completed++
 	if counted {
 		r.ok++
 		r.lat = append(r.lat, lat)
@@ -110,6 +120,7 @@ func (r *recorder) finish(window time.Duration) {
 	p := r.p
 	p.Seconds = window.Seconds()
 	p.Ops = r.ok
+	p.Completed = r.completed
 	p.PerS = float64(r.ok) / window.Seconds()
 	p.Errors = r.errCount
 	if len(r.errs) > 0 {

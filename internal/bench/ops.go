@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -57,20 +58,22 @@ func ceilingOp(cm *benchwire.Commander, runID, phase string, devices int) op {
 	}
 }
 
-// controllerLoad drives the controller through its HTTP API only.
+// controllerLoad drives the controllers through their HTTP API only:
+// the k-th operation of a phase goes to bases[k%len(bases)], which is
+// also asked for its final state.
 type controllerLoad struct {
-	base       string
+	bases      []string
 	http       *http.Client
 	runID      string
 	devices    int
 	overloaded atomic.Int64 // 503 answers, each honoured and retried
 }
 
-func newControllerLoad(base, runID string, devices, conc int) *controllerLoad {
+func newControllerLoad(bases []string, runID string, devices, conc int) *controllerLoad {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns = 4*conc + 64
 	tr.MaxIdleConnsPerHost = 4*conc + 64
-	return &controllerLoad{base: base, runID: runID, devices: devices,
+	return &controllerLoad{bases: bases, runID: runID, devices: devices,
 		http: &http.Client{Transport: tr, Timeout: pollWait + 30*time.Second}}
 }
 
@@ -117,9 +120,10 @@ func (c *controllerLoad) op(phase string) op {
 		ctx, cancel := context.WithTimeout(ctx, opTimeout)
 		defer cancel()
 		w := workFor(c.runID, phase, c.devices, k)
+		base := c.instance(k)
 		body, _ := json.Marshal(submitBody{TaskID: w.taskID, Step: w.action, Target: w.device, BusinessVersion: "v1",
 			Action: w.action, Params: w.params})
-		got, err := c.call(ctx, http.MethodPost, "/v1/operations", body)
+		got, err := c.call(ctx, http.MethodPost, base+"/v1/operations", body)
 		if err != nil {
 			return err
 		}
@@ -127,7 +131,7 @@ func (c *controllerLoad) op(phase string) op {
 			return fmt.Errorf("submit: operation_id %q, want %q", got.OperationID, w.operationID)
 		}
 		for got.Status == "started" {
-			if got, err = c.call(ctx, http.MethodGet, "/v1/operations/"+url.PathEscape(w.operationID)+
+			if got, err = c.call(ctx, http.MethodGet, base+"/v1/operations/"+url.PathEscape(w.operationID)+
 				"?wait="+pollWait.String(), nil); err != nil {
 				return err
 			}
@@ -139,11 +143,18 @@ func (c *controllerLoad) op(phase string) op {
 	}
 }
 
-// call sends one request, honouring a 503's Retry-After and sending the
+// instance is the base URL of the controller that gets the k-th operation.
+func (c *controllerLoad) instance(k int64) string { return c.bases[int(k%int64(len(c.bases)))] }
+
+// call sends one request (to an absolute URL), honouring a 503's Retry-After and sending the
 // same request again (the same operation_id: a retry of one intent).
-func (c *controllerLoad) call(ctx context.Context, method, path string, body []byte) (operation, error) {
+func (c *controllerLoad) call(ctx context.Context, method, target string, body []byte) (operation, error) {
+	path := target
+	if u, err := url.Parse(target); err == nil {
+		path = u.Path
+	}
 	for {
-		req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, method, target, bytes.NewReader(body))
 		if err != nil {
 			return operation{}, err
 		}
@@ -216,10 +227,12 @@ func errKind(err error) string {
 	return "other"
 }
 
-// onlineDevices counts the devices GET /v1/devices shows online, following
-// the pages (?limit=, ?after=, Link rel="next") where the API has them.
-func (c *controllerLoad) onlineDevices(ctx context.Context) (int, error) {
-	next := c.base + "/v1/devices?online=true&limit=10000"
+// onlineDevices counts the devices that instance i's GET /v1/devices
+// shows online, following the pages (?limit=, ?after=, Link rel="next")
+// where the API has them.
+func (c *controllerLoad) onlineDevices(ctx context.Context, i int) (int, error) {
+	base := c.bases[i]
+	next := base + "/v1/devices?online=true&limit=10000"
 	n := 0
 	for pages := 0; next != "" && pages < 1000; pages++ {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, next, nil)
@@ -246,7 +259,7 @@ func (c *controllerLoad) onlineDevices(ctx context.Context) (int, error) {
 				n++
 			}
 		}
-		next = nextLink(c.base, resp.Header.Get("Link"))
+		next = nextLink(base, resp.Header.Get("Link"))
 	}
 	return n, nil
 }
@@ -268,4 +281,51 @@ func nextLink(base, h string) string {
 		return b.ResolveReference(t).String()
 	}
 	return ""
+}
+
+// roundTripsMetric counts the statements a controller sent to its
+// database (BEGIN, SAVEPOINT, RELEASE and COMMIT included), at GET /metrics.
+const roundTripsMetric = "controller_store_round_trips_total"
+
+// roundTrips reads instance i's roundTripsMetric.
+func (c *controllerLoad) roundTrips(ctx context.Context, i int) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.bases[i]+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET %s/metrics: %d", c.bases[i], resp.StatusCode)
+	}
+	v, err := metricValue(io.LimitReader(resp.Body, 16<<20), roundTripsMetric)
+	if err != nil {
+		return 0, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
+	}
+	return v, nil
+}
+
+// metricValue finds an unlabelled sample of name in the Prometheus text
+// format.
+func metricValue(r io.Reader, name string) (float64, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), name)
+		if !ok || (rest != "" && rest[0] != ' ' && rest[0] != '\t') {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			continue
+		}
+		return strconv.ParseFloat(f[0], 64)
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("no %s (a controller without it?)", name)
 }

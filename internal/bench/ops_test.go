@@ -3,9 +3,12 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -53,7 +56,7 @@ func TestControllerLoadRetriesOverloadedWithTheSameOperation(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	load := newControllerLoad(srv.URL, "run1", 3, 4)
+	load := newControllerLoad([]string{srv.URL}, "run1", 3, 4)
 	require.NoError(t, load.op("sat")(context.Background(), 4))
 	require.Equal(t, int64(1), load.overloaded.Load())
 	require.Len(t, bodies, 2)
@@ -69,7 +72,7 @@ func TestFinalStatesOtherThanSucceededAreErrors(t *testing.T) {
 		_, _ = io.WriteString(w, `{"operation_id":"run1-sat-1:set-config:device-2:v1","status":"failed_final","reason":"boom"}`)
 	}))
 	defer srv.Close()
-	err := newControllerLoad(srv.URL, "run1", 3, 4).op("sat")(context.Background(), 1)
+	err := newControllerLoad([]string{srv.URL}, "run1", 3, 4).op("sat")(context.Background(), 1)
 	require.Error(t, err)
 	require.Equal(t, "operation_failed_final", errKind(err))
 }
@@ -101,4 +104,80 @@ func TestQuantiles(t *testing.T) {
 	require.Equal(t, 99.0, s.P99)
 	require.Equal(t, 100.0, s.Max)
 	require.Equal(t, 50.5, s.Mean)
+}
+
+// With several instances, operation k is submitted to instance k%N and
+// its final state asked of the same instance.
+func TestOperationsGoRoundRobinToInstances(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string][]string{} // operation_id -> the instances it reached
+	newInstance := func(name string) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			var id, status string
+			if r.Method == http.MethodPost {
+				var req submitBody
+				require.NoError(t, json.NewDecoder(r.Body).Decode(&req))
+				id, status = req.TaskID+":"+req.Step+":"+req.Target+":"+req.BusinessVersion, "started"
+				w.WriteHeader(http.StatusCreated)
+			} else {
+				id, status = strings.TrimPrefix(r.URL.Path, "/v1/operations/"), "succeeded"
+			}
+			mu.Lock()
+			seen[id] = append(seen[id], name)
+			mu.Unlock()
+			_ = json.NewEncoder(w).Encode(operation{OperationID: id, Status: status})
+		}))
+	}
+	var bases []string
+	for _, name := range []string{"i0", "i1", "i2"} {
+		srv := newInstance(name)
+		defer srv.Close()
+		bases = append(bases, srv.URL)
+	}
+	load := newControllerLoad(bases, "run1", 5, 4)
+	for k := int64(0); k < 7; k++ {
+		require.NoError(t, load.op("sat")(context.Background(), k))
+	}
+	require.Len(t, seen, 7)
+	for k := int64(0); k < 7; k++ {
+		w := workFor("run1", "sat", 5, k)
+		want := fmt.Sprintf("i%d", k%3)
+		require.Equal(t, []string{want, want}, seen[w.operationID], "operation %d", k)
+	}
+}
+
+func TestMetricValue(t *testing.T) {
+	text := `# HELP controller_store_round_trips_total Statements sent to the database.
+# TYPE controller_store_round_trips_total counter
+controller_store_round_trips_total_other 5
+controller_store_round_trips_total 123456
+go_goroutines 12
+`
+	v, err := metricValue(strings.NewReader(text), roundTripsMetric)
+	require.NoError(t, err)
+	require.Equal(t, 123456.0, v)
+	v, err = metricValue(strings.NewReader("controller_store_round_trips_total 1.5e+06\n"), roundTripsMetric)
+	require.NoError(t, err)
+	require.Equal(t, 1.5e6, v)
+	_, err = metricValue(strings.NewReader("go_goroutines 12\n"), roundTripsMetric)
+	require.ErrorContains(t, err, "no controller_store_round_trips_total")
+}
+
+func TestSeveralInstancesNeedPostgres(t *testing.T) {
+	bin := t.TempDir()
+	for _, name := range []string{"controller", "devicesim"} {
+		require.NoError(t, os.WriteFile(filepath.Join(bin, name), nil, 0o755))
+	}
+	cfg := Config{Bin: bin, Instances: 3}.withDefaults()
+	require.ErrorContains(t, cfg.validate(), "3 instances need a postgres:// database")
+	cfg.DB = "/tmp/x.db"
+	require.ErrorContains(t, cfg.validate(), "need a postgres://")
+	cfg.DB = "postgres://postgres@127.0.0.1:5432/x?sslmode=disable"
+	require.NoError(t, cfg.validate())
+	cfg.Instances, cfg.DB = 1, ""
+	require.NoError(t, cfg.validate())
+	cfg.Name = "latest"
+	require.Error(t, cfg.validate())
+	cfg.Name = "postgres-3"
+	require.NoError(t, cfg.validate())
 }

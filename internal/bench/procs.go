@@ -247,3 +247,31 @@ func peakRSS(pid int) (float64, error) {
 	}
 	return 0, errors.New("no VmHWM in /proc status")
 }
+
+// maxLogProblems bounds the log lines kept per controller.
+const maxLogProblems = 10
+
+// logProblems counts a log's WARN and ERROR lines (slog's text format)
+// and returns the first max of them.
+func logProblems(path string, max int) (int, []string) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, nil
+	}
+	defer f.Close()
+	n := 0
+	var first []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, "level=WARN") && !strings.Contains(line, "level=ERROR") {
+			continue
+		}
+		n++
+		if len(first) < max {
+			first = append(first, line)
+		}
+	}
+	return n, first
+}
