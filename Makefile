@@ -6,7 +6,7 @@ MOSQUITTO ?= /usr/sbin/mosquitto
 PGBIN     := /usr/lib/postgresql/15/bin
 BIN       := bin
 
-.PHONY: all deps build test vet bench gobench demo scenarios scenarios-postgres soak clean
+.PHONY: all deps build test vet bench bench-postgres gobench demo scenarios scenarios-postgres soak clean
 
 all: build
 
@@ -53,10 +53,32 @@ test: deps vet
 # The controller against the protocol's own ceiling, in one run on one broker
 # (internal/bench): a table, bench/out/latest.json and bench/out/latest.html.
 # BENCH_DEVICES (100), BENCH_SECONDS (10, each measured phase), BENCH_DB (an
-# SQLite file or a postgres:// URL; default a temporary file).
+# SQLite file or a postgres:// URL; default a temporary file),
+# BENCH_INSTANCES (1; more controller instances need PostgreSQL).
 bench: deps build
 	$(GO) build -o $(BIN)/bench ./cmd/bench
 	$(BIN)/bench --bin $(BIN) --out bench/out
+
+# The same on PostgreSQL: a throwaway cluster (scripts/throwaway-postgres, in
+# a temporary directory, stopped and removed at the end, also on failure or
+# Ctrl-C), a fresh database per run, one controller instance and then
+# BENCH_PG_INSTANCES (3) sharing it: bench/out/postgres-1.json and
+# postgres-3.json (and .html), latest.* being the last run's.
+BENCH_PG_INSTANCES ?= 3
+bench-postgres: deps build
+	$(GO) build -o $(BIN)/bench ./cmd/bench
+	@set -e; \
+	dir=$$(mktemp -d "$${TMPDIR:-/tmp}/fleetctl-bench-pg.XXXXXX"); \
+	trap 'scripts/throwaway-postgres stop "$$dir"' EXIT; \
+	trap 'exit 130' INT TERM; \
+	url=$$(scripts/throwaway-postgres start "$$dir"); \
+	for n in 1 $(BENCH_PG_INSTANCES); do \
+		db=bench_$$n; \
+		psql "$$url" -v ON_ERROR_STOP=1 -qc "CREATE DATABASE $$db"; \
+		echo "bench-postgres: $$n instance(s) on database $$db"; \
+		BENCH_INSTANCES=$$n BENCH_NAME=postgres-$$n BENCH_DB="$$(echo "$$url" | sed "s#/postgres?#/$$db?#")" \
+			$(BIN)/bench --bin $(BIN) --out bench/out; \
+	done
 
 # The Go benchmarks (one operation at a time, and eight callers, end to end).
 gobench: deps
