@@ -43,13 +43,15 @@ func TestRunWritesSaneFigures(t *testing.T) {
 	require.NoError(t, json.Unmarshal(raw, &got))
 	for _, k := range []string{"ceiling_per_s", "controller_per_s", "ratio", "p50_ms", "p90_ms", "p99_ms",
 		"half_load_p99_ms", "ceiling_half_load_p99_ms", "controller_peak_rss_mb", "cpu_ms_per_op",
-		"fleet_ceiling_per_s", "fleet_ratio", "half_load_rate_per_s"} {
+		"fleet_ceiling_per_s", "fleet_ratio", "half_load_rate_per_s", "db_round_trips_per_op",
+		"half_load_db_round_trips_per_op"} {
 		v, ok := got[k].(float64)
 		require.True(t, ok, "%s missing or not a number in %s", k, raw)
 		require.Greater(t, v, 0.0, k)
 	}
 	require.Equal(t, 4.0, got["devices"])
 	require.Equal(t, "sqlite", got["backend"])
+	require.Equal(t, 1.0, got["instances"])
 	require.NotEmpty(t, got["go_version"])
 	_, err = time.Parse(time.RFC3339, got["date"].(string))
 	require.NoError(t, err)
@@ -76,4 +78,42 @@ func TestRunWritesSaneFigures(t *testing.T) {
 		require.NotContains(t, string(html), external)
 	}
 	require.True(t, strings.Contains(table.String(), "controller_per_s"), table.String())
+	require.True(t, strings.Contains(table.String(), "db_round_trips_per_op"), table.String())
+}
+
+// Two controller instances on one PostgreSQL database (the operations
+// submitted to each in turn): a run without errors, each instance's CPU
+// and peak RSS reported, the round trips counted, NAME.json written.
+func TestRunSeveralInstancesOnPostgres(t *testing.T) {
+	broker := testenv.StartBroker(t)
+	bin := filepath.Dir(testenv.Binary(t, "controller"))
+	testenv.Binary(t, "devicesim")
+	db := testenv.SharedPostgres(t).NewDatabase(t)
+	out := t.TempDir()
+	var table, log bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	res, err := bench.Run(ctx, bench.Config{
+		Bin: bin, BrokerURL: broker.URL(), Devices: 4, Window: time.Second, Warmup: 200 * time.Millisecond,
+		Drain: 10 * time.Second, Concurrency: 8, DB: db, Instances: 2, Name: "pg-2", OutDir: out, Out: &table, Log: &log,
+	})
+	require.NoError(t, err, log.String())
+	require.Equal(t, "postgres", res.Backend)
+	require.Equal(t, 2, res.Instances)
+	require.Zero(t, res.TotalErrors, "errors: %v\n%s", res.Errors, table.String())
+	require.Positive(t, res.ControllerPerS)
+	require.Positive(t, res.DBRoundTripsPerOp)
+	require.Len(t, res.ControllerPeakRSSMBEach, 2)
+	ctl := res.Phases[1]
+	require.Equal(t, "controller", ctl.Name)
+	var procs []string
+	for _, u := range ctl.CPU {
+		procs = append(procs, u.Process)
+	}
+	require.Subset(t, procs, []string{"controller-1", "controller-2"})
+	for _, name := range []string{"latest.json", "pg-2.json", "pg-2.html"} {
+		_, err := os.Stat(filepath.Join(out, name))
+		require.NoError(t, err, name)
+	}
+	require.Contains(t, table.String(), "postgres backend  2 instance(s)")
 }
