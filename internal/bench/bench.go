@@ -196,7 +196,8 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	r := &run{cfg: cfg, dir: dir, runID: newRunID(), procs: map[string]int{"bench": os.Getpid()}}
+	r := &run{cfg: cfg, dir: dir, runID: newRunID(), procs: map[string]int{"bench": os.Getpid()},
+		trees: map[string]int{}}
 	defer r.close()
 	res, err = r.run(ctx)
 	if err != nil {
@@ -227,6 +228,7 @@ type run struct {
 	ctls   []*process
 	sim    *process
 	procs  map[string]int
+	trees  map[string]int
 	res    *Result
 }
 
@@ -247,7 +249,7 @@ func (r *run) close() {
 }
 
 func (r *run) opts() loadOpts {
-	return loadOpts{warmup: r.cfg.Warmup, window: r.cfg.Window, drain: r.cfg.Drain, procs: r.procs}
+	return loadOpts{warmup: r.cfg.Warmup, window: r.cfg.Window, drain: r.cfg.Drain, procs: r.procs, trees: r.trees}
 }
 
 func (r *run) run(ctx context.Context) (*Result, error) {
@@ -402,10 +404,19 @@ func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 	for i, p := range r.ctls {
 		r.procs[r.controllerName(i+1)] = p.pid()
 	}
+	// A PostgreSQL server on this host does part of the controller's work:
+	// its CPU (the postmaster and every backend) is taken too.
+	if pid, err := localPostgres(db); err != nil {
+		r.logf("the PostgreSQL server's CPU is not counted: %v", err)
+	} else if pid > 0 {
+		r.logf("counting the CPU of the PostgreSQL server on this host (postmaster pid %d) as \"postgres\"", pid)
+		r.trees["postgres"] = pid
+	}
 	defer func() {
 		for i := range r.ctls {
 			delete(r.procs, r.controllerName(i+1))
 		}
+		delete(r.trees, "postgres")
 	}()
 
 	sat := &Phase{Name: "controller", Target: "controller"}

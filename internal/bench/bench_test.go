@@ -103,6 +103,7 @@ func TestRunSeveralInstancesOnPostgres(t *testing.T) {
 	require.Zero(t, res.TotalErrors, "errors: %v\n%s", res.Errors, table.String())
 	require.Positive(t, res.ControllerPerS)
 	require.Positive(t, res.DBRoundTripsPerOp)
+	require.Positive(t, res.PostgresCPUMSPerOp, "the local server's CPU")
 	require.Len(t, res.ControllerPeakRSSMBEach, 2)
 	ctl := res.Phases[1]
 	require.Equal(t, "controller", ctl.Name)

@@ -75,8 +75,13 @@ type CPUUse struct {
 // loadOpts are the knobs every phase shares.
 type loadOpts struct {
 	warmup, window, drain time.Duration
-	// procs: the processes whose CPU time is taken over the window.
-	procs map[string]int
+	// procs: the processes whose CPU time is taken over the window;
+	// trees: the same with their children's (a PostgreSQL server).
+	procs, trees map[string]int
+}
+
+func (o loadOpts) sampler() *cpuSampler {
+	return &cpuSampler{procs: o.procs, trees: o.trees, before: map[string]time.Duration{}, after: map[string]time.Duration{}}
 }
 
 type recorder struct {
@@ -136,6 +141,7 @@ func (r *recorder) finish(window time.Duration) {
 // end.
 type cpuSampler struct {
 	procs  map[string]int
+	trees  map[string]int
 	before map[string]time.Duration
 	after  map[string]time.Duration
 }
@@ -146,10 +152,22 @@ func (c *cpuSampler) sample(into map[string]time.Duration) {
 			into[name] = t
 		}
 	}
+	for name, pid := range c.trees {
+		if t, err := treeCPUTime(pid); err == nil {
+			into[name] = t
+		}
+	}
 }
 
 func (c *cpuSampler) result(p *Phase) {
+	names := make([]string, 0, len(c.procs)+len(c.trees))
 	for name := range c.procs {
+		names = append(names, name)
+	}
+	for name := range c.trees {
+		names = append(names, name)
+	}
+	for _, name := range names {
 		b, ok1 := c.before[name]
 		a, ok2 := c.after[name]
 		if !ok1 || !ok2 {
@@ -189,7 +207,7 @@ func (o loadOpts) edges(ctx context.Context, start time.Time, cs *cpuSampler) (t
 func closedLoop(ctx context.Context, p *Phase, conc int, o loadOpts, run op) {
 	p.Mode, p.Concurrency = "closed", conc
 	rec := newRecorder(p)
-	cs := &cpuSampler{procs: o.procs, before: map[string]time.Duration{}, after: map[string]time.Duration{}}
+	cs := o.sampler()
 	opCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
@@ -226,7 +244,7 @@ func closedLoop(ctx context.Context, p *Phase, conc int, o loadOpts, run op) {
 func openLoop(ctx context.Context, p *Phase, rate float64, maxOutstanding int64, o loadOpts, run op) {
 	p.Mode, p.TargetRate = "open", rate
 	rec := newRecorder(p)
-	cs := &cpuSampler{procs: o.procs, before: map[string]time.Duration{}, after: map[string]time.Duration{}}
+	cs := o.sampler()
 	opCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()

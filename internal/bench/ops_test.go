@@ -181,3 +181,23 @@ func TestSeveralInstancesNeedPostgres(t *testing.T) {
 	cfg.Name = "postgres-3"
 	require.NoError(t, cfg.validate())
 }
+
+func TestLocalPostgresIsOnlyLookedForOnLoopback(t *testing.T) {
+	pid, err := localPostgres("/tmp/x.db")
+	require.NoError(t, err)
+	require.Zero(t, pid)
+	pid, err = localPostgres("postgres://u@db.example:5432/x")
+	require.NoError(t, err)
+	require.Zero(t, pid)
+	_, err = localPostgres("postgres://u@127.0.0.1:1/x")
+	require.ErrorContains(t, err, "no postgres process started with -p 1")
+}
+
+// The CPU of a process tree counts its live children's.
+func TestTreeCPUTimeCountsChildren(t *testing.T) {
+	self, err := cpuTime(os.Getpid())
+	require.NoError(t, err)
+	tree, err := treeCPUTime(os.Getpid())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, tree, self)
+}

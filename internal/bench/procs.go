@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -204,26 +205,12 @@ const clockTicks = 100
 
 // cpuTime is a process's user plus system CPU time so far.
 func cpuTime(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := statFields(pid)
 	if err != nil {
 		return 0, err
 	}
-	// The command name, field 2, is in parentheses and may hold spaces.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, errors.New("malformed /proc stat")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// After the name: state is field 3, utime 14, stime 15.
-	if len(f) < 13 {
-		return 0, errors.New("malformed /proc stat")
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, err
-	}
-	return time.Duration(ut+st) * time.Second / clockTicks, nil
+	// utime and stime are fields 14 and 15.
+	return ticks(f, 11, 12)
 }
 
 // peakRSS is a process's VmHWM, its resident set's high-water mark, in MiB.
@@ -274,4 +261,115 @@ func logProblems(path string, max int) (int, []string) {
 		}
 	}
 	return n, first
+}
+
+// statFields are a /proc/<pid>/stat's fields after the command name
+// (field 3, the state, first).
+func statFields(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil, errors.New("malformed /proc stat")
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 15 {
+		return nil, errors.New("malformed /proc stat")
+	}
+	return f, nil
+}
+
+// ticks adds up stat fields (clock ticks) as a duration.
+func ticks(f []string, idx ...int) (time.Duration, error) {
+	var sum int64
+	for _, i := range idx {
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		sum += n
+	}
+	return time.Duration(sum) * time.Second / clockTicks, nil
+}
+
+// treeCPUTime is the CPU time of pid, of its children that ended (cutime,
+// cstime: reaped ones) and of its live children: a PostgreSQL server's
+// postmaster and its backends.
+func treeCPUTime(pid int) (time.Duration, error) {
+	f, err := statFields(pid)
+	if err != nil {
+		return 0, err
+	}
+	// utime, stime, cutime, cstime are fields 14-17.
+	total, err := ticks(f, 11, 12, 13, 14)
+	if err != nil {
+		return 0, err
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	want := strconv.Itoa(pid)
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil || child == pid {
+			continue
+		}
+		cf, err := statFields(child)
+		if err != nil || cf[1] != want { // field 4, the parent
+			continue
+		}
+		if t, err := ticks(cf, 11, 12); err == nil {
+			total += t
+		}
+	}
+	return total, nil
+}
+
+// localPostgres finds the postmaster of a postgres:// URL's server when
+// it runs on this host (a loopback address): the process of the postgres
+// binary started with -p PORT (as scripts/throwaway-postgres and the tests'
+// clusters start it). 0 and no error: not PostgreSQL, or not on loopback.
+func localPostgres(db string) (int, error) {
+	if Backend(db) != "postgres" {
+		return 0, nil
+	}
+	u, err := url.Parse(db)
+	if err != nil {
+		return 0, err
+	}
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		port = "5432"
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return 0, nil
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if filepath.Base(argv[0]) != "postgres" {
+			continue
+		}
+		for i, a := range argv {
+			if a == "-p"+port || (a == "-p" && i+1 < len(argv) && argv[i+1] == port) {
+				return pid, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no postgres process started with -p %s on this host", port)
 }

@@ -62,9 +62,11 @@ type Result struct {
 	DBRoundTripsPerOp         float64 `json:"db_round_trips_per_op"`
 	HalfLoadDBRoundTripsPerOp float64 `json:"half_load_db_round_trips_per_op"`
 	CPUMSPerOp                float64 `json:"cpu_ms_per_op"`
-	BrokerCPUMSPerOp          float64 `json:"broker_cpu_ms_per_op,omitempty"`
-	CeilingBrokerCPUMSPer     float64 `json:"ceiling_broker_cpu_ms_per_op,omitempty"`
-	Overloaded503             int64   `json:"overloaded_503"`
+	// PostgresCPUMSPerOp: a PostgreSQL server's on this host, saturated.
+	PostgresCPUMSPerOp    float64 `json:"postgres_cpu_ms_per_op,omitempty"`
+	BrokerCPUMSPerOp      float64 `json:"broker_cpu_ms_per_op,omitempty"`
+	CeilingBrokerCPUMSPer float64 `json:"ceiling_broker_cpu_ms_per_op,omitempty"`
+	Overloaded503         int64   `json:"overloaded_503"`
 	// Errors counts, per phase, the operations that failed (any kind),
 	// the open-loop arrivals skipped and the operations left unfinished.
 	Errors      map[string]int64 `json:"errors"`
@@ -99,7 +101,7 @@ func newResult(cfg Config) *Result {
 			"half load: open loop at R = controller_per_s / 2, latency from each arrival's due time; the ceiling's half load runs after the controller's, at the same R",
 			"fleet ceiling: the ceiling's traffic to devicesim's own devices (durable state on disk)",
 			"only operations finishing inside each window count (closed loop) or due inside it (open loop); a warm-up precedes each window",
-			"every process shares this host's CPUs; cpu per phase and process is in phases[].cpu (a PostgreSQL server's own is not counted)",
+			"every process shares this host's CPUs; cpu per phase and process is in phases[].cpu; a PostgreSQL server on this host (found by its port) is \"postgres\": its postmaster and every backend",
 			"instances > 1: operation k is submitted to instance k % instances and waited for there; cpu_ms_per_op sums the instances",
 			"db_round_trips_per_op: controller_store_round_trips_total of every instance (GET /metrics) after the phase's drain less before its start, over the operations it completed (warm-up and drain included)",
 		},
@@ -144,6 +146,8 @@ func (r *Result) finish() {
 			ctlMS += u.MS
 		case u.Process == "mosquitto":
 			r.BrokerCPUMSPerOp = round(u.MSPerOp, 3)
+		case u.Process == "postgres":
+			r.PostgresCPUMSPerOp = round(u.MSPerOp, 3)
 		}
 	}
 	if ctl.Ops > 0 {
@@ -241,6 +245,10 @@ func (r *Result) table(w io.Writer) {
 func (r *Result) figures() [][2]string {
 	f := func(v float64) string { return fmt.Sprintf("%.1f", v) }
 	msf := func(v float64) string { return fmt.Sprintf("%.2f ms", v) }
+	pgCPU := "-"
+	if r.PostgresCPUMSPerOp > 0 {
+		pgCPU = fmt.Sprintf("%.3f", r.PostgresCPUMSPerOp)
+	}
 	return [][2]string{
 		{"backend / instances", fmt.Sprintf("%s / %d", r.Backend, r.Instances)},
 		{"ceiling_per_s", f(r.CeilingPerS)},
@@ -254,6 +262,7 @@ func (r *Result) figures() [][2]string {
 		{"ceiling_half_load_p99 (ceiling at R)", msf(r.CeilingHalfLoadP99MS)},
 		{"controller_peak_rss (largest instance)", fmt.Sprintf("%.1f MiB", r.ControllerPeakRSSMB)},
 		{"cpu_ms_per_op (controller, saturated)", fmt.Sprintf("%.3f", r.CPUMSPerOp)},
+		{"postgres_cpu_ms_per_op (server, saturated)", pgCPU},
 		{"db_round_trips_per_op (controller, saturated)", fmt.Sprintf("%.2f", r.DBRoundTripsPerOp)},
 		{"half_load_db_round_trips_per_op", fmt.Sprintf("%.2f", r.HalfLoadDBRoundTripsPerOp)},
 		{"overloaded_503 (honoured, retried)", fmt.Sprint(r.Overloaded503)},
