@@ -42,6 +42,9 @@ type Config struct {
 	Auth     *Auth // nil: auth off
 	// Failpoints: submit-after-commit, between the commit and the answer.
 	Failpoints *failpoint.Set
+	// WaitPoll is how often a ?wait= call re-reads its operation for
+	// changes no wake-up announced (another instance's); 250 ms by default.
+	WaitPoll time.Duration
 }
 
 // Server serves the API.
@@ -59,6 +62,9 @@ type handler func(r *http.Request) (int, any, error)
 func New(cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.WaitPoll <= 0 {
+		cfg.WaitPoll = 250 * time.Millisecond
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), hub: NewHub()}
 	routes := []struct {
@@ -197,11 +203,13 @@ func (s *Server) handleGetOperation(r *http.Request) (int, any, error) {
 }
 
 // waitOperation returns the operation once it leaves started, or when wait
-// ends. It wakes on this instance's changes and polls for other instances'.
+// ends. It wakes on this instance's changes (and, through the store's
+// wake-ups, on other instances'), and polls every Config.WaitPoll for the
+// changes of other instances that no wake-up reached.
 func (s *Server) waitOperation(ctx context.Context, id string, wait time.Duration) (store.Operation, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	poll := time.NewTicker(250 * time.Millisecond)
+	poll := time.NewTicker(s.cfg.WaitPoll)
 	defer poll.Stop()
 	for {
 		ch := s.hub.Watch(id)

@@ -194,8 +194,15 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		EnforceGrants: auth.Enabled(), FourEyes: cfg.FourEyes && auth.Enabled(), MaxCommandBytes: cfg.MaxCommandBytes,
 		Submitted: c.disp.Kick, Changed: changed,
 	})
+	// Other instances' changes: on PostgreSQL their wake-ups arrive through
+	// NOTIFY and polling is the rare fallback; instances sharing an SQLite
+	// file have only the polling.
+	waitPoll := 250 * time.Millisecond
+	if shared {
+		waitPoll = 2 * time.Second
+	}
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
-		Metrics: met.Handler(), Auth: auth, Failpoints: fp})
+		Metrics: met.Handler(), Auth: auth, Failpoints: fp, WaitPoll: waitPoll})
 	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,

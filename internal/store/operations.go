@@ -162,6 +162,20 @@ func insertCommand(t *tx, commandID, operationID, device, action string, params 
 	return t.event("command", commandID, "", string(fsm.CmdPending), "submitted", 0)
 }
 
+// getOperationRow reads an operation's own row, without the lists of its
+// commands and compensations (a write that decides by its state needs no
+// more).
+func getOperationRow(ctx context.Context, q queryer, id string) (Operation, error) {
+	op, err := scanOperation(q.QueryRowContext(ctx, lockingRead(q, `SELECT `+operationColumns+` FROM operations WHERE operation_id = ?`), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Operation{}, fmt.Errorf("operation %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Operation{}, fmt.Errorf("get operation %s: %w", id, err)
+	}
+	return op, nil
+}
+
 type queryer interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
@@ -192,12 +206,9 @@ func scanOperation(row interface{ Scan(...any) error }) (Operation, error) {
 }
 
 func getOperation(ctx context.Context, q queryer, id string) (Operation, error) {
-	op, err := scanOperation(q.QueryRowContext(ctx, lockingRead(q, `SELECT `+operationColumns+` FROM operations WHERE operation_id = ?`), id))
-	if errors.Is(err, sql.ErrNoRows) {
-		return Operation{}, fmt.Errorf("operation %s: %w", id, ErrNotFound)
-	}
+	op, err := getOperationRow(ctx, q, id)
 	if err != nil {
-		return Operation{}, fmt.Errorf("get operation %s: %w", id, err)
+		return Operation{}, err
 	}
 	op.CommandIDs, err = queryStrings(ctx, q, `SELECT command_id FROM commands WHERE operation_id = ? ORDER BY created_at, command_id`, id)
 	if err != nil {
@@ -245,7 +256,7 @@ func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.Command
 	if !ok || (late && to == fsm.OpFailedRetryable) {
 		return nil
 	}
-	op, err := getOperation(ctx, t, cmd.OperationID)
+	op, err := getOperationRow(ctx, t, cmd.OperationID)
 	if err != nil {
 		return err
 	}
