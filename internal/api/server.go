@@ -45,6 +45,10 @@ type Config struct {
 	// WaitPoll is how often a ?wait= call re-reads its operation for
 	// changes no wake-up announced (another instance's); 250 ms by default.
 	WaitPoll time.Duration
+	// MCP, if set, serves the agent interface (internal/mcpserver) at
+	// /mcp behind the same bearer tokens: any valid one gets in, and each
+	// tool call is a request to the routes here, which check its role.
+	MCP http.Handler
 }
 
 // Server serves the API.
@@ -92,6 +96,9 @@ func New(cfg Config) *Server {
 	}
 	for _, rt := range routes {
 		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(rt.h)))
+	}
+	if cfg.MCP != nil {
+		s.mux.Handle("/mcp", s.need("", cfg.MCP.ServeHTTP))
 	}
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance": cfg.Instance})
