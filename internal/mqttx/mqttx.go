@@ -119,12 +119,18 @@ func ClientTLS(caFile string) (*tls.Config, error) {
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
 
-// lossWatch classifies lost connections (see Loss).
+// lossWatch classifies lost connections (see Loss). paho calls the
+// connection-lost handler in a goroutine of its own, concurrently with the
+// reconnect, so a loss and the reconnect that follows it may be seen in
+// either order: whichever comes second classifies the pair.
 type lossWatch struct {
 	mu       sync.Mutex
-	pending  bool   // a loss not yet reported
-	closed   bool   // the broker closed it (EOF)
-	attempts int    // reconnect attempts since
+	connects int    // connections made
+	attempts int    // reconnect attempts since the last connect
+	lossSeen bool   // a loss seen whose reconnect is not yet
+	closed   bool   // ... and the broker closed that connection (EOF)
+	connSeen bool   // a reconnect seen whose loss is not yet
+	tries    int    // ... after that many attempts
 	lastFail string // the last connect failure said, until a connect succeeds
 }
 
@@ -140,10 +146,18 @@ func (w *lossWatch) failed(err error) bool {
 	return true
 }
 
-func (w *lossWatch) lost(err error) {
+// lost records a lost connection; it returns its cause if its reconnect
+// was seen already.
+func (w *lossWatch) lost(err error) (Loss, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.pending, w.closed, w.attempts = true, errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF), 0
+	closed := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	if w.connSeen {
+		w.connSeen = false
+		return classify(closed, w.tries), true
+	}
+	w.lossSeen, w.closed = true, closed
+	return "", false
 }
 
 func (w *lossWatch) attempt() {
@@ -152,22 +166,37 @@ func (w *lossWatch) attempt() {
 	w.mu.Unlock()
 }
 
-// connected returns the pending loss's cause, if there is one.
+// connected records a connection; after a reconnect it returns the cause
+// of the loss before it, if that loss was seen already.
 func (w *lossWatch) connected() (Loss, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.lastFail = ""
-	if !w.pending {
+	w.connects++
+	tries := w.attempts
+	w.attempts = 0
+	switch {
+	case w.connects == 1: // the first connection: nothing was lost
+		return "", false
+	case w.lossSeen:
+		w.lossSeen = false
+		return classify(w.closed, tries), true
+	default:
+		w.connSeen, w.tries = true, tries
 		return "", false
 	}
-	w.pending = false
+}
+
+// classify: see Loss. A broker that went away refuses the first attempt; one
+// that closed a live connection (a session taken over) takes it.
+func classify(closed bool, attempts int) Loss {
 	switch {
-	case !w.closed:
-		return LossError, true
-	case w.attempts <= 1:
-		return LossTakenOver, true
+	case !closed:
+		return LossError
+	case attempts <= 1:
+		return LossTakenOver
 	default:
-		return LossClosed, true
+		return LossClosed
 	}
 }
 
@@ -220,8 +249,10 @@ func New(cfg Config) *Client {
 			}
 		}).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
-			cl.loss.lost(err)
 			cl.log.Warn("mqtt connection lost", "err", err)
+			if loss, ok := cl.loss.lost(err); ok {
+				cl.lossFound(loss)
+			}
 		})
 	if cfg.Username != "" {
 		opts.SetUsername(cfg.Username)
@@ -262,14 +293,7 @@ func (cl *Client) handle(_ mqtt.Client, m mqtt.Message) {
 func (cl *Client) onConnect(c mqtt.Client) {
 	cl.log.Info("mqtt connected", "client_id", cl.cfg.ClientID)
 	if loss, ok := cl.loss.connected(); ok {
-		if loss == LossTakenOver {
-			cl.log.Warn("mqtt session taken over: the broker closed the connection while it was up and took the reconnect at once; "+
-				"another client connected with this client id (or this process stalled past its keepalive)",
-				"client_id", cl.cfg.ClientID)
-		}
-		if cl.cfg.OnLoss != nil {
-			cl.cfg.OnLoss(loss)
-		}
+		cl.lossFound(loss)
 	}
 	// Subscribing waits on the broker; paho calls this handler in its own
 	// goroutine, but the wait must still be bounded.
@@ -290,6 +314,18 @@ func (cl *Client) onConnect(c mqtt.Client) {
 			cl.cfg.OnConnect()
 		}
 	}()
+}
+
+// lossFound reports a lost connection's cause.
+func (cl *Client) lossFound(loss Loss) {
+	if loss == LossTakenOver {
+		cl.log.Warn("mqtt session taken over: the broker closed the connection while it was up and took the reconnect at once; "+
+			"another client connected with this client id (or this process stalled past its keepalive)",
+			"client_id", cl.cfg.ClientID)
+	}
+	if cl.cfg.OnLoss != nil {
+		cl.cfg.OnLoss(loss)
+	}
 }
 
 // Publish sends one message and waits for the broker's acknowledgement
