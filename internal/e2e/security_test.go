@@ -169,16 +169,18 @@ func receiptJSON(t *testing.T, r wire.Receipt) string {
 // A device's credentials cannot report on another device's command: the
 // receipt it publishes on that device's topic is dropped by the broker,
 // which still acknowledges it (mosquitto_pub exits 0), and the controller
-// never sees it; the same account's receipt on its own topic is applied.
+// never sees it; the same account's receipt on its own topic is applied,
+// and one on its own topic about the other device's command is a mismatch.
 func TestSecureForgedReceiptOnAnotherDevicesTopicNeverReachesTheController(t *testing.T) {
 	t.Parallel()
 	requireMosquittoClients(t)
-	// device-2 takes 6s over its action, so that its command sits in
-	// executing while the forgery is tried; a long ack timeout keeps the
-	// controller's queries (and their answers) out of the counts.
-	b := setup(t, setupOpts{secure: true, args: []string{"--ack-timeout", "30s"},
+	// device-2's action takes a minute, so that its command sits in
+	// executing while the forgery is tried, however slow the machine (the
+	// teardown interrupts it); a long ack timeout keeps the controller's
+	// queries, and their answers, out of the counts.
+	b := setup(t, setupOpts{secure: true, args: []string{"--ack-timeout", "2m"},
 		faults: sim.Profile{Devices: []sim.Override{{Match: "device-2", Faults: sim.Faults{
-			SlowExecution: sim.ActionFault{Trigger: sim.Trigger{P: 1}, Delay: sim.Duration(6 * time.Second)}}}}}})
+			SlowExecution: sim.ActionFault{Trigger: sim.Trigger{P: 1}, Delay: sim.Duration(time.Minute)}}}}}})
 	victim, _, err := b.client.Submit(b.ctx(), req("forge", "device-2"), "")
 	require.NoError(t, err)
 	b.waitCommand(victim.CommandID, "executing")
@@ -199,28 +201,34 @@ func TestSecureForgedReceiptOnAnotherDevicesTopicNeverReachesTheController(t *te
 	out, code = mosquittoPub(t, b.mosqArgs("spare-1", "-q", "1", "-t", "fleet/spare-1/receipts", "-m", genuine)...)
 	require.Equal(t, 0, code, out)
 	require.Equal(t, "succeeded", b.waitFinal(own.OperationID).Status, "the account's receipt on its own topic is applied")
-
 	allAfter, appliedAfter := receiptsTotal(t, b.ctl.URL)
 	require.Equal(t, 1.0, allAfter-allBefore, "one receipt reached the controller (of every effect)")
 	require.Equal(t, 1.0, appliedAfter-appliedBefore)
+
+	// What the account may publish, on its own topic, about device-2's
+	// command: it arrives, is recorded as a mismatch, and changes nothing.
+	mismatched := strings.Replace(forged, `"seq":7`, `"seq":8`, 1)
+	out, code = mosquittoPub(t, b.mosqArgs("spare-1", "-q", "1", "-t", "fleet/spare-1/receipts", "-m", mismatched)...)
+	require.Equal(t, 0, code, out)
+	mismatch := `controller_receipts_total{effect="mismatch"}`
+	eventually(t, "the mismatch counted", 10*time.Second, func() bool { return b.metric(mismatch) == 1 })
 	cmd, err := b.client.Command(b.ctx(), victim.CommandID)
 	require.NoError(t, err)
-	require.Equal(t, "executing", cmd.Status, "the forged succeeded changed nothing")
+	require.Equal(t, "executing", cmd.Status, "neither changed device-2's command")
+	mismatches := 0
 	for _, r := range cmd.Receipts {
 		require.NotEqual(t, 7, r.Seq, "the forged receipt is not in the receipt log: %+v", r)
+		if r.Effect == "mismatch" {
+			mismatches++
+			require.Equal(t, 8, r.Seq)
+			continue
+		}
+		require.NotContains(t, string(r.Result), "forged_by", "%+v", r)
 	}
-
-	// device-2 finishes on its own; its own result stands, never the forged one.
-	done := b.waitFinal(victim.OperationID)
-	require.Equal(t, "succeeded", done.Status)
-	require.NotContains(t, string(done.Result), "forged_by")
-	cmd, err = b.client.Command(b.ctx(), victim.CommandID)
-	require.NoError(t, err)
-	for _, r := range cmd.Receipts {
-		require.NotContains(t, string(r.Result), "forged_by")
-	}
-	t.Logf("forged receipt: PUBACKed (mosquitto_pub exit 0) and dropped; receipts at the controller +%.0f (applied +%.0f, the genuine one); victim's receipts %d, none forged",
-		allAfter-allBefore, appliedAfter-appliedBefore, len(cmd.Receipts))
+	require.Equal(t, 1, mismatches, "the receipt from spare-1's own topic, kept as a mismatch")
+	t.Logf("forged receipt on device-2's topic: PUBACKed (mosquitto_pub exit 0) and dropped; receipts at the controller +%.0f (applied +%.0f, the genuine one); "+
+		"the same forgery on spare-1's own topic: mismatch %.0f; victim's receipts %d, none applied from spare-1",
+		allAfter-allBefore, appliedAfter-appliedBefore, b.metric(mismatch), len(cmd.Receipts))
 }
 
 // A device subscribed to another device's commands (even to #) gets its
