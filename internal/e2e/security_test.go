@@ -132,7 +132,7 @@ func mosquittoSub(t *testing.T, args ...string) *subscriber {
 	}()
 	testenv.StartProcess(t, cmd) // its cleanup kills the process
 	t.Cleanup(func() { pw.Close(); <-done })
-	eventually(t, "mosquitto_sub's SUBACK", 10*time.Second, func() bool { return len(s.grep("Subscribed (mid:")) > 0 })
+	eventually(t, "mosquitto_sub's SUBACK", 30*time.Second, func() bool { return len(s.grep("Subscribed (mid:")) > 0 })
 	return s
 }
 
@@ -211,7 +211,7 @@ func TestSecureForgedReceiptOnAnotherDevicesTopicNeverReachesTheController(t *te
 	out, code = mosquittoPub(t, b.mosqArgs("spare-1", "-q", "1", "-t", "fleet/spare-1/receipts", "-m", mismatched)...)
 	require.Equal(t, 0, code, out)
 	mismatch := `controller_receipts_total{effect="mismatch"}`
-	eventually(t, "the mismatch counted", 10*time.Second, func() bool { return b.metric(mismatch) == 1 })
+	eventually(t, "the mismatch counted", 30*time.Second, func() bool { return b.metric(mismatch) == 1 })
 	cmd, err := b.client.Command(b.ctx(), victim.CommandID)
 	require.NoError(t, err)
 	require.Equal(t, "executing", cmd.Status, "neither changed device-2's command")
@@ -257,7 +257,7 @@ func TestSecureDeviceReadsOnlyItsOwnCommands(t *testing.T) {
 	require.Equal(t, "succeeded", b.waitFinal(theirs.OperationID).Status, "device-2 got its command")
 	mine, _, err := b.client.Submit(b.ctx(), req("snoop", "spare-1"), "")
 	require.NoError(t, err)
-	eventually(t, "spare-1's own command at the snooper", 10*time.Second, func() bool {
+	eventually(t, "spare-1's own command at the snooper", 30*time.Second, func() bool {
 		return len(snoop.grep("fleet/spare-1/commands ")) > 0
 	})
 	got := snoop.grep("fleet/")
@@ -298,11 +298,13 @@ func TestSecureRefusesAnonymousAndWrongPassword(t *testing.T) {
 	var logs subscriber
 	c := mqttx.New(mqttx.Config{URL: b.broker.URL(), ClientID: "anon", TLS: clientTLS(t, b.broker.TLS.CA), Timeout: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(lineWriter{&logs}, nil))})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	go func() { _ = c.Start(ctx) }()
-	eventually(t, "the Go client's refusal", 5*time.Second, func() bool { return len(logs.grep("")) > 0 })
+	started := make(chan error, 1)
+	go func() { started <- c.Start(ctx) }()
+	eventually(t, "the Go client's refusal", 20*time.Second, func() bool { return len(logs.grep("")) > 0 })
 	cancel()
+	require.Error(t, <-started, "never connected")
 	c.Stop()
 	require.Contains(t, logs.String(), `msg="mqtt connect failed; retrying"`)
 	require.Contains(t, logs.String(), "not Authorized")
@@ -362,7 +364,7 @@ func TestSecureTLSRefusesClientsWithoutTheCA(t *testing.T) {
 	// API answers, its MQTT side does not start).
 	ctl := testenv.StartController(t, testenv.ControllerOpts{DB: filepath.Join(t.TempDir(), "c.db"), MQTT: b.broker.URL(),
 		Args: []string{"--mqtt-password-file", creds.PasswordFile(b.creds, "i1"), "--mqtt-ca", other.CA}})
-	eventually(t, "the controller's connect failure logged", 10*time.Second, func() bool {
+	eventually(t, "the controller's connect failure logged", 30*time.Second, func() bool {
 		return strings.Contains(ctl.Output(), "mqtt connect failed")
 	})
 	require.Contains(t, ctl.Output(), "certificate signed by unknown authority")
