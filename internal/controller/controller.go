@@ -5,13 +5,16 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +30,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/task"
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -48,6 +52,10 @@ type Config struct {
 	// MaxCommandBytes bounds an encoded command (413 too_large at submit).
 	MaxCommandBytes int
 	SweepInterval   time.Duration
+	// MQTTUser and MQTTPasswordFile log in to the broker (the secure
+	// profile); the user defaults to controller-{instance_id} when a
+	// password file is given. MQTTCA is the CA PEM for ssl:// URLs.
+	MQTTUser, MQTTPasswordFile, MQTTCA string
 }
 
 // DefaultConfig holds the contract's defaults.
@@ -74,8 +82,42 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--lease-ttl %s: at least 1s", c.LeaseTTL)
 	case c.MaxCommandBytes < 1024 || c.MaxCommandBytes > wire.MaxPayload:
 		return fmt.Errorf("--max-command-bytes %d: between 1024 and %d (what devices accept)", c.MaxCommandBytes, wire.MaxPayload)
+	case c.MQTTCA != "" && !tlsURL(c.MQTT):
+		return fmt.Errorf("--mqtt-ca is for ssl:// broker URLs; %s is plain TCP", c.MQTT)
 	}
 	return c.basePolicy().Validate()
+}
+
+// tlsURL: a broker URL that paho dials with TLS.
+func tlsURL(u string) bool {
+	scheme, _, _ := strings.Cut(u, "://")
+	return scheme == "ssl" || scheme == "tls" || scheme == "mqtts" || scheme == "tcps"
+}
+
+// mqttLogin returns the broker user name, password and TLS configuration
+// the flags give: the password from its file (one trailing newline
+// trimmed), the user controller-{instance_id} unless named.
+func (c Config) mqttLogin() (user, password string, tc *tls.Config, err error) {
+	user = c.MQTTUser
+	if c.MQTTPasswordFile != "" {
+		b, err := os.ReadFile(c.MQTTPasswordFile)
+		if err != nil {
+			return "", "", nil, fmt.Errorf("--mqtt-password-file: %w", err)
+		}
+		password = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+		if password == "" {
+			return "", "", nil, fmt.Errorf("--mqtt-password-file %s is empty", c.MQTTPasswordFile)
+		}
+		if user == "" {
+			user = "controller-" + c.InstanceID
+		}
+	}
+	if c.MQTTCA != "" {
+		if tc, err = mqttx.ClientTLS(c.MQTTCA); err != nil {
+			return "", "", nil, fmt.Errorf("--mqtt-ca: %w", err)
+		}
+	}
+	return user, password, tc, nil
 }
 
 // basePolicy is the policy the flags give every action.
@@ -176,8 +218,27 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	if shared {
 		receipts = SharedGroup + receipts
 	}
+	mqttUser, mqttPassword, mqttTLS, err := cfg.mqttLogin()
+	if err != nil {
+		return nil, err
+	}
+	if mqttPassword != "" && !tlsURL(cfg.MQTT) && !loopbackURL(cfg.MQTT) {
+		log.Warn("the MQTT password goes over plain TCP to a host off loopback: use an ssl:// URL", "mqtt", cfg.MQTT)
+	}
+	// A lost broker connection, by cause (mqttx.Loss): session_taken_over
+	// says another client connected with this instance's client id.
+	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "controller_mqtt_connections_lost_total",
+		Help: "Broker connections lost, by cause (session_taken_over, closed_by_broker, error), counted at the reconnect.",
+	}, []string{"cause"})
+	for _, l := range []mqttx.Loss{mqttx.LossTakenOver, mqttx.LossClosed, mqttx.LossError} {
+		lost.WithLabelValues(string(l))
+	}
+	met.Registry.MustRegister(lost)
 	c.mqtt = mqttx.New(mqttx.Config{
 		URL: cfg.MQTT, ClientID: "controller-" + cfg.InstanceID, Logger: log, CleanSession: shared,
+		Username: mqttUser, Password: mqttPassword, TLS: mqttTLS,
+		OnLoss: func(l mqttx.Loss) { lost.WithLabelValues(string(l)).Inc() },
 		Subscriptions: map[string]byte{
 			receipts: 1,
 			wire.Wildcard(cfg.TopicRoot, wire.KindPresence): 1,
@@ -249,6 +310,13 @@ func reclaim(ctx context.Context, st store.Store, instance string, ttl time.Dura
 		}
 		delay = min(2*delay, 2*time.Second)
 	}
+}
+
+// loopbackURL: a broker URL whose host is a loopback address.
+func loopbackURL(u string) bool {
+	_, hostport, _ := strings.Cut(u, "://")
+	hostport, _, _ = strings.Cut(hostport, "/")
+	return loopback(hostport)
 }
 
 func loopback(addr string) bool {
