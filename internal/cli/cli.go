@@ -121,6 +121,8 @@ func serveCmd() *cobra.Command {
 	f.BoolVar(&cfg.FourEyes, "four-eyes", cfg.FourEyes, "nobody approves a plan version they wrote")
 	f.IntVar(&cfg.MaxCommandBytes, "max-command-bytes", cfg.MaxCommandBytes, "refuse (413) a submit whose encoded command would be larger")
 	f.DurationVar(&cfg.SweepInterval, "sweep-interval", cfg.SweepInterval, "how often the sweeper looks for due commands")
+	f.Float64Var(&cfg.ReceiptRate, "receipt-rate", cfg.ReceiptRate, "receipts a second per device (burst twice that); the excess is dropped and counted; 0: no limit")
+	f.StringSliceVar(&cfg.HTTPHosts, "http-host", cfg.HTTPHosts, "more names the API answers to besides its listen address (repeat or comma-separate; name: any port, name:port: that one)")
 	f.Var(cmdline.NewEnum(&logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level")
 	return cmd
 }

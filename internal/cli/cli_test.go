@@ -72,7 +72,8 @@ func isClient(path string) bool {
 var (
 	clientOnly = []string{"--server", "--token", "--json"}
 	serveOnly  = []string{"--db", "--mqtt", "--http", "--topic-root", "--ack-timeout", "--command-ttl", "--max-attempts",
-		"--offline", "--policy", "--lease-ttl", "--instance-id", "--tokens", "--four-eyes", "--sweep-interval", "--log-level"}
+		"--offline", "--policy", "--lease-ttl", "--instance-id", "--tokens", "--four-eyes", "--sweep-interval", "--log-level",
+		"--receipt-rate", "--http-host"}
 )
 
 func hasFlag(help, flag string) bool {
