@@ -3,7 +3,6 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"net/http"
 
 	"github.com/fleetctl/fleetctl/internal/failpoint"
@@ -107,12 +106,8 @@ func (s *Server) writeError(w http.ResponseWriter, err error) {
 	if reason := refusedReason(ae); reason != "" && s.cfg.Refused != nil {
 		s.cfg.Refused(reason)
 	}
-	writeErrorTo(w, s.cfg.Logger, ae, err)
-}
-
-func writeErrorTo(w http.ResponseWriter, log *slog.Logger, ae *APIError, err error) {
 	if ae.Status >= 500 && ae.Code != "overloaded" {
-		log.Error("request failed", "err", err)
+		s.cfg.Logger.Error("request failed", "err", err)
 	}
 	if ae.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1") // every 503 is worth a retry with the same operation_id
