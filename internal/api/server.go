@@ -5,12 +5,9 @@
 package api
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -18,8 +15,6 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
-	"github.com/fleetctl/fleetctl/internal/jcs"
-	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -49,6 +44,13 @@ type Config struct {
 	// /mcp behind the same bearer tokens: any valid one gets in, and each
 	// tool call is a request to the routes here, which check its role.
 	MCP http.Handler
+	// Hosts are the Host values the API answers to (the browser rules,
+	// browser.go); nil: any (no Host check, and an Origin must equal the
+	// request's Host).
+	Hosts *HostPolicy
+	// Refused counts each request refused by a limit or rule, by reason
+	// (controller_inputs_refused_total{source="http"}); nil counts nothing.
+	Refused func(reason string)
 }
 
 // Server serves the API.
@@ -71,31 +73,38 @@ func New(cfg Config) *Server {
 		cfg.WaitPoll = 250 * time.Millisecond
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), hub: NewHub()}
+	// Each route's {id} is checked against its rule (400 invalid_request,
+	// bad_id) before the handler runs.
 	routes := []struct {
 		pattern, role string
+		id            *idRule
 		h             handler
 	}{
-		{"POST /v1/operations", RoleOperator, s.handleSubmit},
-		{"GET /v1/operations/{id}", "", s.handleGetOperation},
-		{"POST /v1/operations/{id}/compensations", RoleOperator, s.handleCompensate},
-		{"GET /v1/commands/{id}", "", s.handleGetCommand},
-		{"POST /v1/commands/{id}/cancel", RoleOperator, s.handleCancel},
-		{"POST /v1/commands/{id}/resolve", RoleOperator, s.handleResolve},
-		{"GET /v1/devices", "", s.handleListDevices},
-		{"GET /v1/devices/{id}", "", s.handleGetDevice},
-		{"POST /v1/devices/{id}/presence/reset", RoleAdmin, s.handleResetPresence},
-		{"POST /v1/tasks", RoleOperator, s.handleCreateTask},
-		{"GET /v1/tasks/{id}", "", s.handleGetTask},
-		{"PUT /v1/tasks/{id}/plan", RoleOperator, s.handlePlan},
-		{"POST /v1/tasks/{id}/approvals", RoleApprover, s.handleApprove},
-		{"POST /v1/tasks/{id}/rejections", RoleApprover, s.handleReject},
-		{"POST /v1/grants", RoleAdmin, s.handleCreateGrant},
-		{"GET /v1/grants", "", s.handleListGrants},
-		{"DELETE /v1/grants/{id}", RoleAdmin, s.handleRevokeGrant},
-		{"GET /v1/instances", "", s.handleListInstances},
+		{"POST /v1/operations", RoleOperator, nil, s.handleSubmit},
+		{"GET /v1/operations/{id}", "", &anyOpID, s.handleGetOperation},
+		{"POST /v1/operations/{id}/compensations", RoleOperator, &anyOpID, s.handleCompensate},
+		{"GET /v1/commands/{id}", "", &plainID, s.handleGetCommand},
+		{"POST /v1/commands/{id}/cancel", RoleOperator, &plainID, s.handleCancel},
+		{"POST /v1/commands/{id}/resolve", RoleOperator, &plainID, s.handleResolve},
+		{"GET /v1/devices", "", nil, s.handleListDevices},
+		{"GET /v1/devices/{id}", "", &deviceID, s.handleGetDevice},
+		{"POST /v1/devices/{id}/presence/reset", RoleAdmin, &deviceID, s.handleResetPresence},
+		{"POST /v1/tasks", RoleOperator, nil, s.handleCreateTask},
+		{"GET /v1/tasks/{id}", "", &partID, s.handleGetTask},
+		{"PUT /v1/tasks/{id}/plan", RoleOperator, &partID, s.handlePlan},
+		{"POST /v1/tasks/{id}/approvals", RoleApprover, &partID, s.handleApprove},
+		{"POST /v1/tasks/{id}/rejections", RoleApprover, &partID, s.handleReject},
+		{"POST /v1/grants", RoleAdmin, nil, s.handleCreateGrant},
+		{"GET /v1/grants", "", nil, s.handleListGrants},
+		{"DELETE /v1/grants/{id}", RoleAdmin, &plainID, s.handleRevokeGrant},
+		{"GET /v1/instances", "", nil, s.handleListInstances},
 	}
 	for _, rt := range routes {
-		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(rt.h)))
+		h := rt.h
+		if rt.id != nil {
+			h = withID(*rt.id, rt.h)
+		}
+		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(h)))
 	}
 	if cfg.MCP != nil {
 		s.mux.Handle("/mcp", s.need("", cfg.MCP.ServeHTTP))
@@ -107,9 +116,19 @@ func New(cfg Config) *Server {
 		s.mux.Handle("GET /metrics", cfg.Metrics)
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, s.cfg.Logger, apiErr(http.StatusNotFound, "not_found", "no route "+r.Method+" "+r.URL.Path))
+		s.writeError(w, apiErr(http.StatusNotFound, "not_found", "no route "+r.Method+" "+shorten(r.URL.Path)))
 	})
 	return s
+}
+
+// withID checks the route's {id} before h runs.
+func withID(rule idRule, h handler) handler {
+	return func(r *http.Request) (int, any, error) {
+		if err := rule.check("id", r.PathValue("id"), true); err != nil {
+			return 0, nil, err
+		}
+		return h(r)
+	}
 }
 
 // serve adapts a handler to net/http: the one place that writes its answer
@@ -118,7 +137,7 @@ func (s *Server) serve(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		status, body, err := h(r)
 		if err != nil {
-			writeError(w, s.cfg.Logger, err)
+			s.writeError(w, err)
 			return
 		}
 		if l, ok := body.(listed); ok {
@@ -134,40 +153,25 @@ func (s *Server) serve(h handler) http.HandlerFunc {
 // Changed wakes the ?wait= requests of an operation.
 func (s *Server) Changed(operationID string) { s.hub.Notify(operationID) }
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP implements http.Handler: the browser rules first (browser.go),
+// then the body limit, then the routes (auth, then the handler).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := s.checkBrowser(r); err != nil {
+		s.writeError(w, err)
+		return
+	}
+	if r.ContentLength > MaxBody {
+		// Refused before a byte of it is read; the connection is closed
+		// rather than drained.
+		w.Header().Set("Connection", "close")
+		s.writeError(w, refusal(http.StatusRequestEntityTooLarge, "too_large", wire.ReasonTooLarge,
+			fmt.Sprintf("request body of %d bytes exceeds 1 MiB", r.ContentLength)))
+		return
+	}
 	if r.Body != nil {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
 	}
 	s.mux.ServeHTTP(w, r)
-}
-
-func decodeBody(r *http.Request, v any) error {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return err
-	}
-	// I-JSON (RFC 7493) first: a duplicate key, anywhere, or a number that
-	// would change on its way to the device is refused, never resolved.
-	if err := jcs.CheckIJSON(body); err != nil {
-		return fmt.Errorf("%w: request body: %v", opid.ErrInvalid, err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return apiErr(http.StatusBadRequest, "invalid_json", "request body: "+err.Error())
-	}
-	if dec.More() {
-		return apiErr(http.StatusBadRequest, "invalid_json", "request body: trailing data after the JSON object")
-	}
-	return nil
-}
-
-func decodeOptionalBody(r *http.Request, v any) error {
-	if r.ContentLength == 0 {
-		return nil
-	}
-	return decodeBody(r, v)
 }
 
 // created is 201 for something new, 200 for what already existed.
@@ -181,6 +185,9 @@ func created(c bool) int {
 func (s *Server) handleSubmit(r *http.Request) (int, any, error) {
 	var req SubmitRequest
 	if err := decodeBody(r, &req); err != nil {
+		return 0, nil, err
+	}
+	if err := checkSubmit(req, r.Header.Get("Idempotency-Key")); err != nil {
 		return 0, nil, err
 	}
 	op, isNew, err := s.cfg.Service.Submit(r.Context(), ops.Intent(req), r.Header.Get("Idempotency-Key"), principal(r))

@@ -128,6 +128,8 @@ func serveCmd() *cobra.Command {
 	f.StringVar(&cfg.MQTTUser, "mqtt-user", cfg.MQTTUser, "MQTT user name (default with --mqtt-password-file: controller-{instance-id})")
 	f.StringVar(&cfg.MQTTPasswordFile, "mqtt-password-file", cfg.MQTTPasswordFile, "file holding the MQTT password (devicesim creds writes controller-ID.password)")
 	f.StringVar(&cfg.MQTTCA, "mqtt-ca", cfg.MQTTCA, "CA certificate (PEM) the broker's TLS certificate must chain to, for ssl:// URLs")
+	f.Float64Var(&cfg.ReceiptRate, "receipt-rate", cfg.ReceiptRate, "receipts a second per device (burst twice that); the excess is dropped and counted; 0: no limit")
+	f.StringSliceVar(&cfg.HTTPHosts, "http-host", cfg.HTTPHosts, "more names the API answers to besides its listen address (repeat or comma-separate; name: any port, name:port: that one)")
 	f.Var(cmdline.NewEnum(&logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level")
 	return cmd
 }

@@ -72,7 +72,8 @@ func isClient(path string) bool {
 var (
 	clientOnly = []string{"--server", "--token", "--json"}
 	serveOnly  = []string{"--db", "--mqtt", "--http", "--topic-root", "--ack-timeout", "--command-ttl", "--max-attempts",
-		"--offline", "--policy", "--lease-ttl", "--instance-id", "--tokens", "--four-eyes", "--sweep-interval", "--log-level"}
+		"--offline", "--policy", "--lease-ttl", "--instance-id", "--tokens", "--four-eyes", "--sweep-interval", "--log-level",
+		"--receipt-rate", "--http-host"}
 )
 
 func hasFlag(help, flag string) bool {
@@ -445,6 +446,10 @@ func TestUsageErrorsExitTwoWithAHint(t *testing.T) {
 		"serve bad enum":     {[]string{"serve", "--offline", "maybe"}, `invalid argument "maybe" for "--offline" flag: want wait, fail`, "serve"},
 		"serve bad value":    {[]string{"serve", "--lease-ttl", "10ms"}, "--lease-ttl 10ms: at least 1s", "serve"},
 		"serve argument":     {[]string{"serve", "now"}, `unknown command "now" for "controller serve"`, "serve"},
+		"serve http-host repeated": {[]string{"serve", "--http-host", "ok.test", "--http-host", "bad/host"},
+			`--http-host "bad/host": want a name or name:port`, "serve"},
+		"serve http-host comma-separated": {[]string{"serve", "--http-host", "ok.test,user@x"}, `--http-host "user@x"`, "serve"},
+		"serve bad receipt rate":          {[]string{"serve", "--receipt-rate", "-1"}, "--receipt-rate -1: receipts a second per device", "serve"},
 	} {
 		args := tc.args
 		if isClient(args[0]) {

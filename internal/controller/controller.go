@@ -56,6 +56,13 @@ type Config struct {
 	// profile); the user defaults to controller-{instance_id} when a
 	// password file is given. MQTTCA is the CA PEM for ssl:// URLs.
 	MQTTUser, MQTTPasswordFile, MQTTCA string
+	// ReceiptRate is each device's receipts a second (--receipt-rate),
+	// with a burst of twice that; 0 turns the limit off. Presence has a
+	// bucket of its own (receipt.DefaultPresenceRate).
+	ReceiptRate float64
+	// HTTPHosts are more names the API answers to (--http-host), besides
+	// its listen address.
+	HTTPHosts []string
 }
 
 // DefaultConfig holds the contract's defaults.
@@ -64,6 +71,7 @@ func DefaultConfig() Config {
 		DB: "controller.db", MQTT: "tcp://127.0.0.1:1883", HTTP: "127.0.0.1:8080", TopicRoot: wire.DefaultTopicRoot,
 		AckTimeout: 5 * time.Second, CommandTTL: 10 * time.Minute, MaxAttempts: 5, Offline: "wait",
 		LeaseTTL: 10 * time.Second, FourEyes: true, SweepInterval: 500 * time.Millisecond, MaxCommandBytes: ops.DefaultMaxCommandBytes,
+		ReceiptRate: 50,
 	}
 }
 
@@ -84,6 +92,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--max-command-bytes %d: between 1024 and %d (what devices accept)", c.MaxCommandBytes, wire.MaxPayload)
 	case c.MQTTCA != "" && !tlsURL(c.MQTT):
 		return fmt.Errorf("--mqtt-ca is for ssl:// broker URLs; %s is plain TCP", c.MQTT)
+	case c.ReceiptRate < 0:
+		return fmt.Errorf("--receipt-rate %g: receipts a second per device, 0 for no limit", c.ReceiptRate)
+	}
+	if _, err := api.NewHostPolicy(c.HTTP, c.HTTPHosts); err != nil {
+		return fmt.Errorf("--http %s, --http-host: %w", c.HTTP, err)
 	}
 	return c.basePolicy().Validate()
 }
@@ -256,6 +269,16 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		EnforceGrants: auth.Enabled(), FourEyes: cfg.FourEyes && auth.Enabled(), MaxCommandBytes: cfg.MaxCommandBytes,
 		Submitted: c.disp.Kick, Changed: changed,
 	})
+	if c.httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.HTTP, err)
+	}
+	// The Host rule knows the port as bound (--http 127.0.0.1:0 included).
+	listenHost, _, _ := net.SplitHostPort(cfg.HTTP)
+	_, boundPort, _ := net.SplitHostPort(c.httpLn.Addr().String())
+	hosts, err := api.NewHostPolicy(net.JoinHostPort(listenHost, boundPort), cfg.HTTPHosts)
+	if err != nil {
+		return nil, err
+	}
 	// Other instances' changes: on PostgreSQL their wake-ups arrive through
 	// NOTIFY and polling is the rare fallback; instances sharing an SQLite
 	// file have only the polling.
@@ -267,10 +290,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	agents := mcpserver.HTTPHandler(mcpserver.HTTPConfig{Addr: c.HTTPAddr, Logger: log,
 		API: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.api.ServeHTTP(w, r) })})
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
-		Metrics: met.Handler(), Auth: auth, Failpoints: fp, WaitPoll: waitPoll, MCP: agents})
+		Metrics: met.Handler(), Auth: auth, Failpoints: fp, Hosts: hosts, WaitPoll: waitPoll, MCP: agents,
+		Refused: func(reason string) { met.InputRefused(metrics.SourceHTTP, reason) }})
 	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
+		ReceiptRate: receipt.ReceiptRate(cfg.ReceiptRate), PresenceRate: receipt.DefaultPresenceRate,
 		OnReceipt: func(out store.ReceiptOutcome) {
 			if out.OperationID != "" {
 				c.api.Changed(out.OperationID)
@@ -285,9 +310,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		Failpoints: fp, Metrics: met, Logger: log})
 	c.runner = task.New(task.Config{Store: c.store, Ops: svc, Instance: cfg.InstanceID, EnforceGrants: auth.Enabled(),
 		Failpoints: fp, Kick: c.disp.Kick, Interval: cfg.SweepInterval, Logger: log})
-	if c.httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
-		return nil, fmt.Errorf("listen %s: %w", cfg.HTTP, err)
-	}
 	return c, nil
 }
 
