@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strings"
 	"time"
@@ -202,7 +203,8 @@ func Decode(payload []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("decode: %w", err)
 	}
-	if dec.More() {
+	// Only whitespace may follow (dec.More would let a stray ']' or '}' by).
+	if _, err := dec.Token(); err != io.EOF {
 		return errors.New("decode: trailing data after JSON object")
 	}
 	return nil
