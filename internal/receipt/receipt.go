@@ -203,6 +203,10 @@ func (in *Ingestor) apply(ctx context.Context, m mqttx.Message) error {
 			in.malformed(m, err)
 			return nil
 		}
+		if err := p.Validate(); err != nil {
+			in.malformed(m, err)
+			return nil
+		}
 		out, err := in.cfg.Store.ApplyPresence(ctx, device, p)
 		if errors.Is(err, store.ErrRefused) {
 			return nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -169,6 +170,21 @@ type Presence struct {
 	Session      int64         `json:"session"`
 	Capabilities *Capabilities `json:"capabilities,omitempty"`
 	At           *time.Time    `json:"at,omitempty"`
+}
+
+// MaxSession is the largest session a presence message may carry: Rank
+// doubles it, and must not overflow.
+const MaxSession = math.MaxInt64 / 2
+
+// Validate checks that the session is one Rank orders: from 0 to MaxSession.
+// A negative one would rank at or below the stored rank of a device never
+// seen (-1); a larger one would wrap around to a negative rank, and that
+// device's presence would be ignored for ever.
+func (p *Presence) Validate() error {
+	if p.Session < 0 || p.Session > MaxSession {
+		return fmt.Errorf("presence: session %d outside 0..%d", p.Session, int64(MaxSession))
+	}
+	return nil
 }
 
 // Rank orders presence messages: by session, then offline above online.

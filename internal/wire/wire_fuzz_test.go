@@ -11,9 +11,10 @@ package wire
 //     bytes (padding an accepted payload past MaxPayload is refused);
 //   - whatever it accepts re-encodes (Encode) to a payload that decodes to the
 //     same value, and encoding that again gives the same bytes (a fixed point);
-//   - validation (Receipt.Validate) gives the same answer for the re-encoded
-//     value, and what it accepts keeps the contract's rules; presence ranks
-//     order sessions (no overflow, nothing at or below a device never seen).
+//   - validation (Receipt.Validate, Presence.Validate) gives the same answer
+//     for the re-encoded value, and what it accepts keeps the contract's
+//     rules; the presence it accepts ranks in session order (no overflow,
+//     nothing at or below a device never seen).
 
 import (
 	"bytes"
@@ -147,23 +148,29 @@ func FuzzPresence(f *testing.F) {
 		if !decodeAccepted(t, payload, &p) {
 			return
 		}
-		// Rank orders presence by session, then offline above online: the
-		// rank of the next presence in that order must be above its own (no
-		// overflow, no wrap-around).
-		if p.Online {
-			off := p
-			off.Online = false
-			if off.Rank() <= p.Rank() {
-				t.Fatalf("offline rank %d not above online rank %d at session %d", off.Rank(), p.Rank(), p.Session)
+		verr := p.Validate()
+		if inRange := p.Session >= 0 && p.Session <= MaxSession; (verr == nil) != inRange {
+			t.Fatalf("Validate of session %d: %v", p.Session, verr)
+		}
+		if verr == nil {
+			// Rank orders presence by session, then offline above online: the
+			// rank of the next presence in that order must be above its own
+			// (no overflow, no wrap-around).
+			if p.Online {
+				off := p
+				off.Online = false
+				if off.Rank() <= p.Rank() {
+					t.Fatalf("offline rank %d not above online rank %d at session %d", off.Rank(), p.Rank(), p.Session)
+				}
 			}
+			if next := (Presence{Online: true, Session: p.Session + 1}); next.Validate() == nil && next.Rank() <= p.Rank() {
+				t.Fatalf("session %d (rank %d) does not rank above session %d (rank %d)", next.Session, next.Rank(), p.Session, p.Rank())
+			}
+			if p.Rank() <= -1 {
+				t.Fatalf("accepted session %d has rank %d, at or below the stored rank of a device never seen (-1)", p.Session, p.Rank())
+			}
+			checkSizeLimit(t, payload, func() any { return new(Presence) })
 		}
-		if next := (Presence{Online: true, Session: p.Session + 1}); next.Session > p.Session && next.Rank() <= p.Rank() {
-			t.Fatalf("session %d (rank %d) does not rank above session %d (rank %d)", next.Session, next.Rank(), p.Session, p.Rank())
-		}
-		if p.Rank() <= -1 {
-			t.Fatalf("session %d has rank %d, at or below the stored rank of a device never seen (-1)", p.Session, p.Rank())
-		}
-		checkSizeLimit(t, payload, func() any { return new(Presence) })
 		p2, b := roundTrip(t, p)
 		same := p2.Online == p.Online && p2.Session == p.Session &&
 			(p2.Capabilities == nil) == (p.Capabilities == nil) && (p2.At == nil) == (p.At == nil)
@@ -175,6 +182,9 @@ func FuzzPresence(f *testing.F) {
 		}
 		if !same {
 			t.Fatalf("round trip changed the presence:\n before %+v\n after  %+v\n via    %s", p, p2, b)
+		}
+		if (p2.Validate() == nil) != (verr == nil) {
+			t.Fatalf("Validate disagrees after the round trip: %v, then %v (%s)", verr, p2.Validate(), b)
 		}
 	})
 }
