@@ -185,15 +185,16 @@ func (s *Service) checkSize(id, action string, params []byte, pol command.Policy
 }
 
 // operationID picks the whole id (body, else header) or derives it from the
-// parts; a header that differs from the body's id is refused.
+// parts; a header that differs from the body's id is refused. A whole id is
+// up to 200 characters; a derived one is valid by its parts (up to 259).
 func operationID(in Intent, key string) (string, error) {
-	id := in.OperationID
+	id, derived := in.OperationID, false
 	if id == "" && (in.TaskID != "" || in.Step != "" || in.BusinessVersion != "") {
-		derived, err := opid.Derive(opid.Parts{TaskID: in.TaskID, Step: in.Step, Target: in.Target, BusinessVersion: in.BusinessVersion})
+		d, err := opid.Derive(opid.Parts{TaskID: in.TaskID, Step: in.Step, Target: in.Target, BusinessVersion: in.BusinessVersion})
 		if err != nil {
 			return "", err
 		}
-		id = derived
+		id, derived = d, true
 	}
 	switch {
 	case key != "" && id != "" && key != id:
@@ -204,8 +205,10 @@ func operationID(in Intent, key string) (string, error) {
 	if id == "" {
 		return "", fmt.Errorf("%w: give operation_id (or an Idempotency-Key header), or task_id, step and business_version", opid.ErrInvalid)
 	}
-	if err := opid.ValidateWhole(id, 200); err != nil {
-		return "", err
+	if !derived {
+		if err := opid.ValidateWhole(id, 200); err != nil {
+			return "", err
+		}
 	}
 	return id, nil
 }
