@@ -144,7 +144,8 @@ func decodeBody(r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return apiErr(http.StatusBadRequest, "invalid_json", "request body: "+err.Error())
 	}
-	if dec.More() {
+	// Only whitespace may follow (dec.More would let a stray ']' or '}' by).
+	if _, err := dec.Token(); err != io.EOF {
 		return apiErr(http.StatusBadRequest, "invalid_json", "request body: trailing data after the JSON object")
 	}
 	return nil
