@@ -13,6 +13,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -139,6 +141,9 @@ func decodeBody(r *http.Request, v any) error {
 	if err := jcs.CheckIJSON(body); err != nil {
 		return fmt.Errorf("%w: request body: %v", opid.ErrInvalid, err)
 	}
+	if name, _ := inexactName(json.NewDecoder(bytes.NewReader(body)), reflect.TypeOf(v)); name != "" {
+		return apiErr(http.StatusBadRequest, "invalid_json", fmt.Sprintf("request body: unknown field %q", name))
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -149,6 +154,84 @@ func decodeBody(r *http.Request, v any) error {
 		return apiErr(http.StatusBadRequest, "invalid_json", "request body: trailing data after the JSON object")
 	}
 	return nil
+}
+
+// inexactName returns the first member name in the value dec reads that
+// encoding/json would match to a field of t only case-insensitively
+// ("Target", "OPERATION_ID"), at any depth where t is a struct, or "".
+// Field names are exact: beside the exact one, such a name would be a
+// duplicate silently resolved (the last wins) instead of refused. Names that
+// match no field are left to DisallowUnknownFields, syntax errors to the
+// decoder (ok false: the walk stopped there).
+func inexactName(dec *json.Decoder, t reflect.Type) (name string, ok bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return "", false
+	}
+	d, _ := tok.(json.Delim)
+	selfDecoding := reflect.PointerTo(t).Implements(reflect.TypeFor[json.Unmarshaler]()) // RawMessage, time.Time
+	switch {
+	case d == '{' && t.Kind() == reflect.Struct && !selfDecoding:
+		for dec.More() {
+			tok, err := dec.Token()
+			name, isName := tok.(string)
+			if err != nil || !isName {
+				return "", false
+			}
+			var field reflect.Type
+			for i := range t.NumField() {
+				if jsonName(t.Field(i)) == name {
+					field = t.Field(i).Type
+				}
+			}
+			if field == nil {
+				for i := range t.NumField() {
+					if strings.EqualFold(jsonName(t.Field(i)), name) { // as encoding/json folds
+						return name, true
+					}
+				}
+				return "", false // no field at all: DisallowUnknownFields refuses it
+			}
+			if bad, ok := inexactName(dec, field); bad != "" || !ok {
+				return bad, ok
+			}
+		}
+	case d == '[' && t.Kind() == reflect.Slice && !selfDecoding:
+		for dec.More() {
+			if bad, ok := inexactName(dec, t.Elem()); bad != "" || !ok {
+				return bad, ok
+			}
+		}
+	case d == '{' || d == '[':
+		for depth := 1; depth > 0; { // a value of its own (params, times): skipped whole
+			tok, err := dec.Token()
+			if err != nil {
+				return "", false
+			}
+			switch tok {
+			case json.Delim('{'), json.Delim('['):
+				depth++
+			case json.Delim('}'), json.Delim(']'):
+				depth--
+			}
+		}
+		return "", true
+	default:
+		return "", true
+	}
+	_, err = dec.Token() // the closing '}' or ']'
+	return "", err == nil
+}
+
+// jsonName is the member name encoding/json gives a struct field.
+func jsonName(f reflect.StructField) string {
+	if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" {
+		return name
+	}
+	return f.Name
 }
 
 func decodeOptionalBody(r *http.Request, v any) error {
