@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // DefaultTopicRoot is the topic root when none is configured.
@@ -136,8 +137,22 @@ func (r *Receipt) Validate() error {
 		return errors.New("receipt: seq counts from 1")
 	case !objectOrAbsent(r.Result):
 		return errors.New("receipt: result must be a JSON object")
+	case !storable(r):
+		return errors.New("receipt: a NUL character, or text that is not UTF-8")
 	}
 	return nil
+}
+
+// storable reports whether both backends can store r's text alike:
+// PostgreSQL's text refuses a NUL character and invalid UTF-8, which would
+// fail the receipt's transaction on every delivery instead of refusing it.
+func storable(r *Receipt) bool {
+	for _, s := range []string{r.CommandID, r.OperationID, r.Error, r.QueryID, string(r.Result)} {
+		if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
+			return false
+		}
+	}
+	return true
 }
 
 // objectOrAbsent reports whether raw is absent, null or a JSON object.

@@ -23,6 +23,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // sameJSON reports whether two raw JSON values are the same text once
@@ -121,6 +122,13 @@ func FuzzReceipt(f *testing.F) {
 				t.Fatalf("accepted status %q", r.Status)
 			case r.Status == ReceiptUnknown && r.Seq != 0, r.Status != ReceiptUnknown && r.Seq < 1:
 				t.Fatalf("accepted status %s with seq %d", r.Status, r.Seq)
+			}
+			// Storable as text by both backends (PostgreSQL refuses a NUL
+			// character and invalid UTF-8).
+			for _, s := range []string{r.CommandID, r.OperationID, r.Error, r.QueryID, string(r.Result)} {
+				if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
+					t.Fatalf("accepted a receipt with text PostgreSQL cannot store: %q", s)
+				}
 			}
 			if res := bytes.TrimSpace(r.Result); len(res) > 0 && !bytes.Equal(res, []byte("null")) {
 				var obj map[string]json.RawMessage
