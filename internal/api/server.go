@@ -153,7 +153,48 @@ func decodeBody(r *http.Request, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return apiErr(http.StatusBadRequest, "invalid_json", "request body: trailing data after the JSON object")
 	}
+	if field := nulField(reflect.ValueOf(v), ""); field != "" {
+		return fmt.Errorf("%w: request body: %s holds a NUL character (\\u0000)", opid.ErrInvalid, field)
+	}
 	return nil
+}
+
+// nulField names the first string of v holding a NUL character, or "".
+// PostgreSQL's text cannot store one: a reason, note or grant pattern with
+// it would fail in the store (503, retried in vain) instead of being
+// refused. Params are raw JSON, where a NUL stays the escape \u0000.
+func nulField(v reflect.Value, path string) string {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			return nulField(v.Elem(), path)
+		}
+	case reflect.String:
+		if strings.IndexByte(v.String(), 0) >= 0 {
+			return path
+		}
+	case reflect.Slice:
+		if v.Type().Elem().Kind() != reflect.Uint8 { // json.RawMessage is raw JSON
+			for i := range v.Len() {
+				if f := nulField(v.Index(i), fmt.Sprintf("%s[%d]", path, i)); f != "" {
+					return f
+				}
+			}
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if sf := v.Type().Field(i); sf.IsExported() {
+				name := jsonName(sf)
+				if path != "" {
+					name = path + "." + name
+				}
+				if f := nulField(v.Field(i), name); f != "" {
+					return f
+				}
+			}
+		}
+	}
+	return ""
 }
 
 // inexactName returns the first member name in the value dec reads that
