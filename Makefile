@@ -6,7 +6,7 @@ MOSQUITTO ?= /usr/sbin/mosquitto
 PGBIN     := /usr/lib/postgresql/15/bin
 BIN       := bin
 
-.PHONY: all deps build test vet bench bench-postgres gobench demo scenarios scenarios-postgres soak clean
+.PHONY: all deps build test fuzz vet bench bench-postgres gobench demo scenarios scenarios-postgres soak clean
 
 all: build
 
@@ -52,9 +52,17 @@ vet:
 # line on what is still running at least every 30 s, inside a scratch
 # directory under $$TMPDIR that is removed afterwards, also on Ctrl-C or
 # SIGTERM. exec: a SIGTERM that make passes on reaches the script itself.
+# Then .ci/fuzz runs every fuzz target (go test -fuzz, one at a time) for
+# about 2 minutes in all, failing on any failing input (FUZZ_BUDGET seconds,
+# or FUZZTIME per target).
 export GO
 test: deps vet
 	exec .ci/gotest -count=1 -timeout 25m ./...
+	exec .ci/fuzz
+
+# The fuzz targets alone: `make fuzz`, `FUZZTIME=60s make fuzz`.
+fuzz:
+	exec .ci/fuzz
 
 # The controller against the protocol's own ceiling, in one run on one broker
 # (internal/bench): a table, bench/out/latest.json and bench/out/latest.html.

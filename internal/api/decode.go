@@ -2,10 +2,12 @@ package api
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"regexp"
 	"strings"
 
@@ -58,8 +60,18 @@ func decodeJSON(body []byte, v any) error {
 	if err := wire.CheckJSON(body, wire.CheckOptions{SafeIntegers: true}); err != nil {
 		return bodyError(err)
 	}
+	// encoding/json matches names case-insensitively: "Target" beside
+	// "target" would be a duplicate resolved silently (found by FuzzDecodeBody).
+	if name, _ := inexactName(json.NewDecoder(bytes.NewReader(body)), reflect.TypeOf(v)); name != "" {
+		return refusal(http.StatusBadRequest, "invalid_request", wire.ReasonUnknownField,
+			fmt.Sprintf("request body: unknown field %q", name))
+	}
 	if err := wire.DecodeInto(body, v, true); err != nil {
 		return bodyError(err)
+	}
+	if field := nulField(reflect.ValueOf(v), ""); field != "" {
+		return refusal(http.StatusBadRequest, "invalid_request", wire.ReasonInvalidValue,
+			fmt.Sprintf("request body: %s holds a NUL character (\\u0000), which the store cannot keep", field))
 	}
 	return nil
 }

@@ -6,10 +6,13 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"reflect"
+	"strings"
 	"sync"
 	"time"
 
@@ -172,6 +175,122 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// nulField names the first string of v holding a NUL character, or "".
+// PostgreSQL's text cannot store one: a reason, note or grant pattern with
+// it would fail in the store (503, retried in vain) instead of being
+// refused. Params are raw JSON, where a NUL stays the escape \u0000.
+func nulField(v reflect.Value, path string) string {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			return nulField(v.Elem(), path)
+		}
+	case reflect.String:
+		if strings.IndexByte(v.String(), 0) >= 0 {
+			return path
+		}
+	case reflect.Slice:
+		if v.Type().Elem().Kind() != reflect.Uint8 { // json.RawMessage is raw JSON
+			for i := range v.Len() {
+				if f := nulField(v.Index(i), fmt.Sprintf("%s[%d]", path, i)); f != "" {
+					return f
+				}
+			}
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if sf := v.Type().Field(i); sf.IsExported() {
+				name := jsonName(sf)
+				if path != "" {
+					name = path + "." + name
+				}
+				if f := nulField(v.Field(i), name); f != "" {
+					return f
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// inexactName returns the first member name in the value dec reads that
+// encoding/json would match to a field of t only case-insensitively
+// ("Target", "OPERATION_ID"), at any depth where t is a struct, or "".
+// Field names are exact: beside the exact one, such a name would be a
+// duplicate silently resolved (the last wins) instead of refused. Names that
+// match no field are left to DisallowUnknownFields, syntax errors to the
+// decoder (ok false: the walk stopped there).
+func inexactName(dec *json.Decoder, t reflect.Type) (name string, ok bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return "", false
+	}
+	d, _ := tok.(json.Delim)
+	selfDecoding := reflect.PointerTo(t).Implements(reflect.TypeFor[json.Unmarshaler]()) // RawMessage, time.Time
+	switch {
+	case d == '{' && t.Kind() == reflect.Struct && !selfDecoding:
+		for dec.More() {
+			tok, err := dec.Token()
+			name, isName := tok.(string)
+			if err != nil || !isName {
+				return "", false
+			}
+			var field reflect.Type
+			for i := range t.NumField() {
+				if jsonName(t.Field(i)) == name {
+					field = t.Field(i).Type
+				}
+			}
+			if field == nil {
+				for i := range t.NumField() {
+					if strings.EqualFold(jsonName(t.Field(i)), name) { // as encoding/json folds
+						return name, true
+					}
+				}
+				return "", false // no field at all: DisallowUnknownFields refuses it
+			}
+			if bad, ok := inexactName(dec, field); bad != "" || !ok {
+				return bad, ok
+			}
+		}
+	case d == '[' && t.Kind() == reflect.Slice && !selfDecoding:
+		for dec.More() {
+			if bad, ok := inexactName(dec, t.Elem()); bad != "" || !ok {
+				return bad, ok
+			}
+		}
+	case d == '{' || d == '[':
+		for depth := 1; depth > 0; { // a value of its own (params, times): skipped whole
+			tok, err := dec.Token()
+			if err != nil {
+				return "", false
+			}
+			switch tok {
+			case json.Delim('{'), json.Delim('['):
+				depth++
+			case json.Delim('}'), json.Delim(']'):
+				depth--
+			}
+		}
+		return "", true
+	default:
+		return "", true
+	}
+	_, err = dec.Token() // the closing '}' or ']'
+	return "", err == nil
+}
+
+// jsonName is the member name encoding/json gives a struct field.
+func jsonName(f reflect.StructField) string {
+	if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" {
+		return name
+	}
+	return f.Name
 }
 
 // created is 201 for something new, 200 for what already existed.

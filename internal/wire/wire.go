@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // DefaultTopicRoot is the topic root when none is configured.
@@ -154,8 +156,22 @@ func (r *Receipt) Validate() error {
 		return inputErr(ReasonInvalidValue, "seq", "counts from 1")
 	case !objectOrAbsent(r.Result):
 		return inputErr(ReasonWrongType, "result", "must be a JSON object")
+	case !storable(r):
+		return inputErr(ReasonInvalidValue, "receipt", "a NUL character, or text that is not UTF-8")
 	}
 	return nil
+}
+
+// storable reports whether both backends can store r's text alike:
+// PostgreSQL's text refuses a NUL character and invalid UTF-8, which would
+// fail the receipt's transaction on every delivery instead of refusing it.
+func storable(r *Receipt) bool {
+	for _, s := range []string{r.CommandID, r.OperationID, r.Error, r.QueryID, string(r.Result)} {
+		if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
+			return false
+		}
+	}
+	return true
 }
 
 // objectOrAbsent reports whether raw is absent, null or a JSON object.
@@ -232,7 +248,8 @@ func Decode(payload []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("decode: %w", err)
 	}
-	if dec.More() {
+	// Only whitespace may follow (dec.More would let a stray ']' or '}' by).
+	if _, err := dec.Token(); err != io.EOF {
 		return errors.New("decode: trailing data after JSON object")
 	}
 	return nil
