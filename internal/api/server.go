@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/jcs"
@@ -45,6 +46,10 @@ type Config struct {
 	// WaitPoll is how often a ?wait= call re-reads its operation for
 	// changes no wake-up announced (another instance's); 250 ms by default.
 	WaitPoll time.Duration
+	// Events feeds GET /v1/events (events.go); nil: no stream.
+	Events *events.Bus
+	// UI serves the dashboard under /ui/ (internal/ui); nil: none.
+	UI http.Handler
 }
 
 // Server serves the API.
@@ -93,6 +98,7 @@ func New(cfg Config) *Server {
 	for _, rt := range routes {
 		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(rt.h)))
 	}
+	s.dashboardRoutes() // events.go: the event stream, the task list, whoami, /ui/
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance": cfg.Instance})
 	})
