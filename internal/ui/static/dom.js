@@ -29,8 +29,9 @@ export function pill(state) {
 }
 
 const GOOD = ['succeeded', 'completed', 'online', 'approved', 'applied'];
-const BAD = ['failed', 'failed_final', 'rejected', 'aborted', 'offline', 'timeout', 'cancelled', 'mismatch',
+const BAD = ['failed', 'failed_final', 'rejected', 'aborted', 'offline', 'timeout', 'mismatch',
   'completed_with_failures', 'expired'];
+const IDLE = ['cancelled', 'pending'];
 const WARN = ['needs_attention', 'failed_retryable', 'waiting_device', 'paused', 'late', 'stale', 'duplicate'];
 const WAIT = ['waiting_approval', 'scheduled'];
 
@@ -39,6 +40,7 @@ export function tone(state) {
   if (BAD.includes(state)) return 'bad';
   if (WARN.includes(state)) return 'warn';
   if (WAIT.includes(state)) return 'wait';
+  if (IDLE.includes(state)) return 'idle';
   return 'busy';
 }
 
