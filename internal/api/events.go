@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -39,10 +40,19 @@ const (
 	// eventsWriteTimeout bounds one write to a reader: a reader that takes
 	// no bytes for this long is disconnected.
 	eventsWriteTimeout = 10 * time.Second
+	// eventsStopTimeout bounds the last write to a reader when the server
+	// stops.
+	eventsStopTimeout = time.Second
 	// eventsRetryMS is the reconnection delay the stream asks EventSource for.
 	eventsRetryMS = 2000
-	// eventsBatch bounds the events written between two flushes.
+	// eventsBatch is how many events one Take copies.
 	eventsBatch = 256
+	// eventsWriteBytes bounds one write.
+	eventsWriteBytes = 256 << 10
+	// eventsPace is the shortest time between two writes to a reader: the
+	// events of that time go in one write (a dashboard sees them within
+	// it), so a reader costs a few writes a second at any rate of events.
+	eventsPace = 100 * time.Millisecond
 )
 
 // dashboardRoutes adds the routes the dashboard reads: GET /v1/events,
@@ -110,9 +120,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	defer bus.Unsubscribe(sub)
 
-	rc := http.NewResponseController(w)
-	// A write blocked on a reader that was dropped returns at once: the
-	// deadline moves to now when the subscription ends.
+	g := &writeGuard{rc: http.NewResponseController(w)}
 	finished := make(chan struct{})
 	var watch sync.WaitGroup
 	watch.Add(1)
@@ -120,7 +128,7 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		defer watch.Done()
 		select {
 		case <-sub.Done():
-			_ = rc.SetWriteDeadline(time.Now())
+			g.stop(sub.Err())
 		case <-finished:
 		}
 	}()
@@ -142,32 +150,59 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		buf = appendEvent(buf, events.Event{Seq: sub.Start,
 			Data: []byte(`{"kind":"reset","id":"","status":"","at":"` + at.Format(time.RFC3339Nano) + `"}`)})
 	}
-	if !flushEvents(rc, w, buf) {
+	if !g.flush(w, buf) {
 		return
 	}
 	heartbeat := time.NewTicker(eventsHeartbeat)
 	defer heartbeat.Stop()
+	pace := time.NewTimer(eventsPace)
+	defer pace.Stop()
 	var batch []events.Event
 	for {
-		buf = buf[:0]
 		select {
 		case <-sub.Ready():
-			batch = sub.Take(batch[:0], eventsBatch)
-			for _, ev := range batch {
-				buf = appendEvent(buf, ev)
-			}
-			clear(batch) // the ring keeps the events; the batch need not
 		case <-heartbeat.C:
-			buf = append(buf, ": keep-alive\n\n"...)
-		case <-sub.Done():
-			if err := sub.Err(); err != nil {
-				s.cfg.Logger.Info("event stream reader disconnected", "reason", err, "remote", r.RemoteAddr)
+			if !g.flush(w, append(buf[:0], ": keep-alive\n\n"...)) {
+				return
 			}
-			return
+			continue
+		case <-sub.Done():
+			if errors.Is(sub.Err(), events.ErrSlow) {
+				s.cfg.Logger.Info("event stream reader dropped: a whole buffer behind", "remote", r.RemoteAddr)
+			}
+			return // dropped, or the server stops: the stream ends
 		case <-r.Context().Done():
 			return
 		}
-		if len(buf) > 0 && !flushEvents(rc, w, buf) {
+		// Everything waiting goes in one write, up to eventsWriteBytes.
+		buf = buf[:0]
+		for len(buf) < eventsWriteBytes {
+			batch = sub.Take(batch[:0], eventsBatch)
+			if len(batch) == 0 {
+				break
+			}
+			for _, ev := range batch {
+				buf = appendEvent(buf, ev)
+			}
+		}
+		clear(batch) // the ring keeps the events; the batch need not
+		if len(buf) > 0 && !g.flush(w, buf) {
+			return
+		}
+		if len(buf) >= eventsWriteBytes {
+			continue // more wait: no pause
+		}
+		// At most one write per eventsPace: a reader costs the controller
+		// a few writes a second, however many events there are.
+		pace.Reset(eventsPace)
+		select {
+		case <-pace.C:
+		case <-sub.Done():
+			if errors.Is(sub.Err(), events.ErrSlow) {
+				s.cfg.Logger.Info("event stream reader dropped: a whole buffer behind", "remote", r.RemoteAddr)
+			}
+			return
+		case <-r.Context().Done():
 			return
 		}
 	}
@@ -182,14 +217,48 @@ func appendEvent(buf []byte, ev events.Event) []byte {
 	return append(buf, "\n\n"...)
 }
 
-// flushEvents writes and flushes buf within the write timeout; false when
-// the reader is gone (or was dropped).
-func flushEvents(rc *http.ResponseController, w http.ResponseWriter, buf []byte) bool {
-	_ = rc.SetWriteDeadline(time.Now().Add(eventsWriteTimeout))
+// writeGuard bounds each write to a reader: eventsWriteTimeout normally;
+// once the reader is dropped, a write blocked on it fails at once and no
+// other starts; once the server stops, the last writes have
+// eventsStopTimeout (a reader that still takes bytes gets the end of its
+// stream, one that is stuck does not hold up the shutdown).
+type writeGuard struct {
+	mu    sync.Mutex
+	rc    *http.ResponseController
+	cut   bool
+	limit time.Time
+}
+
+func (g *writeGuard) stop(err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if errors.Is(err, events.ErrSlow) {
+		g.cut = true
+		_ = g.rc.SetWriteDeadline(time.Now())
+		return
+	}
+	g.limit = time.Now().Add(eventsStopTimeout)
+	_ = g.rc.SetWriteDeadline(g.limit)
+}
+
+// flush writes and flushes buf within its deadline; false when the reader
+// is gone, was dropped, or took too long.
+func (g *writeGuard) flush(w http.ResponseWriter, buf []byte) bool {
+	g.mu.Lock()
+	if g.cut {
+		g.mu.Unlock()
+		return false
+	}
+	d := time.Now().Add(eventsWriteTimeout)
+	if !g.limit.IsZero() && g.limit.Before(d) {
+		d = g.limit
+	}
+	_ = g.rc.SetWriteDeadline(d)
+	g.mu.Unlock()
 	if _, err := w.Write(buf); err != nil {
 		return false
 	}
-	return rc.Flush() == nil
+	return g.rc.Flush() == nil
 }
 
 // Who is the caller as GET /v1/whoami shows it: the dashboard asks, to show
