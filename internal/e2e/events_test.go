@@ -32,10 +32,10 @@ type recorder struct {
 	stream *client.EventStream
 }
 
-func record(t *testing.T, b *bundle, lastID string) *recorder {
+func record(t *testing.T, c *client.Client, lastID string) *recorder {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := b.client.Events(ctx, lastID)
+	s, err := c.Events(ctx, lastID)
 	require.NoError(t, err)
 	r := &recorder{done: make(chan struct{}), stream: s}
 	go func() {
@@ -92,8 +92,8 @@ func succeeded(id string) func(client.StreamEvent) bool {
 func TestEventStreamAgainstTheBinary(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{devices: 3})
-	stayed := record(t, b, "")
-	left := record(t, b, "")
+	stayed := record(t, b.client, "")
+	left := record(t, b.client, "")
 	submit := func(i int) string {
 		op, _, err := b.client.Submit(b.ctx(), req(fmt.Sprintf("sse-%d", i), fmt.Sprintf("device-%d", i%3+1)), "")
 		require.NoError(t, err)
@@ -142,7 +142,7 @@ func TestEventStreamAgainstTheBinary(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, want)
-	back := record(t, b, lastID)
+	back := record(t, b.client, lastID)
 	eventually(t, "the resumed reader catches up", 30*time.Second, func() bool { return len(back.snapshot()) >= len(want) })
 	require.Equal(t, want, back.snapshot()[:len(want)], "after Last-Event-ID %s", lastID)
 	t.Logf("%d events for %d operations (%.1f an operation); a reader back after %d events got the other %d, none missed",
@@ -158,9 +158,42 @@ func TestEventStreamAgainstTheBinary(t *testing.T) {
 		require.ErrorIs(t, r.err, io.EOF, "the server ended the stream")
 	}
 	b.ctl.Restart()
-	again := record(t, b, lastID)
+	again := record(t, b.client, lastID)
 	again.waitFor(t, "a reset for an id of the last run", func(ev client.StreamEvent) bool { return ev.Kind == events.KindReset })
 	require.Equal(t, events.KindReset, again.snapshot()[0].Kind, "the first event")
+}
+
+// TestEventStreamOfTwoInstancesOnPostgres: two instances share a
+// PostgreSQL database and divide the receipts; operations submitted to the
+// first finish on whichever applied their final receipt. Each instance's
+// stream shows every operation's success: the ones it committed, and the
+// others' through their wake-ups (read back for the status).
+func TestEventStreamOfTwoInstancesOnPostgres(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{backend: "postgres", devices: 4})
+	_, second := b.peer("i2", nil)
+	streams := []*recorder{record(t, b.client, ""), record(t, second, "")}
+	var ids []string
+	for i := range 12 {
+		op, _, err := b.client.Submit(b.ctx(), req(fmt.Sprintf("two-%d", i), fmt.Sprintf("device-%d", i%4+1)), "")
+		require.NoError(t, err)
+		ids = append(ids, op.OperationID)
+	}
+	for _, id := range ids {
+		require.Equal(t, "succeeded", b.waitFinal(id).Status)
+	}
+	for i, r := range streams {
+		for _, id := range ids {
+			r.waitFor(t, fmt.Sprintf("instance %d's stream: %s succeeded", i+1, id), succeeded(id))
+		}
+		commands := 0
+		for _, ev := range r.snapshot() {
+			if ev.Kind == events.KindCommand && ev.Status == "succeeded" {
+				commands++
+			}
+		}
+		t.Logf("instance %d's stream: all %d operations' successes, %d commands' successes it applied itself", i+1, len(ids), commands)
+	}
 }
 
 // counter is a dashboard-like reader of the stream that only counts: the
