@@ -18,7 +18,7 @@ deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto >/dev/null; \
 	fi
 	@$(MOSQUITTO) -h 2>/dev/null | head -1 | grep -q 'mosquitto version 2' || { echo "need Mosquitto 2.x at $(MOSQUITTO)"; exit 1; }
-	@# Headless Chromium renders the HTML report in its test.
+	@# Headless Chromium renders the HTML report and drives the dashboard in their tests.
 	@if [ ! -x /usr/bin/chromium ]; then \
 		echo "installing chromium (apt-get)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
