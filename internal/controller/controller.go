@@ -330,10 +330,7 @@ func (c *Controller) wakeUps(ctx context.Context) error {
 			switch w.Kind {
 			case store.WakeOperation:
 				c.api.Changed(w.ID)
-				select {
-				case c.remote <- w.ID:
-				default: // the event stream misses it; the page reads the operation when it looks
-				}
+				c.remoteEvent(w.ID)
 			case store.WakeCommand:
 				c.disp.Kick(w.ID)
 			case store.WakeAll:
@@ -354,6 +351,22 @@ type observer struct {
 // Changed implements store.ChangeObserver.
 func (o observer) Changed(ch store.Change) { o.bus.Changed(ch) }
 
+// remoteEvent hands an operation another instance finished to
+// remoteEvents, while someone reads the stream (no read of the database
+// for nobody); otherwise, or when the queue is full, the bus notes the
+// miss, so a reader resuming from before it gets a reset.
+func (c *Controller) remoteEvent(id string) {
+	if c.bus.Subscribers() == 0 {
+		c.bus.Missed()
+		return
+	}
+	select {
+	case c.remote <- id:
+	default:
+		c.bus.Missed()
+	}
+}
+
 // remoteEvents publishes, on this instance's event stream, the operations
 // that other instances finished (their wake-ups name the operation, not its
 // status: it is read back), until ctx ends.
@@ -365,6 +378,7 @@ func (c *Controller) remoteEvents(ctx context.Context) error {
 		case id := <-c.remote:
 			op, err := c.store.GetOperation(ctx, id)
 			if err != nil {
+				c.bus.Missed()
 				continue
 			}
 			c.bus.Publish(events.KindOperation, op.OperationID, string(op.Status), op.UpdatedAt)

@@ -105,6 +105,7 @@ type Bus struct {
 	ring    []Event      // ring[seq % len(ring)]
 	next    uint64       // the number of the next event
 	subs    map[*Sub]struct{}
+	floor   uint64 // a resume from before it is a reset: an event was missed there (Missed)
 	closed  bool
 	dropped atomic.Int64
 }
@@ -236,7 +237,7 @@ func (b *Bus) Subscribe(from Resume) (sub *Sub, reset bool, err error) {
 		if n := uint64(len(b.ring)); b.next-b.cfg.First > n {
 			oldest = b.next - n
 		}
-		if from.LastID+1 < oldest || from.LastID >= b.next {
+		if from.LastID+1 < oldest || from.LastID >= b.next || from.LastID < b.floor {
 			reset = true
 		} else {
 			cursor = from.LastID
@@ -248,6 +249,16 @@ func (b *Bus) Subscribe(from Resume) (sub *Sub, reset bool, err error) {
 	}
 	b.subs[sub] = struct{}{}
 	return sub, reset, nil
+}
+
+// Missed records that a change was not published here (the controller
+// does not read back other instances' wake-ups while no one reads the
+// stream, nor when their queue is full): a reader that resumes from an id
+// before this point gets a reset, as it would had the ring lost the event.
+func (b *Bus) Missed() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.floor = b.next
 }
 
 // Unsubscribe ends a subscription; it is safe to call more than once.

@@ -132,6 +132,22 @@ func TestResumeFromAnIDOlderThanTheBufferIsAReset(t *testing.T) {
 	require.Empty(t, s.Take(nil, 100))
 }
 
+// TestAMissedEventMakesAnEarlierResumeAReset: an event that was not
+// published (Missed) is one a reader from before it would have missed.
+func TestAMissedEventMakesAnEarlierResumeAReset(t *testing.T) {
+	t.Parallel()
+	b := New(Config{First: 10})
+	publishN(b, 5, "x") // 10..14
+	b.Missed()          // would have been 15
+	publishN(b, 2, "y") // 15, 16
+	for last, reset := range map[uint64]bool{12: true, 14: true, 15: false, 16: false} {
+		s, got, err := b.Subscribe(Resume{LastID: last, Given: true})
+		require.NoError(t, err)
+		require.Equal(t, reset, got, "last %d", last)
+		b.Unsubscribe(s)
+	}
+}
+
 // TestASlowSubscriberIsDroppedAndPublishingNeverBlocks: one subscriber
 // never reads; publishing goes on, the slow one is dropped the moment its
 // channel is full, and the one that reads sees everything. (A Publish that
