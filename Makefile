@@ -24,7 +24,7 @@ deps:
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto-clients >/dev/null; \
 	fi
-	@# Headless Chromium renders the HTML report in its test.
+	@# Headless Chromium renders the HTML report and drives the dashboard in their tests.
 	@if [ ! -x /usr/bin/chromium ]; then \
 		echo "installing chromium (apt-get)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

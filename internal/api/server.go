@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/ops"
@@ -54,6 +55,10 @@ type Config struct {
 	// Refused counts each request refused by a limit or rule, by reason
 	// (controller_inputs_refused_total{source="http"}); nil counts nothing.
 	Refused func(reason string)
+	// Events feeds GET /v1/events (events.go); nil: no stream.
+	Events *events.Bus
+	// UI serves the dashboard under /ui/ (internal/ui); nil: none.
+	UI http.Handler
 }
 
 // Server serves the API.
@@ -112,6 +117,7 @@ func New(cfg Config) *Server {
 	if cfg.MCP != nil {
 		s.mux.Handle("/mcp", s.need("", cfg.MCP.ServeHTTP))
 	}
+	s.dashboardRoutes() // events.go: the event stream, the task list, whoami, /ui/
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance": cfg.Instance})
 	})

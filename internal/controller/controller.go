@@ -20,6 +20,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/lease"
 	"github.com/fleetctl/fleetctl/internal/mcpserver"
@@ -29,6 +30,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/receipt"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/task"
+	"github.com/fleetctl/fleetctl/internal/ui"
 	"github.com/fleetctl/fleetctl/internal/wire"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -158,6 +160,8 @@ type Controller struct {
 	api    *api.Server
 	http   *http.Server
 	inst   *store.Instance
+	bus    *events.Bus
+	remote chan string // operations other instances finished, for the bus
 	httpLn net.Listener
 	ready  chan struct{}
 	close  sync.Once
@@ -191,14 +195,18 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	}
 	met := metrics.New()
 	fp.OnHit(func(name string) { met.FailpointHits.WithLabelValues(name).Inc() })
-	c := &Controller{cfg: cfg, log: log, ready: make(chan struct{})}
+	c := &Controller{cfg: cfg, log: log, ready: make(chan struct{}), remote: make(chan string, 1024)}
 	defer func() {
 		if err != nil {
 			c.Close()
 		}
 	}()
 
-	db, err := store.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: met})
+	// The dashboard's event stream: the store tells the bus of each change
+	// it committed (with its id), the way it tells the metrics.
+	c.bus = events.New(events.Config{First: uint64(time.Now().UnixMicro())})
+	met.Registry.MustRegister(c.bus.Collectors()...)
+	db, err := store.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: observer{met, c.bus}})
 	if err != nil {
 		return nil, err
 	}
@@ -291,8 +299,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		API: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.api.ServeHTTP(w, r) })})
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
 		Metrics: met.Handler(), Auth: auth, Failpoints: fp, Hosts: hosts, WaitPoll: waitPoll, MCP: agents,
+		Events: c.bus, UI: ui.Handler(),
 		Refused: func(reason string) { met.InputRefused(metrics.SourceHTTP, reason) }})
 	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
+	c.http.RegisterOnShutdown(c.bus.Close) // the streams end, so Shutdown finds their connections idle
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
 		ReceiptRate: receipt.ReceiptRate(cfg.ReceiptRate), PresenceRate: receipt.DefaultPresenceRate,
@@ -379,6 +389,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { return c.mqtt.Run(ctx) })
 	g.Go(func() error { return c.wakeUps(ctx) })
+	g.Go(func() error { return c.remoteEvents(ctx) })
 	c.log.Info("controller serving", "http", c.HTTPAddr(), "mqtt", c.cfg.MQTT, "instance", c.cfg.InstanceID, "db", c.cfg.DB)
 	select {
 	case <-c.mqtt.Ready():
@@ -414,11 +425,58 @@ func (c *Controller) wakeUps(ctx context.Context) error {
 			switch w.Kind {
 			case store.WakeOperation:
 				c.api.Changed(w.ID)
+				c.remoteEvent(w.ID)
 			case store.WakeCommand:
 				c.disp.Kick(w.ID)
 			case store.WakeAll:
 				c.log.Info("wake-ups from other instances may have been missed; the sweeps' polling covers them")
+				c.bus.Publish(events.KindReset, "", "", time.Now())
 			}
+		}
+	}
+}
+
+// observer is the store's observer: the metrics count each committed
+// change, the bus publishes it on the event stream.
+type observer struct {
+	*metrics.Metrics
+	bus *events.Bus
+}
+
+// Changed implements store.ChangeObserver.
+func (o observer) Changed(ch store.Change) { o.bus.Changed(ch) }
+
+// remoteEvent hands an operation another instance finished to
+// remoteEvents, while someone reads the stream (no read of the database
+// for nobody); otherwise, or when the queue is full, the bus notes the
+// miss, so a reader resuming from before it gets a reset.
+func (c *Controller) remoteEvent(id string) {
+	if c.bus.Subscribers() == 0 {
+		c.bus.Missed()
+		return
+	}
+	select {
+	case c.remote <- id:
+	default:
+		c.bus.Missed()
+	}
+}
+
+// remoteEvents publishes, on this instance's event stream, the operations
+// that other instances finished (their wake-ups name the operation, not its
+// status: it is read back), until ctx ends.
+func (c *Controller) remoteEvents(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case id := <-c.remote:
+			op, err := c.store.GetOperation(ctx, id)
+			if err != nil {
+				c.bus.Missed()
+				continue
+			}
+			c.bus.Publish(events.KindOperation, op.OperationID, string(op.Status), op.UpdatedAt)
 		}
 	}
 }
