@@ -1,7 +1,9 @@
 package api
 
 import (
+	"context"
 	"errors"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -71,6 +73,17 @@ func (s *Server) dashboardRoutes() {
 // fail writes an error answer of the stream's own handler.
 func (s *Server) fail(w http.ResponseWriter, err error) { s.writeError(w, err) }
 
+// streamSendBuffer is the kernel send buffer of an event stream's socket.
+const streamSendBuffer = 32 << 10
+
+type connKey struct{}
+
+// WithConn is the http.Server's ConnContext: it keeps each request's
+// connection in its context, for the event stream to size its buffer.
+func WithConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
 // tokenFromQuery lets ?access_token= stand for the Authorization header, for
 // the routes a browser's EventSource reads.
 func tokenFromQuery(h http.HandlerFunc) http.HandlerFunc {
@@ -112,6 +125,12 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	if bus == nil {
 		s.fail(w, apiErr(http.StatusNotFound, "not_found", "this server has no event stream"))
 		return
+	}
+	// A stream's socket holds little beyond the ring: a reader that stops
+	// reading falls a ring behind and is dropped after kilobytes, not after
+	// the megabytes an autotuned loopback buffer would take.
+	if tc, ok := r.Context().Value(connKey{}).(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(streamSendBuffer)
 	}
 	sub, reset, err := bus.Subscribe(resumeFrom(r))
 	if err != nil {
