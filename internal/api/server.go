@@ -21,6 +21,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/jcs"
 	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/ops"
+	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
@@ -42,6 +43,8 @@ type Config struct {
 	Auth     *Auth // nil: auth off
 	// Failpoints: submit-after-commit, between the commit and the answer.
 	Failpoints *failpoint.Set
+	// Rollouts applies the domain rules of rollouts.
+	Rollouts *rollout.Service
 	// WaitPoll is how often a ?wait= call re-reads its operation for
 	// changes no wake-up announced (another instance's); 250 ms by default.
 	WaitPoll time.Duration
@@ -89,6 +92,14 @@ func New(cfg Config) *Server {
 		{"GET /v1/grants", "", s.handleListGrants},
 		{"DELETE /v1/grants/{id}", RoleAdmin, s.handleRevokeGrant},
 		{"GET /v1/instances", "", s.handleListInstances},
+		{"POST /v1/rollouts", RoleOperator, s.handleCreateRollout},
+		{"GET /v1/rollouts", "", s.handleListRollouts},
+		{"GET /v1/rollouts/{id}", "", s.handleGetRollout},
+		{"GET /v1/rollouts/{id}/devices", "", s.handleListRolloutDevices},
+		{"POST /v1/rollouts/{id}/pause", RoleOperator, s.rolloutMove(store.RolloutPause)},
+		{"POST /v1/rollouts/{id}/resume", RoleOperator, s.rolloutMove(store.RolloutResume)},
+		{"POST /v1/rollouts/{id}/cancel", RoleOperator, s.rolloutMove(store.RolloutCancel)},
+		{"POST /v1/rollouts/{id}/approvals", RoleApprover, s.handleApproveRollout},
 	}
 	for _, rt := range routes {
 		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(rt.h)))

@@ -39,13 +39,13 @@ func NewRoot() *cobra.Command {
 		Short: "Device-command controller: idempotent operations on a fleet over MQTT",
 		Long: `Device-command controller: idempotent operations on a fleet over MQTT.
 
-"controller serve" runs the daemon; op, cmd, device, task and grant are its
+"controller serve" runs the daemon; op, cmd, device, task, grant and rollout are its
 API client (--server, --token, --json); verify and report read a run's
 database. Every flag also reads an environment variable, named in its help
 (--ack-timeout ← CONTROLLER_ACK_TIMEOUT). Exit status: 0 done, 1 failed,
 2 the command line was wrong (nothing ran).`,
 	}
-	root.AddCommand(serveCmd(), opCmd(), cmdCmd(), deviceCmd(), taskCmd(), grantCmd(), verifyCmd(), reportCmd())
+	root.AddCommand(serveCmd(), opCmd(), cmdCmd(), deviceCmd(), taskCmd(), grantCmd(), rolloutCmd(), verifyCmd(), reportCmd())
 	cmdline.Setup(root, EnvPrefix)
 	return root
 }

@@ -222,7 +222,8 @@ type RolloutPassResult struct {
 	// (spacing not reached by the database's clock, a re-check failed, the
 	// operation_id exists with other params).
 	StartRefused string
-	// Cancelled lists the commands cancelled because the rollout ended.
+	// Cancelled lists the operations whose unpublished command was
+	// cancelled because the rollout ended.
 	Cancelled []string
 }
 
@@ -569,7 +570,7 @@ func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, r
 
 // moveRollout is the rollout's conditional transition. A terminal state
 // cancels the devices not started and the commands not yet published; it
-// returns the commands it cancelled.
+// returns the operations whose command it cancelled.
 func (t *tx) moveRollout(ctx context.Context, r Rollout, to fsm.RolloutState, reason, who, action string, token int64) ([]string, error) {
 	if err := fsm.Rollout.Transition(r.Status, to); err != nil {
 		return nil, t.refuse("rollout", r.RolloutID, string(r.Status), string(to), ReasonIllegal, token)
@@ -609,18 +610,18 @@ func (t *tx) cancelUnstarted(ctx context.Context, id, reason string) ([]string, 
 		WHERE rollout_id = ? AND status IN ('pending', 'retry')`, reason, now, now, id); err != nil {
 		return nil, fmt.Errorf("cancel devices of rollout %s: %w", id, err)
 	}
-	rows, err := t.QueryContext(ctx, `SELECT d.device_id, c.command_id FROM rollout_devices d
+	rows, err := t.QueryContext(ctx, `SELECT d.device_id, d.operation_id, c.command_id FROM rollout_devices d
 		JOIN operations o ON o.operation_id = d.operation_id JOIN commands c ON c.command_id = o.command_id
 		WHERE d.rollout_id = ? AND d.status = 'started' AND o.status = 'started' AND c.attempt = 0
 			AND c.status IN ('pending', 'waiting_device')`, id)
 	if err != nil {
 		return nil, fmt.Errorf("unpublished commands of rollout %s: %w", id, err)
 	}
-	type unpublished struct{ device, command string }
+	type unpublished struct{ device, operation, command string }
 	var all []unpublished
 	for rows.Next() {
 		var u unpublished
-		if err := rows.Scan(&u.device, &u.command); err != nil {
+		if err := rows.Scan(&u.device, &u.operation, &u.command); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -638,7 +639,7 @@ func (t *tx) cancelUnstarted(ctx context.Context, id, reason string) ([]string, 
 			}
 			return nil, err
 		}
-		cancelled = append(cancelled, u.command)
+		cancelled = append(cancelled, u.operation)
 		if _, err := t.Exec(`UPDATE rollout_devices SET status = 'cancelled', reason = ?, finished_at = ?, updated_at = ?
 			WHERE rollout_id = ? AND device_id = ? AND status = 'started'`, reason, now, now, id, u.device); err != nil {
 			return nil, fmt.Errorf("cancel device %s of rollout %s: %w", u.device, id, err)

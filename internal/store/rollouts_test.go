@@ -294,7 +294,7 @@ func TestRolloutSettleAndAbort(t *testing.T) {
 			return RolloutDecision{To: fsm.RolloutAborted, Reason: "failed 50% of 2 finished"}
 		})
 		require.True(t, res.Moved)
-		require.Equal(t, []string{ops("device-4").CommandIDs[0]}, res.Cancelled)
+		require.Equal(t, []string{RolloutOperationID("fw-1", "device-4", 1)}, res.Cancelled)
 		r, err := b.s.GetRollout(b.ctx, "fw-1")
 		require.NoError(t, err)
 		require.Equal(t, fsm.RolloutAborted, r.Status)
