@@ -198,11 +198,15 @@ func slowFleet(fast, slow time.Duration) (sim.Profile, func(string) time.Duratio
 func TestRolloutRampAndLimits(t *testing.T) {
 	t.Parallel()
 	n := rolloutFleet(t, 400)
-	every := max(n/40, 10) // 2,000 devices: a step every 50 successes
+	every := 20 // a step every 20 successes, every 50 from 1,000 devices
+	if n >= 1000 {
+		every = 50
+	}
+	const inFlightLimit = 30
 	profile, delay := slowFleet(time.Second, 6*time.Second)
 	b := setup(t, setupOpts{devices: n, faults: profile})
 	spec := rollout.Spec{MaxPerMinute: 1200, Ramp: &rollout.Ramp{BasePerMinute: 120, Factor: 2, EverySucceeded: every},
-		MaxInFlight: 25}
+		MaxInFlight: inFlightLimit}
 	start := time.Now()
 	r, status, err := b.client.CreateRollout(b.ctx(), rolloutJSON("ramp", "set-config", `"device-*"`, spec))
 	require.NoError(t, err)
@@ -218,10 +222,13 @@ func TestRolloutRampAndLimits(t *testing.T) {
 	peak, at := maxInWindow(spans, 10*time.Second)
 	inFlight := maxOverlap(spans)
 	t.Logf("%d devices in %s; starts per 10 s window (from the execution log): %v", n, took.Round(time.Second), perWindow(spans, 10*time.Second))
-	t.Logf("busiest 10 s window: %d starts from %s (limit 200); most executing at once: %d (max_in_flight 25)",
-		peak, at.Format("15:04:05.000"), inFlight)
+	t.Logf("busiest 10 s window: %d starts from %s (limit 200); most executing at once: %d (max_in_flight %d)",
+		peak, at.Format("15:04:05.000"), inFlight, inFlightLimit)
+	for _, ph := range rampPhases(spans, spec) {
+		t.Log(ph)
+	}
 	require.LessOrEqual(t, peak, 200, "max_per_minute 1,200 is at most 200 starts in any 10 s")
-	require.LessOrEqual(t, inFlight, 25)
+	require.LessOrEqual(t, inFlight, inFlightLimit)
 
 	// The ramp: the first every_succeeded devices start at 120/min.
 	base, _ := maxInWindow(spans[:every], 10*time.Second)
@@ -230,6 +237,43 @@ func TestRolloutRampAndLimits(t *testing.T) {
 		require.Greater(t, peak, 150, "the rate reached the limit's neighbourhood")
 	}
 	b.verify()
+}
+
+// rampPhases measures the start rate of each step of the ramp from the
+// execution log: step k runs from the time the (k·every)-th device
+// finished its action (the devices' successes, as they saw them) to the
+// next step's.
+func rampPhases(spans []span, spec rollout.Spec) []string {
+	ends := make([]time.Time, len(spans))
+	for i, s := range spans {
+		ends[i] = s.end
+	}
+	sort.Slice(ends, func(i, j int) bool { return ends[i].Before(ends[j]) })
+	every := spec.Ramp.EverySucceeded
+	var out []string
+	from := spans[0].start
+	for k := 0; ; k++ {
+		rate := spec.Rate(k * every)
+		to := spans[len(spans)-1].start.Add(time.Nanosecond)
+		last := rate >= float64(spec.MaxPerMinute) || (k+1)*every > len(ends)
+		if !last {
+			to = ends[(k+1)*every-1]
+		}
+		n := 0
+		for _, s := range spans {
+			if !s.start.Before(from) && s.start.Before(to) {
+				n++
+			}
+		}
+		if d := to.Sub(from); d > 0 {
+			out = append(out, fmt.Sprintf("ramp step %d: allowed %4.0f/min (paced at %4.0f/min): %4d starts in %5.1f s = %4.0f/min",
+				k, rate, float64(time.Minute)/float64(rollout.Interval(rate)), n, d.Seconds(), float64(n)/d.Minutes()))
+		}
+		if last {
+			return out
+		}
+		from = to
+	}
 }
 
 // 10 % of the devices fail their action: the rollout aborts once the
