@@ -278,7 +278,7 @@ var clientCases = map[string]struct {
 	"rollout resume":  {[]string{"fw-42"}, []string{"rollout", "fw-42"}},
 	"rollout cancel":  {[]string{"fw-42"}, []string{"rollout", "fw-42"}},
 	"rollout approve": {[]string{"fw-42", "--version", "1"}, []string{"rollout", "fw-42  [new]"}},
-	"rollout watch":   {[]string{"fw-42"}, []string{"100% 2/2", "succeeded 2", "rollout fw-42 succeeded"}},
+	"rollout watch":   {[]string{"fw-42"}, []string{"100% 2/2 succeeded", "succeeded 2", "rollout fw-42 succeeded"}},
 }
 
 func TestEveryClientSubcommandHasJSONAndText(t *testing.T) {

@@ -351,18 +351,24 @@ func abortLine(r api.RolloutView) string {
 		return "no abort rule"
 	}
 	var parts []string
+	finished, minFinished := 0, 0
 	for _, a := range r.AbortState {
-		s := fmt.Sprintf("%s %.1f%% of %d (aborts at %g%% after %d)", a.When, a.SharePercent, a.Finished, a.Percent, a.MinFinished)
+		s := fmt.Sprintf("%s %.1f%% (at %g%%)", a.When, a.SharePercent, a.Percent)
 		if a.Tripped {
 			s += " TRIPPED"
 		}
 		parts = append(parts, s)
+		finished, minFinished = a.Finished, max(minFinished, a.MinFinished)
 	}
-	return strings.Join(parts, "; ")
+	s := strings.Join(parts, ", ") + fmt.Sprintf(" of %d finished", finished)
+	if finished < minFinished {
+		s += fmt.Sprintf(", min %d", minFinished)
+	}
+	return s
 }
 
 func rateLine(r api.RolloutView) string {
-	return fmt.Sprintf("rate %.0f/min allowed, %d started in the last minute", r.Rate.AllowedPerMinute, r.Rate.StartsLastMinute)
+	return fmt.Sprintf("rate %.0f/min, %d started in the last minute", r.Rate.AllowedPerMinute, r.Rate.StartsLastMinute)
 }
 
 // progressLine is the one-line view (for logs and pipes).
@@ -371,8 +377,8 @@ func progressLine(r api.RolloutView) string {
 	if r.DevicesTotal > 0 {
 		pct = done(r) * 100 / r.DevicesTotal
 	}
-	return fmt.Sprintf("%s %s %3d%% %d/%d | %s | in flight %d | %s | abort: %s", bar(r, 20), r.Status, pct, done(r),
-		r.DevicesTotal, outcomes(r), r.InFlight, rateLine(r), abortLine(r))
+	return fmt.Sprintf("%s %3d%% %d/%d %s | %s | in flight %d | %s | abort: %s", bar(r, 20), pct, done(r),
+		r.DevicesTotal, r.Status, outcomes(r), r.InFlight, rateLine(r), abortLine(r))
 }
 
 // progressLines is the view a terminal redraws in place.

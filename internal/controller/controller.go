@@ -211,7 +211,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		LeaseTTL: cfg.LeaseTTL, Checks: store.RolloutChecks{EnforceGrants: auth.Enabled(), FourEyes: fourEyes},
 		Kick: c.disp.Kick, Changed: changed, Metrics: rollout.NewMetrics(met.Registry, c.store), Logger: log})
 	rollouts := rollout.NewService(rollout.Config{Store: c.store, Ops: svc, Policy: policy, Instance: cfg.InstanceID,
-		LeaseTTL: cfg.LeaseTTL, FourEyes: fourEyes, Changed: c.sched.Wake})
+		LeaseTTL: cfg.LeaseTTL, FourEyes: fourEyes, Changed: c.sched.Wake, Created: c.sched.Adopt})
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
 		Metrics: met.Handler(), Auth: auth, Failpoints: fp, WaitPoll: waitPoll, Rollouts: rollouts})
 	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}

@@ -306,7 +306,7 @@ func TestRolloutAbortsOnFailureThreshold(t *testing.T) {
 	}
 	require.False(t, abortAt.IsZero(), "the abort is in the history")
 	var finished, failed int
-	_, err = fmt.Sscanf(final.Reason, "abort: failed %d of %d finished", &failed, &finished)
+	_, err = fmt.Sscanf(final.Reason, "failed %d of %d finished", &failed, &finished)
 	require.NoError(t, err, final.Reason)
 	require.GreaterOrEqual(t, finished, 50, "not before min_finished")
 	require.GreaterOrEqual(t, float64(failed)*100, 8*float64(finished), "the threshold was reached")

@@ -67,7 +67,7 @@ func Decide(spec Spec, snap store.RolloutSnapshot) Decision {
 	}
 	for _, a := range spec.AbortStates(counts) {
 		if a.Tripped {
-			d.To, d.Reason, d.Start = fsm.RolloutAborted, "abort: "+a.String(), false
+			d.To, d.Reason, d.Start = fsm.RolloutAborted, a.String(), false
 			return d
 		}
 	}

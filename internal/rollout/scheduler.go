@@ -47,6 +47,7 @@ type Scheduler struct {
 	mu      sync.Mutex
 	driving map[string]chan struct{} // rollout id → its wake-up
 	known   map[string]bool          // rollouts this process has looked at
+	adopted map[string]int64         // rollouts this process created, with the token it took
 	wake    chan struct{}
 }
 
@@ -73,7 +74,8 @@ func NewScheduler(cfg SchedulerConfig) *Scheduler {
 	if cfg.Changed == nil {
 		cfg.Changed = func(string) {}
 	}
-	return &Scheduler{cfg: cfg, driving: map[string]chan struct{}{}, known: map[string]bool{}, wake: make(chan struct{}, 1)}
+	return &Scheduler{cfg: cfg, driving: map[string]chan struct{}{}, known: map[string]bool{}, adopted: map[string]int64{},
+		wake: make(chan struct{}, 1)}
 }
 
 // Wake makes the scheduler look at a rollout now (a create, an approval,
@@ -92,6 +94,15 @@ func (s *Scheduler) Wake(rolloutID string) {
 	case s.wake <- struct{}{}:
 	default:
 	}
+}
+
+// Adopt tells the scheduler that this process created a rollout and took
+// its lease with token: it drives it under that fence, without a reclaim.
+func (s *Scheduler) Adopt(rolloutID string, token int64) {
+	s.mu.Lock()
+	s.adopted[rolloutID] = token
+	s.mu.Unlock()
+	s.Wake(rolloutID)
 }
 
 // Run looks for rollouts to drive every Poll until ctx ends, then waits for
@@ -126,13 +137,18 @@ func (s *Scheduler) look(ctx context.Context, wg *sync.WaitGroup) {
 		s.mu.Lock()
 		_, driving := s.driving[l.RolloutID]
 		first := !s.known[l.RolloutID]
+		adopted, created := s.adopted[l.RolloutID]
 		s.known[l.RolloutID] = true
+		delete(s.adopted, l.RolloutID)
 		s.mu.Unlock()
 		if driving {
 			continue
 		}
 		var f store.Fence
+		err = nil
 		switch {
+		case created && l.Owner == s.cfg.Instance && l.FencingToken == adopted && l.LeaseExpiresAt.After(now):
+			f = store.Fence{Owner: s.cfg.Instance, Token: adopted} // created here: the lease it took
 		case l.Owner == s.cfg.Instance && first:
 			// This instance held it before it restarted (or created it
 			// just now): a new token fences off anything the old process

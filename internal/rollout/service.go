@@ -45,8 +45,10 @@ type Config struct {
 	// FourEyes: nobody approves a rollout they created.
 	FourEyes bool
 	// Changed is told of each rollout a person's action changed (the
-	// scheduler's wake-up).
+	// scheduler's wake-up); Created of each rollout created here, with the
+	// fencing token of the scheduler's lease it took.
 	Changed func(rolloutID string)
+	Created func(rolloutID string, token int64)
 }
 
 // Service applies the domain rules of rollouts for the API (and the CLI
@@ -57,6 +59,9 @@ type Service struct{ cfg Config }
 func NewService(cfg Config) *Service {
 	if cfg.Changed == nil {
 		cfg.Changed = func(string) {}
+	}
+	if cfg.Created == nil {
+		cfg.Created = func(string, int64) {}
 	}
 	return &Service{cfg: cfg}
 }
@@ -128,7 +133,7 @@ func (s *Service) Create(ctx context.Context, req Request, who string) (store.Ro
 		return store.Rollout{}, false, err
 	}
 	if created {
-		s.cfg.Changed(r.RolloutID)
+		s.cfg.Created(r.RolloutID, r.FencingToken)
 	}
 	return r, created, nil
 }
