@@ -329,15 +329,15 @@ func TestRolloutAbortsOnFailureThreshold(t *testing.T) {
 	for _, s := range spans {
 		require.Contains(t, sent, s.command)
 		require.LessOrEqual(t, sent[s.command], abortAt.UnixMilli(), "%s was published after the abort", s.command)
-		if s.start.After(abortAt) {
-			afterAbort++
+		if s.end.After(abortAt) {
+			afterAbort++ // published before the abort, ran to its end after it
 		}
 	}
 	cancelled := final.Counts["cancelled"]
 	require.Equal(t, n-int(started)+cancelledStarted(b), cancelled, "every device never started is cancelled")
 	require.Greater(t, cancelled, n/2)
 	t.Logf("abort point: %d finished, %d failed; %d devices started (%d executed), %d cancelled; starts committed after the abort: 0, "+
-		"commands published after it: 0; executions still running at the abort that ended after it: %d",
+		"commands published after it: 0; executions published before it that ended after it (ran to their end): %d",
 		finished, failed, started, len(spans), cancelled, afterAbort)
 	b.verify()
 }

@@ -262,7 +262,9 @@ func (s *Scheduler) drive(ctx context.Context, id string, f store.Fence, wake <-
 			}
 		}
 		if res.Started != nil {
-			wait = 0 // the next start's time is known after the next pass
+			// The next start is due one interval after this one (sooner only
+			// if the ramp steps up meanwhile, which the next pass sees).
+			wait = max(res.Decision.Interval-s.cfg.Now().Sub(res.Snapshot.Now), 0)
 		}
 		if !sleep(ctx, wait, wake) {
 			return
