@@ -1,12 +1,12 @@
 # Quick start: `make demo` runs the whole system once; `make test` runs every test.
-# Both install what they need (Mosquitto, Chromium and PostgreSQL from Debian's packages) first.
+# Both install what they need (Mosquitto and its clients, Chromium and PostgreSQL from Debian's packages) first.
 
 GO        ?= go
 MOSQUITTO ?= /usr/sbin/mosquitto
 PGBIN     := /usr/lib/postgresql/15/bin
 BIN       := bin
 
-.PHONY: all deps build test vet bench bench-postgres gobench demo scenarios scenarios-postgres soak clean
+.PHONY: all deps build test fuzz vet bench bench-postgres gobench demo scenarios scenarios-postgres soak clean
 
 all: build
 
@@ -18,7 +18,13 @@ deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto >/dev/null; \
 	fi
 	@$(MOSQUITTO) -h 2>/dev/null | head -1 | grep -q 'mosquitto version 2' || { echo "need Mosquitto 2.x at $(MOSQUITTO)"; exit 1; }
-	@# Headless Chromium renders the HTML report in its test.
+	@# Debian's mosquitto_pub and mosquitto_sub: the security tests play the intruder with them.
+	@if [ ! -x /usr/bin/mosquitto_pub ] || [ ! -x /usr/bin/mosquitto_sub ]; then \
+		echo "installing mosquitto-clients (apt-get)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto-clients >/dev/null; \
+	fi
+	@# Headless Chromium renders the HTML report and drives the dashboard in their tests.
 	@if [ ! -x /usr/bin/chromium ]; then \
 		echo "installing chromium (apt-get)"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
@@ -46,9 +52,17 @@ vet:
 # line on what is still running at least every 30 s, inside a scratch
 # directory under $$TMPDIR that is removed afterwards, also on Ctrl-C or
 # SIGTERM. exec: a SIGTERM that make passes on reaches the script itself.
+# Then .ci/fuzz runs every fuzz target (go test -fuzz, one at a time) for
+# about 2 minutes in all, failing on any failing input (FUZZ_BUDGET seconds,
+# or FUZZTIME per target).
 export GO
 test: deps vet
 	exec .ci/gotest -count=1 -timeout 25m ./...
+	exec .ci/fuzz
+
+# The fuzz targets alone: `make fuzz`, `FUZZTIME=60s make fuzz`.
+fuzz:
+	exec .ci/fuzz
 
 # The controller against the protocol's own ceiling, in one run on one broker
 # (internal/bench): a table, bench/out/latest.json and bench/out/latest.html.

@@ -87,11 +87,11 @@ func (s *Server) need(role string, h http.HandlerFunc) http.HandlerFunc {
 		ok = ok && strings.EqualFold(scheme, "Bearer")
 		tok, found := s.cfg.Auth.lookup(strings.TrimSpace(bearer))
 		if !ok || !found {
-			writeError(w, s.cfg.Logger, apiErr(http.StatusUnauthorized, "unauthorized", "a valid bearer token is required"))
+			s.writeError(w, apiErr(http.StatusUnauthorized, "unauthorized", "a valid bearer token is required"))
 			return
 		}
 		if role != "" && !slices.Contains(tok.Roles, role) && !slices.Contains(tok.Roles, RoleAdmin) {
-			writeError(w, s.cfg.Logger, apiErr(http.StatusForbidden, "forbidden", tok.Principal+" lacks the "+role+" role"))
+			s.writeError(w, apiErr(http.StatusForbidden, "forbidden", tok.Principal+" lacks the "+role+" role"))
 			return
 		}
 		h(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, tok.Principal)))

@@ -3,25 +3,29 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"net/http"
 
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
-// APIError is an error with a stable code and an HTTP status.
+// APIError is an error with a stable code and an HTTP status. Reason, when
+// set, is the reason label it is counted under as an input refused.
 type APIError struct {
 	Status  int
 	Code    string
 	Message string
+	Reason  string
 }
 
 func (e *APIError) Error() string { return e.Code + ": " + e.Message }
 
-func apiErr(status int, code, msg string) *APIError { return &APIError{status, code, msg} }
+func apiErr(status int, code, msg string) *APIError {
+	return &APIError{Status: status, Code: code, Message: msg}
+}
 
 // toAPIError maps every error to its HTTP form, in one place.
 func toAPIError(err error) *APIError {
@@ -34,7 +38,7 @@ func toAPIError(err error) *APIError {
 	case errors.As(err, &oe):
 		return apiErr(kindStatus[oe.Kind], oe.Code, oe.Message)
 	case errors.As(err, &mbe):
-		return apiErr(http.StatusRequestEntityTooLarge, "too_large", "request body exceeds 1 MiB")
+		return refusal(http.StatusRequestEntityTooLarge, "too_large", wire.ReasonTooLarge, "request body exceeds 1 MiB")
 	case errors.Is(err, opid.ErrInvalid):
 		return apiErr(http.StatusBadRequest, "invalid_request", err.Error())
 	case errors.Is(err, store.ErrNotFound):
@@ -76,10 +80,34 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-func writeError(w http.ResponseWriter, log *slog.Logger, err error) {
+// refusedReason is the reason an answer counts under as an input refused,
+// or "" for one that is not: any 400, 413, 415 or 421, and the browser
+// rules' 403. A 400 without a reason of its own is invalid_value.
+func refusedReason(ae *APIError) string {
+	if ae.Reason != "" {
+		return ae.Reason
+	}
+	switch ae.Status {
+	case http.StatusBadRequest:
+		if ae.Code == "invalid_json" {
+			return wire.ReasonInvalidJSON
+		}
+		return wire.ReasonInvalidValue
+	case http.StatusRequestEntityTooLarge:
+		return wire.ReasonTooLarge
+	}
+	return ""
+}
+
+// writeError writes err's answer, the one place that does; it counts the
+// refused inputs.
+func (s *Server) writeError(w http.ResponseWriter, err error) {
 	ae := toAPIError(err)
+	if reason := refusedReason(ae); reason != "" && s.cfg.Refused != nil {
+		s.cfg.Refused(reason)
+	}
 	if ae.Status >= 500 && ae.Code != "overloaded" {
-		log.Error("request failed", "err", err)
+		s.cfg.Logger.Error("request failed", "err", err)
 	}
 	if ae.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1") // every 503 is worth a retry with the same operation_id

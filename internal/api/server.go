@@ -5,21 +5,20 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
-	"github.com/fleetctl/fleetctl/internal/jcs"
-	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
@@ -48,6 +47,21 @@ type Config struct {
 	// WaitPoll is how often a ?wait= call re-reads its operation for
 	// changes no wake-up announced (another instance's); 250 ms by default.
 	WaitPoll time.Duration
+	// MCP, if set, serves the agent interface (internal/mcpserver) at
+	// /mcp behind the same bearer tokens: any valid one gets in, and each
+	// tool call is a request to the routes here, which check its role.
+	MCP http.Handler
+	// Hosts are the Host values the API answers to (the browser rules,
+	// browser.go); nil: any (no Host check, and an Origin must equal the
+	// request's Host).
+	Hosts *HostPolicy
+	// Refused counts each request refused by a limit or rule, by reason
+	// (controller_inputs_refused_total{source="http"}); nil counts nothing.
+	Refused func(reason string)
+	// Events feeds GET /v1/events (events.go); nil: no stream.
+	Events *events.Bus
+	// UI serves the dashboard under /ui/ (internal/ui); nil: none.
+	UI http.Handler
 }
 
 // Server serves the API.
@@ -70,40 +84,51 @@ func New(cfg Config) *Server {
 		cfg.WaitPoll = 250 * time.Millisecond
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), hub: NewHub()}
+	// Each route's {id} is checked against its rule (400 invalid_request,
+	// bad_id) before the handler runs.
 	routes := []struct {
 		pattern, role string
+		id            *idRule
 		h             handler
 	}{
-		{"POST /v1/operations", RoleOperator, s.handleSubmit},
-		{"GET /v1/operations/{id}", "", s.handleGetOperation},
-		{"POST /v1/operations/{id}/compensations", RoleOperator, s.handleCompensate},
-		{"GET /v1/commands/{id}", "", s.handleGetCommand},
-		{"POST /v1/commands/{id}/cancel", RoleOperator, s.handleCancel},
-		{"POST /v1/commands/{id}/resolve", RoleOperator, s.handleResolve},
-		{"GET /v1/devices", "", s.handleListDevices},
-		{"GET /v1/devices/{id}", "", s.handleGetDevice},
-		{"POST /v1/devices/{id}/presence/reset", RoleAdmin, s.handleResetPresence},
-		{"POST /v1/tasks", RoleOperator, s.handleCreateTask},
-		{"GET /v1/tasks/{id}", "", s.handleGetTask},
-		{"PUT /v1/tasks/{id}/plan", RoleOperator, s.handlePlan},
-		{"POST /v1/tasks/{id}/approvals", RoleApprover, s.handleApprove},
-		{"POST /v1/tasks/{id}/rejections", RoleApprover, s.handleReject},
-		{"POST /v1/grants", RoleAdmin, s.handleCreateGrant},
-		{"GET /v1/grants", "", s.handleListGrants},
-		{"DELETE /v1/grants/{id}", RoleAdmin, s.handleRevokeGrant},
-		{"GET /v1/instances", "", s.handleListInstances},
-		{"POST /v1/rollouts", RoleOperator, s.handleCreateRollout},
-		{"GET /v1/rollouts", "", s.handleListRollouts},
-		{"GET /v1/rollouts/{id}", "", s.handleGetRollout},
-		{"GET /v1/rollouts/{id}/devices", "", s.handleListRolloutDevices},
-		{"POST /v1/rollouts/{id}/pause", RoleOperator, s.rolloutMove(store.RolloutPause)},
-		{"POST /v1/rollouts/{id}/resume", RoleOperator, s.rolloutMove(store.RolloutResume)},
-		{"POST /v1/rollouts/{id}/cancel", RoleOperator, s.rolloutMove(store.RolloutCancel)},
-		{"POST /v1/rollouts/{id}/approvals", RoleApprover, s.handleApproveRollout},
+		{"POST /v1/operations", RoleOperator, nil, s.handleSubmit},
+		{"GET /v1/operations/{id}", "", &anyOpID, s.handleGetOperation},
+		{"POST /v1/operations/{id}/compensations", RoleOperator, &anyOpID, s.handleCompensate},
+		{"GET /v1/commands/{id}", "", &plainID, s.handleGetCommand},
+		{"POST /v1/commands/{id}/cancel", RoleOperator, &plainID, s.handleCancel},
+		{"POST /v1/commands/{id}/resolve", RoleOperator, &plainID, s.handleResolve},
+		{"GET /v1/devices", "", nil, s.handleListDevices},
+		{"GET /v1/devices/{id}", "", &deviceID, s.handleGetDevice},
+		{"POST /v1/devices/{id}/presence/reset", RoleAdmin, &deviceID, s.handleResetPresence},
+		{"POST /v1/tasks", RoleOperator, nil, s.handleCreateTask},
+		{"GET /v1/tasks/{id}", "", &partID, s.handleGetTask},
+		{"PUT /v1/tasks/{id}/plan", RoleOperator, &partID, s.handlePlan},
+		{"POST /v1/tasks/{id}/approvals", RoleApprover, &partID, s.handleApprove},
+		{"POST /v1/tasks/{id}/rejections", RoleApprover, &partID, s.handleReject},
+		{"POST /v1/grants", RoleAdmin, nil, s.handleCreateGrant},
+		{"GET /v1/grants", "", nil, s.handleListGrants},
+		{"DELETE /v1/grants/{id}", RoleAdmin, &plainID, s.handleRevokeGrant},
+		{"GET /v1/instances", "", nil, s.handleListInstances},
+		{"POST /v1/rollouts", RoleOperator, nil, s.handleCreateRollout},
+		{"GET /v1/rollouts", "", nil, s.handleListRollouts},
+		{"GET /v1/rollouts/{id}", "", &partID, s.handleGetRollout},
+		{"GET /v1/rollouts/{id}/devices", "", &partID, s.handleListRolloutDevices},
+		{"POST /v1/rollouts/{id}/pause", RoleOperator, &partID, s.rolloutMove(store.RolloutPause)},
+		{"POST /v1/rollouts/{id}/resume", RoleOperator, &partID, s.rolloutMove(store.RolloutResume)},
+		{"POST /v1/rollouts/{id}/cancel", RoleOperator, &partID, s.rolloutMove(store.RolloutCancel)},
+		{"POST /v1/rollouts/{id}/approvals", RoleApprover, &partID, s.handleApproveRollout},
 	}
 	for _, rt := range routes {
-		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(rt.h)))
+		h := rt.h
+		if rt.id != nil {
+			h = withID(*rt.id, rt.h)
+		}
+		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(h)))
 	}
+	if cfg.MCP != nil {
+		s.mux.Handle("/mcp", s.need("", cfg.MCP.ServeHTTP))
+	}
+	s.dashboardRoutes() // events.go: the event stream, the task list, whoami, /ui/
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance": cfg.Instance})
 	})
@@ -111,9 +136,19 @@ func New(cfg Config) *Server {
 		s.mux.Handle("GET /metrics", cfg.Metrics)
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, s.cfg.Logger, apiErr(http.StatusNotFound, "not_found", "no route "+r.Method+" "+r.URL.Path))
+		s.writeError(w, apiErr(http.StatusNotFound, "not_found", "no route "+r.Method+" "+shorten(r.URL.Path)))
 	})
 	return s
+}
+
+// withID checks the route's {id} before h runs.
+func withID(rule idRule, h handler) handler {
+	return func(r *http.Request) (int, any, error) {
+		if err := rule.check("id", r.PathValue("id"), true); err != nil {
+			return 0, nil, err
+		}
+		return h(r)
+	}
 }
 
 // serve adapts a handler to net/http: the one place that writes its answer
@@ -122,7 +157,7 @@ func (s *Server) serve(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		status, body, err := h(r)
 		if err != nil {
-			writeError(w, s.cfg.Logger, err)
+			s.writeError(w, err)
 			return
 		}
 		if l, ok := body.(listed); ok {
@@ -138,40 +173,141 @@ func (s *Server) serve(h handler) http.HandlerFunc {
 // Changed wakes the ?wait= requests of an operation.
 func (s *Server) Changed(operationID string) { s.hub.Notify(operationID) }
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP implements http.Handler: the browser rules first (browser.go),
+// then the body limit, then the routes (auth, then the handler).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if err := s.checkBrowser(r); err != nil {
+		s.writeError(w, err)
+		return
+	}
+	if r.ContentLength > MaxBody {
+		// Refused before a byte of it is read; the connection is closed
+		// rather than drained.
+		w.Header().Set("Connection", "close")
+		s.writeError(w, refusal(http.StatusRequestEntityTooLarge, "too_large", wire.ReasonTooLarge,
+			fmt.Sprintf("request body of %d bytes exceeds 1 MiB", r.ContentLength)))
+		return
+	}
 	if r.Body != nil {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxBody)
 	}
 	s.mux.ServeHTTP(w, r)
 }
 
-func decodeBody(r *http.Request, v any) error {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return err
+// nulField names the first string of v holding a NUL character, or "".
+// PostgreSQL's text cannot store one: a reason, note or grant pattern with
+// it would fail in the store (503, retried in vain) instead of being
+// refused. Params are raw JSON, where a NUL stays the escape \u0000.
+func nulField(v reflect.Value, path string) string {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			return nulField(v.Elem(), path)
+		}
+	case reflect.String:
+		if strings.IndexByte(v.String(), 0) >= 0 {
+			return path
+		}
+	case reflect.Slice:
+		if v.Type().Elem().Kind() != reflect.Uint8 { // json.RawMessage is raw JSON
+			for i := range v.Len() {
+				if f := nulField(v.Index(i), fmt.Sprintf("%s[%d]", path, i)); f != "" {
+					return f
+				}
+			}
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if sf := v.Type().Field(i); sf.IsExported() {
+				name := jsonName(sf)
+				if path != "" {
+					name = path + "." + name
+				}
+				if f := nulField(v.Field(i), name); f != "" {
+					return f
+				}
+			}
+		}
 	}
-	// I-JSON (RFC 7493) first: a duplicate key, anywhere, or a number that
-	// would change on its way to the device is refused, never resolved.
-	if err := jcs.CheckIJSON(body); err != nil {
-		return fmt.Errorf("%w: request body: %v", opid.ErrInvalid, err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return apiErr(http.StatusBadRequest, "invalid_json", "request body: "+err.Error())
-	}
-	if dec.More() {
-		return apiErr(http.StatusBadRequest, "invalid_json", "request body: trailing data after the JSON object")
-	}
-	return nil
+	return ""
 }
 
-func decodeOptionalBody(r *http.Request, v any) error {
-	if r.ContentLength == 0 {
-		return nil
+// inexactName returns the first member name in the value dec reads that
+// encoding/json would match to a field of t only case-insensitively
+// ("Target", "OPERATION_ID"), at any depth where t is a struct, or "".
+// Field names are exact: beside the exact one, such a name would be a
+// duplicate silently resolved (the last wins) instead of refused. Names that
+// match no field are left to DisallowUnknownFields, syntax errors to the
+// decoder (ok false: the walk stopped there).
+func inexactName(dec *json.Decoder, t reflect.Type) (name string, ok bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
 	}
-	return decodeBody(r, v)
+	tok, err := dec.Token()
+	if err != nil {
+		return "", false
+	}
+	d, _ := tok.(json.Delim)
+	selfDecoding := reflect.PointerTo(t).Implements(reflect.TypeFor[json.Unmarshaler]()) // RawMessage, time.Time
+	switch {
+	case d == '{' && t.Kind() == reflect.Struct && !selfDecoding:
+		for dec.More() {
+			tok, err := dec.Token()
+			name, isName := tok.(string)
+			if err != nil || !isName {
+				return "", false
+			}
+			var field reflect.Type
+			for i := range t.NumField() {
+				if jsonName(t.Field(i)) == name {
+					field = t.Field(i).Type
+				}
+			}
+			if field == nil {
+				for i := range t.NumField() {
+					if strings.EqualFold(jsonName(t.Field(i)), name) { // as encoding/json folds
+						return name, true
+					}
+				}
+				return "", false // no field at all: DisallowUnknownFields refuses it
+			}
+			if bad, ok := inexactName(dec, field); bad != "" || !ok {
+				return bad, ok
+			}
+		}
+	case d == '[' && t.Kind() == reflect.Slice && !selfDecoding:
+		for dec.More() {
+			if bad, ok := inexactName(dec, t.Elem()); bad != "" || !ok {
+				return bad, ok
+			}
+		}
+	case d == '{' || d == '[':
+		for depth := 1; depth > 0; { // a value of its own (params, times): skipped whole
+			tok, err := dec.Token()
+			if err != nil {
+				return "", false
+			}
+			switch tok {
+			case json.Delim('{'), json.Delim('['):
+				depth++
+			case json.Delim('}'), json.Delim(']'):
+				depth--
+			}
+		}
+		return "", true
+	default:
+		return "", true
+	}
+	_, err = dec.Token() // the closing '}' or ']'
+	return "", err == nil
+}
+
+// jsonName is the member name encoding/json gives a struct field.
+func jsonName(f reflect.StructField) string {
+	if name, _, _ := strings.Cut(f.Tag.Get("json"), ","); name != "" {
+		return name
+	}
+	return f.Name
 }
 
 // created is 201 for something new, 200 for what already existed.
@@ -185,6 +321,9 @@ func created(c bool) int {
 func (s *Server) handleSubmit(r *http.Request) (int, any, error) {
 	var req SubmitRequest
 	if err := decodeBody(r, &req); err != nil {
+		return 0, nil, err
+	}
+	if err := checkSubmit(req, r.Header.Get("Idempotency-Key")); err != nil {
 		return 0, nil, err
 	}
 	op, isNew, err := s.cfg.Service.Submit(r.Context(), ops.Intent(req), r.Header.Get("Idempotency-Key"), principal(r))

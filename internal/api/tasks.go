@@ -108,6 +108,9 @@ func (s *Server) handleCreateTask(r *http.Request) (int, any, error) {
 	if err := decodeBody(r, &req); err != nil {
 		return 0, nil, err
 	}
+	if err := firstError(partID.check("task_id", req.TaskID, true), checkSteps(req.Steps)); err != nil {
+		return 0, nil, err
+	}
 	task, isNew, err := s.cfg.Service.CreateTask(r.Context(), ops.TaskRequest(req), principal(r))
 	if errors.Is(err, store.ErrKeyReused) {
 		err = apiErr(http.StatusUnprocessableEntity, "idempotency_key_reused", "task "+req.TaskID+" exists with another plan or window")
@@ -129,6 +132,9 @@ func (s *Server) handleGetTask(r *http.Request) (int, any, error) {
 func (s *Server) handlePlan(r *http.Request) (int, any, error) {
 	var req PlanRequest
 	if err := decodeBody(r, &req); err != nil {
+		return 0, nil, err
+	}
+	if err := checkSteps(req.Steps); err != nil {
 		return 0, nil, err
 	}
 	task, err := s.cfg.Service.UpdatePlan(r.Context(), r.PathValue("id"), req.Steps, req.BaseVersion, principal(r))
@@ -240,6 +246,13 @@ type CompensationRequest struct {
 func (s *Server) handleCompensate(r *http.Request) (int, any, error) {
 	var req CompensationRequest
 	if err := decodeBody(r, &req); err != nil {
+		return 0, nil, err
+	}
+	if err := firstError(
+		partID.check("business_version", req.BusinessVersion, true),
+		actionName.check("action", req.Action, true),
+		checkParams("params", req.Params),
+	); err != nil {
 		return 0, nil, err
 	}
 	op, isNew, err := s.cfg.Service.Compensate(r.Context(), r.PathValue("id"), ops.Compensation(req), principal(r))

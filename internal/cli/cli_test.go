@@ -73,7 +73,8 @@ func isClient(path string) bool {
 var (
 	clientOnly = []string{"--server", "--token", "--json"}
 	serveOnly  = []string{"--db", "--mqtt", "--http", "--topic-root", "--ack-timeout", "--command-ttl", "--max-attempts",
-		"--offline", "--policy", "--lease-ttl", "--instance-id", "--tokens", "--four-eyes", "--sweep-interval", "--log-level"}
+		"--offline", "--policy", "--lease-ttl", "--instance-id", "--tokens", "--four-eyes", "--sweep-interval", "--log-level",
+		"--receipt-rate", "--http-host"}
 )
 
 func hasFlag(help, flag string) bool {
@@ -98,6 +99,15 @@ func TestHelpKeepsServeAndClientFlagsApart(t *testing.T) {
 	n := 0
 	for path := range leaves() {
 		h := help(t, strings.Fields(path)...)
+		if path == "mcp" {
+			// The MCP server is a client of the API too (--server, --token),
+			// but it speaks MCP on stdout: no --json.
+			require.True(t, hasFlag(h, "--server") && hasFlag(h, "--token") && !hasFlag(h, "--json"), h)
+			for _, f := range serveOnly {
+				require.False(t, hasFlag(h, f) && f != "--log-level", "%s --help shows %s:\n%s", path, f, h)
+			}
+			continue
+		}
 		if !isClient(path) {
 			for _, f := range clientOnly {
 				require.False(t, hasFlag(h, f), "%s --help shows %s", path, f)
@@ -147,7 +157,7 @@ func TestExamples(t *testing.T) {
 	t.Parallel()
 	all := leaves()
 	for _, path := range []string{"serve", "op submit", "op get", "cmd resolve", "task create", "task plan", "task approve",
-		"task reject", "grant add", "verify", "report"} {
+		"task reject", "grant add", "mcp", "verify", "report"} {
 		require.NotEmpty(t, all[path].Example, path)
 		require.Contains(t, help(t, strings.Fields(path)...), "Examples:\n  ", path)
 	}
@@ -460,6 +470,10 @@ func TestUsageErrorsExitTwoWithAHint(t *testing.T) {
 		"serve bad enum":     {[]string{"serve", "--offline", "maybe"}, `invalid argument "maybe" for "--offline" flag: want wait, fail`, "serve"},
 		"serve bad value":    {[]string{"serve", "--lease-ttl", "10ms"}, "--lease-ttl 10ms: at least 1s", "serve"},
 		"serve argument":     {[]string{"serve", "now"}, `unknown command "now" for "controller serve"`, "serve"},
+		"serve http-host repeated": {[]string{"serve", "--http-host", "ok.test", "--http-host", "bad/host"},
+			`--http-host "bad/host": want a name or name:port`, "serve"},
+		"serve http-host comma-separated": {[]string{"serve", "--http-host", "ok.test,user@x"}, `--http-host "user@x"`, "serve"},
+		"serve bad receipt rate":          {[]string{"serve", "--receipt-rate", "-1"}, "--receipt-rate -1: receipts a second per device", "serve"},
 	} {
 		args := tc.args
 		if isClient(args[0]) {

@@ -38,7 +38,7 @@ func rolloutCmd() *cobra.Command {
 		interval              time.Duration
 	)
 	create := &cobra.Command{
-		Use:   "create ROLLOUT_ID --action ACTION --devices GLOB|ID,ID... --max-per-minute N [flags] | --file BODY.json",
+		Use:   "create ROLLOUT_ID --action ACTION --devices GLOB|ID,ID... [--max-per-minute N] [flags] | --file BODY.json",
 		Short: "Create a rollout (idempotent: the same request again returns it; other content gets 422)",
 		Long: `Create a rollout: one action on every device of a set resolved now (a glob against
 the devices seen so far, or a list of ids). Each device gets the ordinary operation
@@ -91,7 +91,7 @@ body instead (ROLLOUT_ID then overrides its rollout_id when given).`,
 	f.StringVar(&req.Action, "action", "", "the action, e.g. set-config or restart")
 	f.StringVar(&params, "params", "", "params as a JSON object")
 	f.StringVar(&devices, "devices", "", "a device glob (device-*), or ids separated by commas")
-	f.IntVar(&req.MaxPerMinute, "max-per-minute", 0, "starts per minute at most")
+	f.IntVar(&req.MaxPerMinute, "max-per-minute", 0, fmt.Sprintf("starts per minute at most (default %d)", rollout.DefaultMaxPerMinute))
 	f.IntVar(&req.MaxInFlight, "max-in-flight", 0, fmt.Sprintf("devices started and not finished at most (default %d)", rollout.DefaultMaxInFlight))
 	f.IntVar(&rampBase, "ramp-base", 0, "ramp: the first rate, per minute")
 	f.Float64Var(&rampFactor, "ramp-factor", 2, "ramp: the rate's factor at each step")

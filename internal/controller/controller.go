@@ -5,20 +5,25 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/lease"
+	"github.com/fleetctl/fleetctl/internal/mcpserver"
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/mqttx"
 	"github.com/fleetctl/fleetctl/internal/ops"
@@ -26,7 +31,9 @@ import (
 	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/task"
+	"github.com/fleetctl/fleetctl/internal/ui"
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -48,6 +55,17 @@ type Config struct {
 	// MaxCommandBytes bounds an encoded command (413 too_large at submit).
 	MaxCommandBytes int
 	SweepInterval   time.Duration
+	// MQTTUser and MQTTPasswordFile log in to the broker (the secure
+	// profile); the user defaults to controller-{instance_id} when a
+	// password file is given. MQTTCA is the CA PEM for ssl:// URLs.
+	MQTTUser, MQTTPasswordFile, MQTTCA string
+	// ReceiptRate is each device's receipts a second (--receipt-rate),
+	// with a burst of twice that; 0 turns the limit off. Presence has a
+	// bucket of its own (receipt.DefaultPresenceRate).
+	ReceiptRate float64
+	// HTTPHosts are more names the API answers to (--http-host), besides
+	// its listen address.
+	HTTPHosts []string
 }
 
 // DefaultConfig holds the contract's defaults.
@@ -56,6 +74,7 @@ func DefaultConfig() Config {
 		DB: "controller.db", MQTT: "tcp://127.0.0.1:1883", HTTP: "127.0.0.1:8080", TopicRoot: wire.DefaultTopicRoot,
 		AckTimeout: 5 * time.Second, CommandTTL: 10 * time.Minute, MaxAttempts: 5, Offline: "wait",
 		LeaseTTL: 10 * time.Second, FourEyes: true, SweepInterval: 500 * time.Millisecond, MaxCommandBytes: ops.DefaultMaxCommandBytes,
+		ReceiptRate: 50,
 	}
 }
 
@@ -74,8 +93,47 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--lease-ttl %s: at least 1s", c.LeaseTTL)
 	case c.MaxCommandBytes < 1024 || c.MaxCommandBytes > wire.MaxPayload:
 		return fmt.Errorf("--max-command-bytes %d: between 1024 and %d (what devices accept)", c.MaxCommandBytes, wire.MaxPayload)
+	case c.MQTTCA != "" && !tlsURL(c.MQTT):
+		return fmt.Errorf("--mqtt-ca is for ssl:// broker URLs; %s is plain TCP", c.MQTT)
+	case c.ReceiptRate < 0:
+		return fmt.Errorf("--receipt-rate %g: receipts a second per device, 0 for no limit", c.ReceiptRate)
+	}
+	if _, err := api.NewHostPolicy(c.HTTP, c.HTTPHosts); err != nil {
+		return fmt.Errorf("--http %s, --http-host: %w", c.HTTP, err)
 	}
 	return c.basePolicy().Validate()
+}
+
+// tlsURL: a broker URL that paho dials with TLS.
+func tlsURL(u string) bool {
+	scheme, _, _ := strings.Cut(u, "://")
+	return scheme == "ssl" || scheme == "tls" || scheme == "mqtts" || scheme == "tcps"
+}
+
+// mqttLogin returns the broker user name, password and TLS configuration
+// the flags give: the password from its file (one trailing newline
+// trimmed), the user controller-{instance_id} unless named.
+func (c Config) mqttLogin() (user, password string, tc *tls.Config, err error) {
+	user = c.MQTTUser
+	if c.MQTTPasswordFile != "" {
+		b, err := os.ReadFile(c.MQTTPasswordFile)
+		if err != nil {
+			return "", "", nil, fmt.Errorf("--mqtt-password-file: %w", err)
+		}
+		password = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+		if password == "" {
+			return "", "", nil, fmt.Errorf("--mqtt-password-file %s is empty", c.MQTTPasswordFile)
+		}
+		if user == "" {
+			user = "controller-" + c.InstanceID
+		}
+	}
+	if c.MQTTCA != "" {
+		if tc, err = mqttx.ClientTLS(c.MQTTCA); err != nil {
+			return "", "", nil, fmt.Errorf("--mqtt-ca: %w", err)
+		}
+	}
+	return user, password, tc, nil
 }
 
 // basePolicy is the policy the flags give every action.
@@ -104,6 +162,8 @@ type Controller struct {
 	api    *api.Server
 	http   *http.Server
 	inst   *store.Instance
+	bus    *events.Bus
+	remote chan string // operations other instances finished, for the bus
 	httpLn net.Listener
 	ready  chan struct{}
 	close  sync.Once
@@ -137,14 +197,18 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	}
 	met := metrics.New()
 	fp.OnHit(func(name string) { met.FailpointHits.WithLabelValues(name).Inc() })
-	c := &Controller{cfg: cfg, log: log, ready: make(chan struct{})}
+	c := &Controller{cfg: cfg, log: log, ready: make(chan struct{}), remote: make(chan string, 1024)}
 	defer func() {
 		if err != nil {
 			c.Close()
 		}
 	}()
 
-	db, err := store.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: met})
+	// The dashboard's event stream: the store tells the bus of each change
+	// it committed (with its id), the way it tells the metrics.
+	c.bus = events.New(events.Config{First: uint64(time.Now().UnixMicro())})
+	met.Registry.MustRegister(c.bus.Collectors()...)
+	db, err := store.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: observer{met, c.bus}})
 	if err != nil {
 		return nil, err
 	}
@@ -177,8 +241,27 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	if shared {
 		receipts = SharedGroup + receipts
 	}
+	mqttUser, mqttPassword, mqttTLS, err := cfg.mqttLogin()
+	if err != nil {
+		return nil, err
+	}
+	if mqttPassword != "" && !tlsURL(cfg.MQTT) && !loopbackURL(cfg.MQTT) {
+		log.Warn("the MQTT password goes over plain TCP to a host off loopback: use an ssl:// URL", "mqtt", cfg.MQTT)
+	}
+	// A lost broker connection, by cause (mqttx.Loss): session_taken_over
+	// says another client connected with this instance's client id.
+	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "controller_mqtt_connections_lost_total",
+		Help: "Broker connections lost, by cause (session_taken_over, closed_by_broker, error), counted at the reconnect.",
+	}, []string{"cause"})
+	for _, l := range []mqttx.Loss{mqttx.LossTakenOver, mqttx.LossClosed, mqttx.LossError} {
+		lost.WithLabelValues(string(l))
+	}
+	met.Registry.MustRegister(lost)
 	c.mqtt = mqttx.New(mqttx.Config{
 		URL: cfg.MQTT, ClientID: "controller-" + cfg.InstanceID, Logger: log, CleanSession: shared,
+		Username: mqttUser, Password: mqttPassword, TLS: mqttTLS,
+		OnLoss: func(l mqttx.Loss) { lost.WithLabelValues(string(l)).Inc() },
 		Subscriptions: map[string]byte{
 			receipts: 1,
 			wire.Wildcard(cfg.TopicRoot, wire.KindPresence): 1,
@@ -196,6 +279,16 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		EnforceGrants: auth.Enabled(), FourEyes: cfg.FourEyes && auth.Enabled(), MaxCommandBytes: cfg.MaxCommandBytes,
 		Submitted: c.disp.Kick, Changed: changed,
 	})
+	if c.httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", cfg.HTTP, err)
+	}
+	// The Host rule knows the port as bound (--http 127.0.0.1:0 included).
+	listenHost, _, _ := net.SplitHostPort(cfg.HTTP)
+	_, boundPort, _ := net.SplitHostPort(c.httpLn.Addr().String())
+	hosts, err := api.NewHostPolicy(net.JoinHostPort(listenHost, boundPort), cfg.HTTPHosts)
+	if err != nil {
+		return nil, err
+	}
 	// Other instances' changes: on PostgreSQL their wake-ups arrive through
 	// NOTIFY and polling is the rare fallback; instances sharing an SQLite
 	// file have only the polling.
@@ -212,11 +305,18 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		Kick: c.disp.Kick, Changed: changed, Metrics: rollout.NewMetrics(met.Registry, c.store), Logger: log})
 	rollouts := rollout.NewService(rollout.Config{Store: c.store, Ops: svc, Policy: policy, Instance: cfg.InstanceID,
 		LeaseTTL: cfg.LeaseTTL, FourEyes: fourEyes, Changed: c.sched.Wake, Created: c.sched.Adopt})
+	// /mcp: the MCP tools, each a request to this API in process as the caller.
+	agents := mcpserver.HTTPHandler(mcpserver.HTTPConfig{Addr: c.HTTPAddr, Logger: log,
+		API: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.api.ServeHTTP(w, r) })})
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
-		Metrics: met.Handler(), Auth: auth, Failpoints: fp, WaitPoll: waitPoll, Rollouts: rollouts})
+		Metrics: met.Handler(), Auth: auth, Failpoints: fp, Hosts: hosts, WaitPoll: waitPoll, MCP: agents,
+		Events: c.bus, UI: ui.Handler(), Rollouts: rollouts,
+		Refused: func(reason string) { met.InputRefused(metrics.SourceHTTP, reason) }})
 	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
+	c.http.RegisterOnShutdown(c.bus.Close) // the streams end, so Shutdown finds their connections idle
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
+		ReceiptRate: receipt.ReceiptRate(cfg.ReceiptRate), PresenceRate: receipt.DefaultPresenceRate,
 		OnReceipt: func(out store.ReceiptOutcome) {
 			if out.OperationID != "" {
 				c.api.Changed(out.OperationID)
@@ -231,9 +331,6 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		Failpoints: fp, Metrics: met, Logger: log})
 	c.runner = task.New(task.Config{Store: c.store, Ops: svc, Instance: cfg.InstanceID, EnforceGrants: auth.Enabled(),
 		Failpoints: fp, Kick: c.disp.Kick, Interval: cfg.SweepInterval, Logger: log})
-	if c.httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
-		return nil, fmt.Errorf("listen %s: %w", cfg.HTTP, err)
-	}
 	return c, nil
 }
 
@@ -256,6 +353,13 @@ func reclaim(ctx context.Context, st store.Store, instance string, ttl time.Dura
 		}
 		delay = min(2*delay, 2*time.Second)
 	}
+}
+
+// loopbackURL: a broker URL whose host is a loopback address.
+func loopbackURL(u string) bool {
+	_, hostport, _ := strings.Cut(u, "://")
+	hostport, _, _ = strings.Cut(hostport, "/")
+	return loopback(hostport)
 }
 
 func loopback(addr string) bool {
@@ -296,6 +400,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	})
 	g.Go(func() error { return c.mqtt.Run(ctx) })
 	g.Go(func() error { return c.wakeUps(ctx) })
+	g.Go(func() error { return c.remoteEvents(ctx) })
 	c.log.Info("controller serving", "http", c.HTTPAddr(), "mqtt", c.cfg.MQTT, "instance", c.cfg.InstanceID, "db", c.cfg.DB)
 	select {
 	case <-c.mqtt.Ready():
@@ -331,11 +436,58 @@ func (c *Controller) wakeUps(ctx context.Context) error {
 			switch w.Kind {
 			case store.WakeOperation:
 				c.api.Changed(w.ID)
+				c.remoteEvent(w.ID)
 			case store.WakeCommand:
 				c.disp.Kick(w.ID)
 			case store.WakeAll:
 				c.log.Info("wake-ups from other instances may have been missed; the sweeps' polling covers them")
+				c.bus.Publish(events.KindReset, "", "", time.Now())
 			}
+		}
+	}
+}
+
+// observer is the store's observer: the metrics count each committed
+// change, the bus publishes it on the event stream.
+type observer struct {
+	*metrics.Metrics
+	bus *events.Bus
+}
+
+// Changed implements store.ChangeObserver.
+func (o observer) Changed(ch store.Change) { o.bus.Changed(ch) }
+
+// remoteEvent hands an operation another instance finished to
+// remoteEvents, while someone reads the stream (no read of the database
+// for nobody); otherwise, or when the queue is full, the bus notes the
+// miss, so a reader resuming from before it gets a reset.
+func (c *Controller) remoteEvent(id string) {
+	if c.bus.Subscribers() == 0 {
+		c.bus.Missed()
+		return
+	}
+	select {
+	case c.remote <- id:
+	default:
+		c.bus.Missed()
+	}
+}
+
+// remoteEvents publishes, on this instance's event stream, the operations
+// that other instances finished (their wake-ups name the operation, not its
+// status: it is read back), until ctx ends.
+func (c *Controller) remoteEvents(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case id := <-c.remote:
+			op, err := c.store.GetOperation(ctx, id)
+			if err != nil {
+				c.bus.Missed()
+				continue
+			}
+			c.bus.Publish(events.KindOperation, op.OperationID, string(op.Status), op.UpdatedAt)
 		}
 	}
 }

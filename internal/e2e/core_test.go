@@ -139,6 +139,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	b := setup(t, setupOpts{})
 	post := func(body string, header map[string]string) (int, string) {
 		r, _ := http.NewRequest(http.MethodPost, b.ctl.URL+"/v1/operations", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
 		for k, v := range header {
 			r.Header.Set(k, v)
 		}
@@ -158,7 +159,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		code       string
 	}{
 		{"malformed JSON", `{"task_id":`, nil, 400, "invalid_json"},
-		{"unknown field", `{"operation_id":"a","target":"device-1","action":"restart","colour":1}`, nil, 400, "invalid_json"},
+		{"unknown field", `{"operation_id":"a","target":"device-1","action":"restart","colour":1}`, nil, 400, "invalid_request"},
 		{"trailing data", good + `{}`, nil, 400, "invalid_json"},
 		{"params not an object", `{"operation_id":"a","target":"device-1","action":"restart","params":[1]}`, nil, 400, "invalid_request"},
 		{"colon in a part", `{"task_id":"t:x","step":"s","target":"device-1","business_version":"v1","action":"restart"}`, nil, 400, "invalid_request"},
@@ -208,6 +209,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 
 func postOK(t *testing.T, url, body, key string) (int, api.Operation) {
 	r, _ := http.NewRequest(http.MethodPost, url+"/v1/operations", bytes.NewReader([]byte(body)))
+	r.Header.Set("Content-Type", "application/json")
 	r.Header.Set("Idempotency-Key", key)
 	resp, err := http.DefaultClient.Do(r)
 	require.NoError(t, err)

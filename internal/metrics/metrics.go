@@ -28,7 +28,20 @@ type Metrics struct {
 	Takeovers          prometheus.Counter
 	BatchChanges       prometheus.Histogram
 	BatchSeconds       prometheus.Histogram
+	// InputsRefused counts inputs refused whole by a limit or a rule, by
+	// source (SourceHTTP, SourceReceipts, SourcePresence, SourceMQTT) and
+	// reason (the wire.Reason* constants: too_large, invalid_json, too_deep,
+	// bad_number, wrong_type, unknown_field, bad_id, rate_limited, ...).
+	InputsRefused *prometheus.CounterVec
 }
+
+// Sources of refused inputs, the source label of controller_inputs_refused_total.
+const (
+	SourceHTTP     = "http"     // a request to the HTTP API
+	SourceReceipts = "receipts" // a message on {root}/{d}/receipts
+	SourcePresence = "presence" // a message on {root}/{d}/presence
+	SourceMQTT     = "mqtt"     // a message on a topic that is neither
+)
 
 // New registers the contract's metrics (and the Go runtime's) in a fresh registry.
 func New() *Metrics {
@@ -76,8 +89,12 @@ func New() *Metrics {
 			Name: "controller_store_batch_seconds", Help: "Time to apply and commit one batch of changes.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		InputsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "controller_inputs_refused_total",
+			Help: "Inputs refused whole by a limit or rule, changing nothing, by source (http, receipts, presence, mqtt) and reason.",
+		}, []string{"source", "reason"}),
 	}
-	r.MustRegister(m.BatchChanges, m.BatchSeconds)
+	r.MustRegister(m.BatchChanges, m.BatchSeconds, m.InputsRefused)
 	r.MustRegister(m.Transitions, m.TransitionsRefused, m.Receipts, m.Publishes, m.PublishFailures,
 		m.FencingRefused, m.FailpointHits, m.LateOutcomes, m.Presence, m.Reconciles, m.Takeovers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -89,6 +106,13 @@ func New() *Metrics {
 		m.Publishes.WithLabelValues(k)
 	}
 	return m
+}
+
+// InputRefused counts one input refused; a nil *Metrics counts nothing.
+func (m *Metrics) InputRefused(source, reason string) {
+	if m != nil {
+		m.InputsRefused.WithLabelValues(source, reason).Inc()
+	}
 }
 
 // Handler serves /metrics.

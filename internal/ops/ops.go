@@ -135,13 +135,27 @@ func (s *Service) Submit(ctx context.Context, in Intent, key, who string) (store
 // only if the operation is new), the action's ttl, the device's QoS and
 // this instance's lease.
 func (s *Service) Prepare(ctx context.Context, id string, in Intent) (store.NewOperation, error) {
+	return s.prepare(ctx, id, in, opid.Params)
+}
+
+// stepParams are the params of an approved plan's step: checked as I-JSON
+// when the plan was submitted and stored canonical, where a large double
+// may be spelt as an integer (1e16 as 10000000000000000), which the I-JSON
+// check of a caller's params would refuse.
+func stepParams(p json.RawMessage) (sent, canonical json.RawMessage, err error) {
+	c, err := opid.CanonicalParams(p)
+	return c, c, err
+}
+
+func (s *Service) prepare(ctx context.Context, id string, in Intent,
+	checkParams func(json.RawMessage) (sent, canonical json.RawMessage, err error)) (store.NewOperation, error) {
 	if !wire.ValidDeviceID(in.Target) {
 		return store.NewOperation{}, fmt.Errorf("%w: target %q is not a device id ([A-Za-z0-9._-]{1,64}, not controller-*)", opid.ErrInvalid, in.Target)
 	}
 	if err := opid.ValidateAction(in.Action); err != nil {
 		return store.NewOperation{}, err
 	}
-	params, canonical, err := opid.Params(in.Params)
+	params, canonical, err := checkParams(in.Params)
 	if err != nil {
 		return store.NewOperation{}, err
 	}
@@ -185,15 +199,16 @@ func (s *Service) checkSize(id, action string, params []byte, pol command.Policy
 }
 
 // operationID picks the whole id (body, else header) or derives it from the
-// parts; a header that differs from the body's id is refused.
+// parts; a header that differs from the body's id is refused. A whole id is
+// up to 200 characters; a derived one is valid by its parts (up to 259).
 func operationID(in Intent, key string) (string, error) {
-	id := in.OperationID
+	id, derived := in.OperationID, false
 	if id == "" && (in.TaskID != "" || in.Step != "" || in.BusinessVersion != "") {
-		derived, err := opid.Derive(opid.Parts{TaskID: in.TaskID, Step: in.Step, Target: in.Target, BusinessVersion: in.BusinessVersion})
+		d, err := opid.Derive(opid.Parts{TaskID: in.TaskID, Step: in.Step, Target: in.Target, BusinessVersion: in.BusinessVersion})
 		if err != nil {
 			return "", err
 		}
-		id = derived
+		id, derived = d, true
 	}
 	switch {
 	case key != "" && id != "" && key != id:
@@ -204,8 +219,10 @@ func operationID(in Intent, key string) (string, error) {
 	if id == "" {
 		return "", fmt.Errorf("%w: give operation_id (or an Idempotency-Key header), or task_id, step and business_version", opid.ErrInvalid)
 	}
-	if err := opid.ValidateWhole(id, 200); err != nil {
-		return "", err
+	if !derived {
+		if err := opid.ValidateWhole(id, 200); err != nil {
+			return "", err
+		}
 	}
 	return id, nil
 }
@@ -336,8 +353,9 @@ func StepOperationID(taskID string, st store.Step, version int) string {
 // PrepareStep builds the operation record of step i of a task's approved plan.
 func (s *Service) PrepareStep(ctx context.Context, k store.Task, i int) (store.NewOperation, error) {
 	st := k.Approval.Steps[i]
-	return s.Prepare(ctx, StepOperationID(k.TaskID, st, k.Approval.Version), Intent{TaskID: k.TaskID, Step: st.Step,
-		Target: st.Target, BusinessVersion: "approval-v" + strconv.Itoa(k.Approval.Version), Action: st.Action, Params: st.Params})
+	return s.prepare(ctx, StepOperationID(k.TaskID, st, k.Approval.Version), Intent{TaskID: k.TaskID, Step: st.Step,
+		Target: st.Target, BusinessVersion: "approval-v" + strconv.Itoa(k.Approval.Version), Action: st.Action, Params: st.Params},
+		stepParams)
 }
 
 func invalidPlan(format string, args ...any) error {

@@ -13,9 +13,31 @@
 // are applied in the order they came while many devices' share a commit.
 //
 // A receipt whose topic's device or operation_id does not match its command
-// is recorded with effect mismatch and changes nothing; malformed payloads
-// are logged and counted (controller_receipts_total{effect="malformed"}) and
-// change nothing.
+// is recorded with effect mismatch and changes nothing.
+//
+// Limits. A message is refused whole, acknowledged and changes nothing when
+// it breaks one; each refusal is counted in
+// controller_inputs_refused_total{source,reason} (source receipts, presence,
+// or mqtt for a topic that is neither; reason as in wire.Reason*) and, but
+// for rate_limited, in controller_receipts_total{effect="malformed"}:
+//
+//   - a topic outside {root}/{d}/{kind} (bad_topic) or a device id outside
+//     its charset (bad_id);
+//   - a payload over wire.MaxDevicePayload, 64 KiB (too_large);
+//   - more than the device's rate: each device has a token bucket for its
+//     receipts (Config.ReceiptRate, --receipt-rate: 50/s, burst 100) and
+//     one for its presence (DefaultPresenceRate); a message past it is
+//     dropped (rate_limited), so a flooding device cannot starve the others.
+//     The check comes before any decoding or database work; the buckets are
+//     held for active devices only, bounded (DefaultMaxTracked);
+//   - invalid JSON, nesting deeper than 32, a member name twice, a number
+//     that does not fit, a field of the wrong type, an id outside its
+//     charset or length, an unknown status (wire.DecodeDevice and the
+//     payloads' Validate). Unknown fields are ignored: a device may speak a
+//     later version of the protocol.
+//
+// Refusals are logged at most once per reason and source every
+// refusalLogEvery, with the number left unlogged.
 package receipt
 
 import (
@@ -23,6 +45,8 @@ import (
 	"errors"
 	"hash/maphash"
 	"log/slog"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/failpoint"
@@ -54,6 +78,14 @@ type Config struct {
 	// Workers apply messages concurrently, each device's on one worker
 	// (DefaultWorkers).
 	Workers int
+	// ReceiptRate and PresenceRate bound each device's messages (the zero
+	// Rate: no limit); MaxTracked bounds the devices whose buckets are held
+	// (DefaultMaxTracked).
+	ReceiptRate  Rate
+	PresenceRate Rate
+	MaxTracked   int
+	// Now is the limiter's clock (time.Now).
+	Now func() time.Time
 }
 
 // DefaultWorkers is enough to fill a batch from the broker's in-flight
@@ -63,9 +95,21 @@ const DefaultWorkers = 32
 // Ingestor applies receipts and presence messages, each device's in arrival
 // order.
 type Ingestor struct {
-	cfg  Config
-	seed maphash.Seed
+	cfg   Config
+	seed  maphash.Seed
+	limit *limiter
+
+	logMu  sync.Mutex
+	logged map[[2]string]*logState // (source, reason) → when last logged
 }
+
+type logState struct {
+	at         time.Time
+	suppressed int
+}
+
+// refusalLogEvery spaces the log lines of one kind of refusal.
+const refusalLogEvery = 10 * time.Second
 
 // New builds an Ingestor.
 func New(cfg Config) *Ingestor {
@@ -81,7 +125,11 @@ func New(cfg Config) *Ingestor {
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
 	}
-	return &Ingestor{cfg: cfg, seed: maphash.MakeSeed()}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Ingestor{cfg: cfg, seed: maphash.MakeSeed(), limit: newLimiter(cfg.ReceiptRate, cfg.PresenceRate, cfg.MaxTracked),
+		logged: map[[2]string]*logState{}}
 }
 
 // Run processes messages until ctx ends or the source closes. A message
@@ -114,10 +162,9 @@ func (in *Ingestor) Run(ctx context.Context) error {
 		if err != nil {
 			return nil // ctx ended, or the transport stopped
 		}
-		device, _, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic)
-		if err != nil {
-			in.malformed(m, err)
-			m.Ack()
+		device, ok := in.admit(m)
+		if !ok {
+			m.Ack() // refused: it changes nothing
 			continue
 		}
 		w := work[maphash.String(in.seed, device)%uint64(len(work))]
@@ -127,6 +174,45 @@ func (in *Ingestor) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// admit runs the checks that need no decoding, before a message is queued
+// for a worker: its topic, its size and its device's rate. A refused
+// message is counted and logged; the caller acknowledges it.
+func (in *Ingestor) admit(m mqttx.Message) (device string, ok bool) {
+	source := topicSource(m.Topic)
+	device, kind, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic)
+	switch {
+	case errors.Is(err, wire.ErrInvalidDeviceID):
+		in.refuse(m, source, wire.ReasonBadID, err)
+		return "", false
+	case err != nil:
+		in.refuse(m, source, wire.ReasonBadTopic, err)
+		return "", false
+	case kind != wire.KindReceipts && kind != wire.KindPresence:
+		// Commands and queries are ours; we are not subscribed to them.
+		in.refuse(m, metrics.SourceMQTT, wire.ReasonBadTopic, errors.New("not a topic the controller reads"))
+		return "", false
+	case len(m.Payload) > wire.MaxDevicePayload:
+		in.refuse(m, source, wire.ReasonTooLarge, errors.New("payload over 64 KiB"))
+		return "", false
+	case !in.limit.allow(device, kind == wire.KindPresence, in.cfg.Now()):
+		in.refuse(m, source, wire.ReasonRateLimited, errors.New("over the device's rate; dropped"))
+		return "", false
+	}
+	return device, true
+}
+
+// topicSource is the source label of a message: its topic's kind when that
+// is receipts or presence, else mqtt.
+func topicSource(topic string) string {
+	switch topic[strings.LastIndexByte(topic, '/')+1:] {
+	case string(wire.KindReceipts):
+		return metrics.SourceReceipts
+	case string(wire.KindPresence):
+		return metrics.SourcePresence
+	}
+	return metrics.SourceMQTT
 }
 
 // Handle applies one message and acknowledges it once its effect is
@@ -169,18 +255,18 @@ const applyAttempts = 8
 func (in *Ingestor) apply(ctx context.Context, m mqttx.Message) error {
 	device, kind, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic)
 	if err != nil {
-		in.malformed(m, err)
+		in.refuse(m, topicSource(m.Topic), wire.ReasonBadTopic, err)
 		return nil
 	}
 	switch kind {
 	case wire.KindReceipts:
 		var r wire.Receipt
-		if err := wire.Decode(m.Payload, &r); err != nil {
-			in.malformed(m, err)
+		if err := wire.DecodeDevice(m.Payload, &r); err != nil {
+			in.refuse(m, metrics.SourceReceipts, wire.Reason(err, wire.ReasonInvalidJSON), err)
 			return nil
 		}
 		if err := r.Validate(); err != nil {
-			in.malformed(m, err)
+			in.refuse(m, metrics.SourceReceipts, wire.Reason(err, wire.ReasonInvalidValue), err)
 			return nil
 		}
 		out, err := in.cfg.Store.ApplyReceipt(ctx, device, r, func() error {
@@ -199,8 +285,12 @@ func (in *Ingestor) apply(ctx context.Context, m mqttx.Message) error {
 		in.cfg.OnReceipt(out)
 	case wire.KindPresence:
 		var p wire.Presence
-		if err := wire.Decode(m.Payload, &p); err != nil {
-			in.malformed(m, err)
+		if err := wire.DecodeDevice(m.Payload, &p); err != nil {
+			in.refuse(m, metrics.SourcePresence, wire.Reason(err, wire.ReasonInvalidJSON), err)
+			return nil
+		}
+		if err := p.Validate(); err != nil {
+			in.refuse(m, metrics.SourcePresence, wire.Reason(err, wire.ReasonInvalidValue), err)
 			return nil
 		}
 		out, err := in.cfg.Store.ApplyPresence(ctx, device, p)
@@ -223,7 +313,32 @@ func (in *Ingestor) apply(ctx context.Context, m mqttx.Message) error {
 	return nil
 }
 
-func (in *Ingestor) malformed(m mqttx.Message, err error) {
-	in.cfg.Metrics.Receipts.WithLabelValues("malformed").Inc()
-	in.cfg.Logger.Warn("malformed message ignored", "topic", m.Topic, "bytes", len(m.Payload), "err", err)
+// refuse counts and logs a message refused whole; it changes nothing.
+func (in *Ingestor) refuse(m mqttx.Message, source, reason string, err error) {
+	in.cfg.Metrics.InputRefused(source, reason)
+	if reason != wire.ReasonRateLimited && in.cfg.Metrics != nil {
+		in.cfg.Metrics.Receipts.WithLabelValues("malformed").Inc()
+	}
+	key := [2]string{source, reason}
+	now := time.Now()
+	in.logMu.Lock()
+	st := in.logged[key]
+	if st == nil {
+		st = &logState{}
+		in.logged[key] = st
+	}
+	if !st.at.IsZero() && now.Sub(st.at) < refusalLogEvery {
+		st.suppressed++
+		in.logMu.Unlock()
+		return
+	}
+	suppressed := st.suppressed
+	st.at, st.suppressed = now, 0
+	in.logMu.Unlock()
+	topic := m.Topic
+	if len(topic) > 200 {
+		topic = topic[:200] + "..."
+	}
+	in.cfg.Logger.Warn("message refused, nothing applied", "source", source, "reason", reason, "topic", topic,
+		"bytes", len(m.Payload), "err", err, "refused_since_last_line", suppressed)
 }

@@ -56,20 +56,21 @@ func TestSpecValidation(t *testing.T) {
 		Abort:   []AbortRule{{When: "failed", Percent: 5, MinFinished: 20}, {When: "any", Percent: 50}},
 		Windows: []Window{{Cron: "0 2 * * *", Duration: "2h"}, {Cron: "*/20 * * * * *", Duration: "8s"}}, Retries: 2}
 	require.NoError(t, ok.Validate())
-	d := Spec{MaxPerMinute: 10}
+	d := Spec{}
 	require.NoError(t, d.Validate())
+	require.Equal(t, DefaultMaxPerMinute, d.MaxPerMinute)
 	require.Equal(t, DefaultMaxInFlight, d.MaxInFlight)
 	for name, bad := range map[string]Spec{
-		"no rate":      {},
-		"base > max":   {MaxPerMinute: 10, Ramp: &Ramp{BasePerMinute: 20, Factor: 2, EverySucceeded: 1}},
-		"factor 1":     {MaxPerMinute: 10, Ramp: &Ramp{BasePerMinute: 1, Factor: 1, EverySucceeded: 1}},
-		"every 0":      {MaxPerMinute: 10, Ramp: &Ramp{BasePerMinute: 1, Factor: 2}},
-		"when":         {MaxPerMinute: 10, Abort: []AbortRule{{When: "slow", Percent: 5}}},
-		"percent":      {MaxPerMinute: 10, Abort: []AbortRule{{When: "failed", Percent: 0}}},
-		"cron":         {MaxPerMinute: 10, Windows: []Window{{Cron: "every night", Duration: "1h"}}},
-		"duration":     {MaxPerMinute: 10, Windows: []Window{{Cron: "0 2 * * *", Duration: "0s"}}},
-		"retries":      {MaxPerMinute: 10, Retries: 11},
-		"before first": {MaxPerMinute: 10, ExecuteAfter: &t0, ExecuteBefore: &t0},
+		"negative rate": {MaxPerMinute: -1},
+		"base > max":    {MaxPerMinute: 10, Ramp: &Ramp{BasePerMinute: 20, Factor: 2, EverySucceeded: 1}},
+		"factor 1":      {MaxPerMinute: 10, Ramp: &Ramp{BasePerMinute: 1, Factor: 1, EverySucceeded: 1}},
+		"every 0":       {MaxPerMinute: 10, Ramp: &Ramp{BasePerMinute: 1, Factor: 2}},
+		"when":          {MaxPerMinute: 10, Abort: []AbortRule{{When: "slow", Percent: 5}}},
+		"percent":       {MaxPerMinute: 10, Abort: []AbortRule{{When: "failed", Percent: 0}}},
+		"cron":          {MaxPerMinute: 10, Windows: []Window{{Cron: "every night", Duration: "1h"}}},
+		"duration":      {MaxPerMinute: 10, Windows: []Window{{Cron: "0 2 * * *", Duration: "0s"}}},
+		"retries":       {MaxPerMinute: 10, Retries: 11},
+		"before first":  {MaxPerMinute: 10, ExecuteAfter: &t0, ExecuteBefore: &t0},
 	} {
 		require.Error(t, bad.Validate(), name)
 	}

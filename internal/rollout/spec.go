@@ -68,10 +68,11 @@ var abortWhens = []string{string(fsm.DevFailed), string(fsm.DevTimeout), string(
 
 // Limits of the rules.
 const (
-	DefaultMaxInFlight = 100
-	MaxRetries         = 10
-	maxRate            = 1_000_000
-	maxWindow          = 7 * 24 * time.Hour
+	DefaultMaxPerMinute = 60
+	DefaultMaxInFlight  = 100
+	MaxRetries          = 10
+	maxRate             = 1_000_000
+	maxWindow           = 7 * 24 * time.Hour
 )
 
 // PacingMargin stretches the interval between two starts beyond 60 s /
@@ -89,6 +90,9 @@ func invalid(format string, args ...any) error {
 
 // Validate checks the rules and fills the defaults.
 func (s *Spec) Validate() error {
+	if s.MaxPerMinute == 0 {
+		s.MaxPerMinute = DefaultMaxPerMinute
+	}
 	if s.MaxPerMinute < 1 || s.MaxPerMinute > maxRate {
 		return invalid("max_per_minute %d: from 1 to %d", s.MaxPerMinute, maxRate)
 	}

@@ -62,6 +62,25 @@ type Observer interface {
 	Batch(changes int, took time.Duration)
 }
 
+// Change is one committed change of an entity: a row of its events log, or
+// of a task's history. From and To are equal for a change that keeps the
+// state (a late outcome, a new plan version, a presence reset).
+type Change struct {
+	Machine  string // operation, command, device, task (and lease)
+	ID       string // the entity's id: operation_id, command_id, device_id, task_id
+	From, To string
+	At       time.Time // the transaction's now
+}
+
+// ChangeObserver is an Observer that is also told of each committed change
+// with its entity's id, after the commit and in commit order, on the
+// writer's goroutine: Changed must return at once and never block (the
+// dashboard's event stream implements it with a non-blocking publish).
+type ChangeObserver interface {
+	Observer
+	Changed(Change)
+}
+
 type nopObserver struct{}
 
 func (nopObserver) Transition(string, string, string) {}
@@ -90,6 +109,7 @@ type DB struct {
 	w, r     *sql.DB
 	now      func() time.Time
 	obs      Observer
+	changes  ChangeObserver // obs, when it wants changes; nil otherwise
 	instance string
 
 	// The writer goroutine (writer.go) owns w once Open returns.
@@ -135,6 +155,7 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	s := &DB{b: b, dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
 		queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch,
 		quit: make(chan struct{}), stopped: make(chan struct{})}
+	s.changes, _ = cfg.Observer.(ChangeObserver)
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		r.Close()
@@ -266,7 +287,17 @@ func (t *tx) event(machine, id, from, to, reason string, token int64) error {
 	if from != to && from != "" {
 		t.notes = append(t.notes, func(o Observer) { o.Transition(machine, from, to) })
 	}
+	t.changed(machine, id, from, to)
 	return nil
+}
+
+// changed notes a change for the ChangeObserver, told once the transaction
+// commits (a change rolled back to its savepoint drops its notes).
+func (t *tx) changed(machine, id, from, to string) {
+	if co := t.s.changes; co != nil {
+		c := Change{Machine: machine, ID: id, From: from, To: to, At: t.now}
+		t.notes = append(t.notes, func(Observer) { co.Changed(c) })
+	}
 }
 
 // refuse records a refused transition (written whether or not the
@@ -432,6 +463,7 @@ type Store interface {
 	MoveTask(ctx context.Context, task Task, to fsm.TaskState, stepIndex int, reason, who string) error
 	StartStep(ctx context.Context, task Task, stepIndex int, enforceGrants bool, n NewOperation, who string) (StepCheck, error)
 	ActiveTasks(ctx context.Context) ([]string, error)
+	ListTasks(ctx context.Context, f TaskFilter, p Page) (Listed[Task], error)
 	GetTask(ctx context.Context, id string) (Task, error)
 	CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error)
 	RevokeGrant(ctx context.Context, id string) (Grant, error)

@@ -102,6 +102,7 @@ func (t *tx) history(taskID, principal, action string, from, to fsm.TaskState, v
 	if from != to && from != "" {
 		t.notes = append(t.notes, func(o Observer) { o.Transition("task", string(from), string(to)) })
 	}
+	t.changed("task", taskID, string(from), string(to))
 	return nil
 }
 
@@ -375,8 +376,16 @@ func (s *DB) ActiveTasks(ctx context.Context) ([]string, error) {
 	return queryStrings(ctx, s.rq, `SELECT task_id FROM tasks WHERE status IN `+activeTasks+` ORDER BY updated_at`)
 }
 
-// GetTask reads a task with its current plan, its approval and its history.
-func (s *DB) GetTask(ctx context.Context, id string) (Task, error) {
+// taskColumns are a task's row with its current plan version, as taskFrom
+// joins them; scanTask reads them.
+const (
+	taskFrom    = `tasks k JOIN task_versions v ON v.task_id = k.task_id AND v.version = k.version`
+	taskColumns = `k.task_id, k.status, k.reason, k.version, v.plan_hash, v.steps, v.author,
+			k.execute_after, k.execute_before, k.created_by, k.approved_version, k.step_index, k.row_version,
+			k.created_at, k.updated_at`
+)
+
+func scanTask(row interface{ Scan(...any) error }) (Task, error) {
 	var (
 		k                Task
 		after, before    sql.NullInt64
@@ -384,25 +393,50 @@ func (s *DB) GetTask(ctx context.Context, id string) (Task, error) {
 		created, updated int64
 		steps            string
 	)
-	err := s.rq.QueryRowContext(ctx, `SELECT k.task_id, k.status, k.reason, k.version, v.plan_hash, v.steps, v.author,
-			k.execute_after, k.execute_before, k.created_by, k.approved_version, k.step_index, k.row_version,
-			k.created_at, k.updated_at
-		FROM tasks k JOIN task_versions v ON v.task_id = k.task_id AND v.version = k.version WHERE k.task_id = ?`, id).Scan(
-		&k.TaskID, &k.Status, &k.Reason, &k.Version, &k.PlanHash, &steps, &k.Author, &after, &before, &k.CreatedBy,
-		&approved, &k.StepIndex, &k.RowVersion, &created, &updated)
+	if err := row.Scan(&k.TaskID, &k.Status, &k.Reason, &k.Version, &k.PlanHash, &steps, &k.Author, &after, &before,
+		&k.CreatedBy, &approved, &k.StepIndex, &k.RowVersion, &created, &updated); err != nil {
+		return Task{}, err
+	}
+	if err := json.Unmarshal([]byte(steps), &k.Steps); err != nil {
+		return Task{}, fmt.Errorf("steps of task %s: %w", k.TaskID, err)
+	}
+	k.ExecuteAfter, k.ExecuteBefore = fromNullMS(after), fromNullMS(before)
+	k.CreatedAt, k.UpdatedAt = fromMS(created), fromMS(updated)
+	if approved.Valid {
+		k.ApprovedVersion = int(approved.Int64)
+	}
+	return k, nil
+}
+
+// TaskFilter narrows ListTasks; a nil Status lists every task.
+type TaskFilter struct {
+	Status *fsm.TaskState
+}
+
+// ListTasks lists one page of tasks by task_id, each with its current plan
+// (not its approval or history: GetTask reads those), with the number that
+// match the filter. The dashboard lists the tasks waiting for approval with
+// it. Tasks are a person's work, a few hundred at most, so the status filter
+// is applied row by row along the primary key.
+func (s *DB) ListTasks(ctx context.Context, f TaskFilter, p Page) (Listed[Task], error) {
+	k := keyset[Task]{table: taskFrom, key: "k.task_id", columns: taskColumns, scan: scanTask,
+		id: func(t Task) string { return t.TaskID }}
+	if f.Status != nil {
+		k.where, k.args = append(k.where, "k.status = ?"), append(k.args, string(*f.Status))
+	}
+	return readPage(ctx, s, k, p)
+}
+
+// GetTask reads a task with its current plan, its approval and its history.
+func (s *DB) GetTask(ctx context.Context, id string) (Task, error) {
+	k, err := scanTask(s.rq.QueryRowContext(ctx, `SELECT `+taskColumns+` FROM `+taskFrom+` WHERE k.task_id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Task{}, fmt.Errorf("task %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return Task{}, fmt.Errorf("get task %s: %w", id, err)
 	}
-	if err := json.Unmarshal([]byte(steps), &k.Steps); err != nil {
-		return Task{}, err
-	}
-	k.ExecuteAfter, k.ExecuteBefore = fromNullMS(after), fromNullMS(before)
-	k.CreatedAt, k.UpdatedAt = fromMS(created), fromMS(updated)
-	if approved.Valid {
-		k.ApprovedVersion = int(approved.Int64)
+	if k.ApprovedVersion > 0 {
 		var (
 			a     Approval
 			at    int64

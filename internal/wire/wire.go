@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // DefaultTopicRoot is the topic root when none is configured.
@@ -121,21 +123,55 @@ type Receipt struct {
 	QueryID     string          `json:"query_id,omitempty"`
 }
 
-// Validate checks the fields every receipt must carry.
+// Id patterns of what a device echoes back: the controller's command and
+// query ids, and operation ids (derived ones, such as compensations, up to
+// 400 characters).
+var (
+	commandIDPattern   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
+	operationIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,400}$`)
+)
+
+// MaxSafeInteger is 2^53-1, the largest integer every JSON reader holds exactly.
+const MaxSafeInteger = 1<<53 - 1
+
+// Validate checks the fields every receipt must carry; a refusal is an
+// *InputError naming the field.
 func (r *Receipt) Validate() error {
 	switch {
 	case r.CommandID == "":
-		return errors.New("receipt: command_id missing")
+		return inputErr(ReasonBadID, "command_id", "missing")
+	case !commandIDPattern.MatchString(r.CommandID):
+		return inputErr(ReasonBadID, "command_id", "%q is not a command id ([A-Za-z0-9._:-]{1,200})", shorten(r.CommandID, 40))
+	case r.OperationID != "" && !operationIDPattern.MatchString(r.OperationID):
+		return inputErr(ReasonBadID, "operation_id", "%q is not an operation id ([A-Za-z0-9._:-]{1,400})", shorten(r.OperationID, 40))
+	case r.QueryID != "" && !commandIDPattern.MatchString(r.QueryID):
+		return inputErr(ReasonBadID, "query_id", "%q is not a query id ([A-Za-z0-9._:-]{1,200})", shorten(r.QueryID, 40))
 	case !r.Status.Valid():
-		return fmt.Errorf("receipt: unknown status %q", r.Status)
+		return inputErr(ReasonInvalidValue, "status", "unknown status %q", shorten(string(r.Status), 40))
+	case r.Seq > MaxSafeInteger:
+		return inputErr(ReasonBadNumber, "seq", "%d is beyond 2^53-1", r.Seq)
 	case r.Status == ReceiptUnknown && r.Seq != 0:
-		return errors.New("receipt: unknown carries seq 0")
+		return inputErr(ReasonInvalidValue, "seq", "an unknown answer carries seq 0")
 	case r.Status != ReceiptUnknown && r.Seq < 1:
-		return errors.New("receipt: seq counts from 1")
+		return inputErr(ReasonInvalidValue, "seq", "counts from 1")
 	case !objectOrAbsent(r.Result):
-		return errors.New("receipt: result must be a JSON object")
+		return inputErr(ReasonWrongType, "result", "must be a JSON object")
+	case !storable(r):
+		return inputErr(ReasonInvalidValue, "receipt", "a NUL character, or text that is not UTF-8")
 	}
 	return nil
+}
+
+// storable reports whether both backends can store r's text alike:
+// PostgreSQL's text refuses a NUL character and invalid UTF-8, which would
+// fail the receipt's transaction on every delivery instead of refusing it.
+func storable(r *Receipt) bool {
+	for _, s := range []string{r.CommandID, r.OperationID, r.Error, r.QueryID, string(r.Result)} {
+		if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
+			return false
+		}
+	}
+	return true
 }
 
 // objectOrAbsent reports whether raw is absent, null or a JSON object.
@@ -170,6 +206,16 @@ type Presence struct {
 	At           *time.Time    `json:"at,omitempty"`
 }
 
+// Validate checks a presence message's session: an integer from 0 to
+// 2^53-1 (a larger one would overflow its rank, and no JSON reader holds it
+// exactly).
+func (p *Presence) Validate() error {
+	if p.Session < 0 || p.Session > MaxSafeInteger {
+		return inputErr(ReasonBadNumber, "session", "%d: want an integer from 0 to 2^53-1", p.Session)
+	}
+	return nil
+}
+
 // Rank orders presence messages: by session, then offline above online.
 // Only a strictly higher rank than the stored one is applied.
 func (p Presence) Rank() int64 {
@@ -202,7 +248,8 @@ func Decode(payload []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("decode: %w", err)
 	}
-	if dec.More() {
+	// Only whitespace may follow (dec.More would let a stray ']' or '}' by).
+	if _, err := dec.Token(); err != io.EOF {
 		return errors.New("decode: trailing data after JSON object")
 	}
 	return nil

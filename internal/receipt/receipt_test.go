@@ -1,0 +1,242 @@
+package receipt
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/metrics"
+	"github.com/fleetctl/fleetctl/internal/mqttx"
+	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/wire"
+)
+
+// chanSource hands out messages from a channel.
+type chanSource chan mqttx.Message
+
+func (c chanSource) Next(ctx context.Context) (mqttx.Message, error) {
+	select {
+	case m := <-c:
+		return m, nil
+	case <-ctx.Done():
+		return mqttx.Message{}, ctx.Err()
+	}
+}
+
+// fakeStore records what reaches the store; the ingestor calls nothing else.
+type fakeStore struct {
+	store.Store
+	mu       sync.Mutex
+	receipts []wire.Receipt
+	presence []wire.Presence
+}
+
+func (f *fakeStore) ApplyReceipt(_ context.Context, _ string, r wire.Receipt, _ func() error) (store.ReceiptOutcome, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.receipts = append(f.receipts, r)
+	return store.ReceiptOutcome{Effect: store.EffectUnknownCommand}, nil
+}
+
+func (f *fakeStore) ApplyPresence(_ context.Context, device string, p wire.Presence) (store.PresenceOutcome, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.presence = append(f.presence, p)
+	return store.PresenceOutcome{}, nil
+}
+
+type ingestBundle struct {
+	src   chanSource
+	st    *fakeStore
+	met   *metrics.Metrics
+	acks  chan int
+	mu    sync.Mutex
+	acked map[int]int
+	n     int
+}
+
+func setupIngest(t *testing.T, cfg Config) *ingestBundle {
+	t.Helper()
+	b := &ingestBundle{src: make(chanSource), st: &fakeStore{}, met: metrics.New(), acks: make(chan int, 100000), acked: map[int]int{}}
+	cfg.Store, cfg.Source, cfg.TopicRoot, cfg.Metrics = b.st, b.src, "fleet", b.met
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	in := New(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = in.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return b
+}
+
+// send delivers one message and returns its number.
+func (b *ingestBundle) send(t *testing.T, topic, payload string) int {
+	t.Helper()
+	i := b.n
+	b.n++
+	m := mqttx.NewMessage(topic, []byte(payload), func() {
+		b.mu.Lock()
+		b.acked[i]++
+		b.mu.Unlock()
+		b.acks <- i
+	})
+	select {
+	case b.src <- m:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the ingestor took no message for 10s")
+	}
+	return i
+}
+
+// waitAcked waits until every message sent was acknowledged, and checks
+// that each was acknowledged once.
+func (b *ingestBundle) waitAcked(t *testing.T) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		b.mu.Lock()
+		n := len(b.acked)
+		b.mu.Unlock()
+		if n == b.n {
+			break
+		}
+		select {
+		case <-b.acks:
+		case <-deadline:
+			t.Fatalf("%d of %d messages acknowledged after 10s", n, b.n)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, n := range b.acked {
+		require.Equal(t, 1, n, "message %d acknowledged %d times", i, n)
+	}
+}
+
+func (b *ingestBundle) refused(source, reason string) int {
+	return int(sample(b.met, fmt.Sprintf(`controller_inputs_refused_total{reason=%q,source=%q}`, reason, source)))
+}
+
+func (b *ingestBundle) malformed() int {
+	return int(sample(b.met, `controller_receipts_total{effect="malformed"}`))
+}
+
+// sample reads one sample of m as /metrics serves it, 0 if absent.
+func sample(m *metrics.Metrics, name string) float64 {
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	return 0
+}
+
+func receiptJSON(cmd string, seq int) string {
+	return fmt.Sprintf(`{"command_id":%q,"operation_id":"op-1","status":"succeeded","seq":%d,"at":"2026-01-02T03:04:05Z"}`, cmd, seq)
+}
+
+// Every kind of hostile message is refused with its reason, acknowledged
+// once, and never reaches the store; unknown fields are ignored.
+func TestHostileMessagesAreRefusedAndAcknowledged(t *testing.T) {
+	t.Parallel()
+	b := setupIngest(t, Config{ReceiptRate: ReceiptRate(50), PresenceRate: DefaultPresenceRate})
+	deep := strings.Repeat(`[`, 40) + strings.Repeat(`]`, 40)
+	cases := []struct {
+		topic, payload string
+		source, reason string
+	}{
+		{"fleet/controller-x/receipts", receiptJSON("c-1", 1), "receipts", "bad_id"},
+		{"fleet/a b/receipts", receiptJSON("c-1", 1), "receipts", "bad_id"},
+		{"fleet/../presence", `{"online":true,"session":1}`, "presence", "bad_id"},
+		{"fleet/d1/other", `{}`, "mqtt", "bad_topic"},
+		{"fleet/d1/commands", `{}`, "mqtt", "bad_topic"},
+		{"other/d1/receipts", receiptJSON("c-1", 1), "receipts", "bad_topic"},
+		{"fleet/d1/receipts", `{"command_id":"c-1","pad":"` + strings.Repeat("x", 70<<10) + `"}`, "receipts", "too_large"},
+		{"fleet/d1/presence", `{"online":true,"pad":"` + strings.Repeat("x", 70<<10) + `"}`, "presence", "too_large"},
+		{"fleet/d1/receipts", `{"command_id":`, "receipts", "invalid_json"},
+		{"fleet/d1/receipts", receiptJSON("c-1", 1) + `{}`, "receipts", "invalid_json"},
+		{"fleet/d1/receipts", `{"command_id":"c-1","status":"succeeded","seq":1,"result":{"a":` + deep + `}}`, "receipts", "too_deep"},
+		{"fleet/d1/receipts", `{"command_id":"c-1","status":"succeeded","status":"failed","seq":1}`, "receipts", "duplicate_key"},
+		{"fleet/d1/receipts", `{"command_id":"c-1","status":"succeeded","seq":1e30}`, "receipts", "bad_number"},
+		{"fleet/d1/receipts", `{"command_id":"c-1","status":"succeeded","seq":1,"result":{"n":1e999}}`, "receipts", "bad_number"},
+		{"fleet/d1/receipts", `{"command_id":["c-1"],"status":"succeeded","seq":1}`, "receipts", "wrong_type"},
+		{"fleet/d1/receipts", `{"command_id":"c-1","status":"succeeded","seq":1,"at":"noon"}`, "receipts", "wrong_type"},
+		{"fleet/d1/receipts", `{"command_id":"c-1","status":"succeeded","seq":1,"result":"done"}`, "receipts", "wrong_type"},
+		{"fleet/d1/receipts", `{"command_id":"c 1","status":"succeeded","seq":1}`, "receipts", "bad_id"},
+		{"fleet/d1/receipts", `{"command_id":"c-1","status":"exploded","seq":1}`, "receipts", "invalid_value"},
+		{"fleet/d1/presence", `{"online":"yes","session":1}`, "presence", "wrong_type"},
+		{"fleet/d1/presence", `{"online":true,"session":-4}`, "presence", "bad_number"},
+		{"fleet/d1/presence", `{"online":true,"session":1.5}`, "presence", "bad_number"},
+		{"fleet/d1/presence", `nope`, "presence", "invalid_json"},
+	}
+	want := map[[2]string]int{}
+	for _, c := range cases {
+		b.send(t, c.topic, c.payload)
+		want[[2]string{c.source, c.reason}]++
+	}
+	// Unknown fields are ignored: these two are applied.
+	b.send(t, "fleet/d1/receipts", `{"command_id":"c-2","status":"succeeded","seq":1,"firmware_extra":{"x":1}}`)
+	b.send(t, "fleet/d1/presence", `{"online":true,"session":3,"mood":"fine"}`)
+	b.waitAcked(t)
+	for k, n := range want {
+		require.Equal(t, n, b.refused(k[0], k[1]), "%v", k)
+	}
+	require.Equal(t, len(cases), b.malformed())
+	require.Len(t, b.st.receipts, 1)
+	require.Equal(t, "c-2", b.st.receipts[0].CommandID)
+	require.Len(t, b.st.presence, 1)
+	require.EqualValues(t, 3, b.st.presence[0].Session)
+}
+
+// A device past its rate has its excess dropped (acknowledged, never
+// applied, counted), while another device's messages all go through.
+func TestFloodingDeviceIsThrottled(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	b := setupIngest(t, Config{ReceiptRate: ReceiptRate(50), PresenceRate: DefaultPresenceRate, Now: clock})
+	for i := range 1000 {
+		b.send(t, "fleet/flood/receipts", receiptJSON(fmt.Sprintf("c-f%d", i), 1))
+		if i%10 == 0 {
+			b.send(t, "fleet/calm/receipts", receiptJSON(fmt.Sprintf("c-c%d", i), 1))
+		}
+	}
+	for i := range 30 {
+		b.send(t, "fleet/flood/presence", fmt.Sprintf(`{"online":true,"session":%d}`, i+1))
+	}
+	b.waitAcked(t)
+	require.Equal(t, 900, b.refused("receipts", "rate_limited"), "1,000 at once: the burst of 100 passes")
+	require.Equal(t, 10, b.refused("presence", "rate_limited"), "30 presence at once: 20 pass")
+	require.Zero(t, b.malformed(), "rate_limited is not malformed")
+	calm := 0
+	for _, r := range b.st.receipts {
+		if strings.HasPrefix(r.CommandID, "c-c") {
+			calm++
+		}
+	}
+	require.Equal(t, 100, calm, "the calm device is never throttled")
+	require.Len(t, b.st.receipts, 200)
+
+	// A second later, 50 more of the flood go through.
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	for i := range 100 {
+		b.send(t, "fleet/flood/receipts", receiptJSON(fmt.Sprintf("c-g%d", i), 1))
+	}
+	b.waitAcked(t)
+	require.Equal(t, 950, b.refused("receipts", "rate_limited"))
+	require.Len(t, b.st.receipts, 250)
+}
