@@ -20,6 +20,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/ops"
+	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
@@ -41,6 +42,8 @@ type Config struct {
 	Auth     *Auth // nil: auth off
 	// Failpoints: submit-after-commit, between the commit and the answer.
 	Failpoints *failpoint.Set
+	// Rollouts applies the domain rules of rollouts.
+	Rollouts *rollout.Service
 	// WaitPoll is how often a ?wait= call re-reads its operation for
 	// changes no wake-up announced (another instance's); 250 ms by default.
 	WaitPoll time.Duration
@@ -106,6 +109,14 @@ func New(cfg Config) *Server {
 		{"GET /v1/grants", "", nil, s.handleListGrants},
 		{"DELETE /v1/grants/{id}", RoleAdmin, &plainID, s.handleRevokeGrant},
 		{"GET /v1/instances", "", nil, s.handleListInstances},
+		{"POST /v1/rollouts", RoleOperator, nil, s.handleCreateRollout},
+		{"GET /v1/rollouts", "", nil, s.handleListRollouts},
+		{"GET /v1/rollouts/{id}", "", &partID, s.handleGetRollout},
+		{"GET /v1/rollouts/{id}/devices", "", &partID, s.handleListRolloutDevices},
+		{"POST /v1/rollouts/{id}/pause", RoleOperator, &partID, s.rolloutMove(store.RolloutPause)},
+		{"POST /v1/rollouts/{id}/resume", RoleOperator, &partID, s.rolloutMove(store.RolloutResume)},
+		{"POST /v1/rollouts/{id}/cancel", RoleOperator, &partID, s.rolloutMove(store.RolloutCancel)},
+		{"POST /v1/rollouts/{id}/approvals", RoleApprover, &partID, s.handleApproveRollout},
 	}
 	for _, rt := range routes {
 		h := rt.h

@@ -39,13 +39,13 @@ func NewRoot() *cobra.Command {
 		Short: "Device-command controller: idempotent operations on a fleet over MQTT",
 		Long: `Device-command controller: idempotent operations on a fleet over MQTT.
 
-"controller serve" runs the daemon; op, cmd, device, task and grant are its
+"controller serve" runs the daemon; op, cmd, device, task, grant and rollout are its
 API client (--server, --token, --json); "controller mcp" serves its tools to
 an AI agent host over stdio; verify and report read a run's database. Every flag also reads an environment variable, named in its help
 (--ack-timeout ← CONTROLLER_ACK_TIMEOUT). Exit status: 0 done, 1 failed,
 2 the command line was wrong (nothing ran).`,
 	}
-	root.AddCommand(serveCmd(), opCmd(), cmdCmd(), deviceCmd(), taskCmd(), grantCmd(), mcpCmd(), verifyCmd(), reportCmd())
+	root.AddCommand(serveCmd(), opCmd(), cmdCmd(), deviceCmd(), taskCmd(), grantCmd(), rolloutCmd(), mcpCmd(), verifyCmd(), reportCmd())
 	cmdline.Setup(root, EnvPrefix)
 	return root
 }
@@ -151,7 +151,7 @@ func verifyCmd() *cobra.Command {
 	var cfg verify.Config
 	cmd := &cobra.Command{
 		Use:   "verify --db FILE [--state-dir DIR]",
-		Short: "Check the contract's seven invariants on a run: the database and the devices' witness files",
+		Short: "Check the contract's invariants on a run (the eighth with rollouts): the database and the devices' witness files",
 		Long: `Reads the controller's database (read-only) and, with --state-dir, the simulator's
 executions.jsonl and receipts.jsonl, and prints one verdict line per invariant
 with its numbers. Exits 1 if any invariant fails.`,

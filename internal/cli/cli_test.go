@@ -20,6 +20,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/cli/cmdline"
+	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
 
@@ -57,7 +58,7 @@ func leaves() map[string]*cobra.Command {
 }
 
 // clientGroups are the groups that talk to the HTTP API.
-var clientGroups = []string{"op", "cmd", "device", "task", "grant"}
+var clientGroups = []string{"op", "cmd", "device", "task", "grant", "rollout"}
 
 func isClient(path string) bool {
 	group, _, _ := strings.Cut(path, " ")
@@ -199,6 +200,11 @@ var (
 			{At: at1, Principal: "bob", Action: "approve", From: "waiting_approval", To: "approved", Version: 3}}}
 	fakeApp   = api.ApprovalV{TaskID: "task-88", Version: 3, Approver: "bob", ApprovedAt: at0, PlanHash: "9f86d081"}
 	fakeGrant = api.GrantView{GrantID: "g-1", Principal: "agent", Action: "restart", Devices: "device-*", CreatedBy: "admin", CreatedAt: at0, RevokedAt: &at1}
+	fakeRoll  = api.RolloutView{RolloutID: "fw-42", Status: "succeeded", Version: 1, Action: "set-config", Params: json.RawMessage(`{"fw":"4.2"}`),
+		Devices: json.RawMessage(`"device-*"`), DevicesTotal: 2, Counts: map[string]int{"succeeded": 2}, Finished: 2,
+		Spec: rollout.Spec{MaxPerMinute: 600, MaxInFlight: 100}, CreatedBy: "alice", CreatedAt: at0,
+		History: []api.HistoryEv{{At: at0, Principal: "alice", Action: "create", To: "scheduled"}}}
+	fakeRDev = api.RolloutDeviceView{DeviceID: "device-1", OperationID: "fw-42:rollout:device-1:v1", Status: "succeeded", Attempts: 1}
 )
 
 func newFakeAPI(t *testing.T) *fakeAPI {
@@ -235,6 +241,14 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	answer("POST /v1/grants", 200, fakeGrant)
 	answer("GET /v1/grants", 200, []api.GrantView{fakeGrant})
 	answer("DELETE /v1/grants/{id}", 200, fakeGrant)
+	answer("POST /v1/rollouts", 201, fakeRoll)
+	answer("GET /v1/rollouts", 200, []api.RolloutView{fakeRoll})
+	answer("GET /v1/rollouts/{id}", 200, fakeRoll)
+	answer("GET /v1/rollouts/{id}/devices", 200, []api.RolloutDeviceView{fakeRDev})
+	answer("POST /v1/rollouts/{id}/pause", 200, fakeRoll)
+	answer("POST /v1/rollouts/{id}/resume", 200, fakeRoll)
+	answer("POST /v1/rollouts/{id}/cancel", 200, fakeRoll)
+	answer("POST /v1/rollouts/{id}/approvals", 201, fakeRoll)
 	f.Server = httptest.NewServer(mux)
 	t.Cleanup(f.Close)
 	return f
@@ -265,6 +279,16 @@ var clientCases = map[string]struct {
 	"grant add":    {[]string{"--principal", "agent", "--action", "restart", "--devices", "device-*"}, []string{"grant", "g-1", "principal", "agent"}},
 	"grant list":   {[]string{"--all"}, []string{"GRANT", "g-1", "device-*"}},
 	"grant revoke": {[]string{"g-1"}, []string{"revoked at", "2025-06-01T04:00:00Z"}},
+	"rollout create": {[]string{"fw-42", "--action", "set-config", "--params", `{"fw":"4.2"}`, "--devices", "device-*",
+		"--max-per-minute", "600", "--abort", "failed:5:20", "--window", "0 2 * * * 2h"}, []string{"rollout", "fw-42  [new]", "succeeded 2"}},
+	"rollout get":     {[]string{"fw-42"}, []string{"status", "succeeded", "history:", "create"}},
+	"rollout list":    {nil, []string{"ROLLOUT", "fw-42", "set-config"}},
+	"rollout devices": {[]string{"fw-42"}, []string{"DEVICE", "fw-42:rollout:device-1:v1"}},
+	"rollout pause":   {[]string{"fw-42"}, []string{"rollout", "fw-42"}},
+	"rollout resume":  {[]string{"fw-42"}, []string{"rollout", "fw-42"}},
+	"rollout cancel":  {[]string{"fw-42"}, []string{"rollout", "fw-42"}},
+	"rollout approve": {[]string{"fw-42", "--version", "1"}, []string{"rollout", "fw-42  [new]"}},
+	"rollout watch":   {[]string{"fw-42"}, []string{"100% 2/2 succeeded", "succeeded 2", "rollout fw-42 succeeded"}},
 }
 
 func TestEveryClientSubcommandHasJSONAndText(t *testing.T) {

@@ -28,6 +28,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/mqttx"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/receipt"
+	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/task"
 	"github.com/fleetctl/fleetctl/internal/ui"
@@ -157,6 +158,7 @@ type Controller struct {
 	disp   *command.Dispatcher
 	keeper *lease.Keeper
 	runner *task.Runner
+	sched  *rollout.Scheduler
 	api    *api.Server
 	http   *http.Server
 	inst   *store.Instance
@@ -294,12 +296,21 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	if shared {
 		waitPoll = 2 * time.Second
 	}
+	// Rollouts: the service for the API, the scheduler that drives them
+	// under a lease per rollout, re-checking four-eyes and grants before
+	// each start.
+	fourEyes := cfg.FourEyes && auth.Enabled()
+	c.sched = rollout.NewScheduler(rollout.SchedulerConfig{Store: c.store, Ops: svc, Instance: cfg.InstanceID,
+		LeaseTTL: cfg.LeaseTTL, Checks: store.RolloutChecks{EnforceGrants: auth.Enabled(), FourEyes: fourEyes},
+		Kick: c.disp.Kick, Changed: changed, Metrics: rollout.NewMetrics(met.Registry, c.store), Logger: log})
+	rollouts := rollout.NewService(rollout.Config{Store: c.store, Ops: svc, Policy: policy, Instance: cfg.InstanceID,
+		LeaseTTL: cfg.LeaseTTL, FourEyes: fourEyes, Changed: c.sched.Wake, Created: c.sched.Adopt})
 	// /mcp: the MCP tools, each a request to this API in process as the caller.
 	agents := mcpserver.HTTPHandler(mcpserver.HTTPConfig{Addr: c.HTTPAddr, Logger: log,
 		API: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.api.ServeHTTP(w, r) })})
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
 		Metrics: met.Handler(), Auth: auth, Failpoints: fp, Hosts: hosts, WaitPoll: waitPoll, MCP: agents,
-		Events: c.bus, UI: ui.Handler(),
+		Events: c.bus, UI: ui.Handler(), Rollouts: rollouts,
 		Refused: func(reason string) { met.InputRefused(metrics.SourceHTTP, reason) }})
 	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second, ConnContext: api.WithConn}
 	c.http.RegisterOnShutdown(c.bus.Close) // the streams end, so Shutdown finds their connections idle
@@ -396,7 +407,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	case <-ctx.Done():
 		return g.Wait()
 	}
-	for _, run := range []func(context.Context) error{c.ingest.Run, c.disp.Run, c.keeper.Run, c.runner.Run} {
+	for _, run := range []func(context.Context) error{c.ingest.Run, c.disp.Run, c.keeper.Run, c.runner.Run, c.sched.Run} {
 		g.Go(func() error { return run(ctx) })
 	}
 	close(c.ready)

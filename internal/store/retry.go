@@ -124,33 +124,41 @@ func (s *DB) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason strin
 func (s *DB) Cancel(ctx context.Context, commandID, who string) (Command, error) {
 	var out Command
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
-		c, err := getCommand(ctx, t, commandID)
-		if err != nil {
-			return err
-		}
-		switch {
-		case c.Status == fsm.CmdCancelled:
-			out = c
-			return nil
-		case c.Attempt > 0:
-			t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), "already_published", 0)
-			return fmt.Errorf("cancel %s (%s, %d publishes): %w", commandID, c.Status, c.Attempt, ErrAlreadyPublished)
-		case !fsm.Command.Can(c.Status, fsm.CmdCancelled):
-			t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), ReasonIllegal, 0)
-			return fmt.Errorf("cancel %s in state %s: %w", commandID, c.Status, ErrIllegalState)
-		}
-		ch := change{machine: "command", id: commandID, from: string(c.Status), to: string(fsm.CmdCancelled)}
-		if err := t.cas(ctx, ch, scanInto(&out), `UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
-			WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0 RETURNING `+commandColumns,
-			fsm.CmdCancelled, fsm.ReasonCancelled, ms(t.now), commandID, c.Status, c.Version); err != nil {
-			return err
-		}
-		if err := t.event("command", commandID, string(c.Status), string(fsm.CmdCancelled), "cancelled by "+who, 0); err != nil {
-			return err
-		}
-		return t.finishOperation(ctx, out, fsm.CmdCancelled, fsm.ReasonCancelled, nil, false)
+		var err error
+		out, err = t.cancel(ctx, commandID, who)
+		return err
 	})
 	return out, err
+}
+
+// cancel is Cancel inside a transaction (a rollout's end cancels its
+// unpublished commands together with its own change).
+func (t *tx) cancel(ctx context.Context, commandID, who string) (Command, error) {
+	var out Command
+	c, err := getCommand(ctx, t, commandID)
+	if err != nil {
+		return out, err
+	}
+	switch {
+	case c.Status == fsm.CmdCancelled:
+		return c, nil
+	case c.Attempt > 0:
+		t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), "already_published", 0)
+		return out, fmt.Errorf("cancel %s (%s, %d publishes): %w", commandID, c.Status, c.Attempt, ErrAlreadyPublished)
+	case !fsm.Command.Can(c.Status, fsm.CmdCancelled):
+		t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), ReasonIllegal, 0)
+		return out, fmt.Errorf("cancel %s in state %s: %w", commandID, c.Status, ErrIllegalState)
+	}
+	ch := change{machine: "command", id: commandID, from: string(c.Status), to: string(fsm.CmdCancelled)}
+	if err := t.cas(ctx, ch, scanInto(&out), `UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
+		WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0 RETURNING `+commandColumns,
+		fsm.CmdCancelled, fsm.ReasonCancelled, ms(t.now), commandID, c.Status, c.Version); err != nil {
+		return out, err
+	}
+	if err := t.event("command", commandID, string(c.Status), string(fsm.CmdCancelled), "cancelled by "+who, 0); err != nil {
+		return out, err
+	}
+	return out, t.finishOperation(ctx, out, fsm.CmdCancelled, fsm.ReasonCancelled, nil, false)
 }
 
 // ResolveOutcome says what a resolve did.

@@ -470,6 +470,9 @@ type Store interface {
 	ListGrants(ctx context.Context, f GrantFilter, p Page) (Listed[Grant], error)
 	Allowed(ctx context.Context, principal, action, device string) (bool, error)
 
+	// Rollouts (rollouts.go).
+	Rollouts
+
 	Close() error
 }
 

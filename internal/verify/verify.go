@@ -1,4 +1,5 @@
-// Package verify checks the contract's seven invariants on any run, from the
+// Package verify checks the contract's invariants on any run (the eighth,
+// about rollouts, when the run has any), from the
 // controller's database (read-only, one snapshot, through store.Audit) and
 // the devices' witness files (executions.jsonl and receipts.jsonl, through
 // package witness), independently of the code that made the run: the store
@@ -60,9 +61,17 @@ func Run(ctx context.Context, cfg Config) ([]Verdict, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []Verdict{
+	vs := []Verdict{
 		r.once(execs), r.forward(), r.notStuck(cfg.Now.Add(-cfg.Slack)), r.reflected(rcpts), r.keysKept(), r.fencing(), r.successKept(),
-	}, nil
+	}
+	rs, err := a.Rollouts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := r.rollouts(rs); ok {
+		vs = append(vs, v)
+	}
+	return vs, nil
 }
 
 // run is what the checks read from the database, from one snapshot.

@@ -1,0 +1,968 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
+)
+
+// Rollouts: one action across a fleet. The rollout row holds the device
+// set's size, the rules (spec), the approval and the scheduler's lease; one
+// rollout_devices row per device holds its state; rollout_starts logs every
+// committed start. The scheduler (internal/rollout) is a decision maker: each
+// of its passes is one fenced transaction (RolloutPass) that settles device
+// outcomes from their operations, reads the committed counts and start
+// times, asks the domain's decide function what to do, and applies that
+// with conditional writes that name what they expect: the lease (owner,
+// token, unexpired), the status, the spacing since the last committed start.
+// A start and its device's operation are inserted in the same transaction,
+// so there is no window between "start committed" and "operation submitted".
+
+// Rollouts is what the rollout service and scheduler need of the store.
+type Rollouts interface {
+	CreateRollout(ctx context.Context, n NewRollout) (Rollout, bool, error)
+	GetRollout(ctx context.Context, id string) (Rollout, error)
+	ListRollouts(ctx context.Context, f RolloutFilter, p Page) (Listed[Rollout], error)
+	ListRolloutDevices(ctx context.Context, id string, f RolloutDeviceFilter, p Page) (Listed[RolloutDevice], error)
+	RolloutStarts(ctx context.Context, id string) ([]RolloutStart, error)
+	SeenDevices(ctx context.Context) ([]string, error)
+	ApproveRollout(ctx context.Context, id string, version int, approver string, fourEyes bool) (Rollout, bool, error)
+	MoveRollout(ctx context.Context, id string, action RolloutAction, reason, who string) (Rollout, error)
+	ActiveRollouts(ctx context.Context) ([]RolloutLease, error)
+	AcquireRollout(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (Fence, error)
+	NextRolloutCandidate(ctx context.Context, id string) (RolloutDevice, bool, error)
+	RolloutPass(ctx context.Context, id string, f Fence, ttl time.Duration, cand *RolloutCandidate, checks RolloutChecks,
+		decide func(RolloutSnapshot) RolloutDecision) (RolloutPassResult, error)
+}
+
+var _ Rollouts = (*DB)(nil)
+
+// ErrRolloutFenced: a pass by a scheduler whose lease on the rollout was
+// lost (or ran out); nothing of it was written.
+var ErrRolloutFenced = ErrFenced
+
+// Rollout is a rollout as stored, with its device counts and history.
+type Rollout struct {
+	RolloutID        string
+	Status           fsm.RolloutState
+	Reason           string
+	Version          int
+	RowVersion       int64
+	Action           string
+	Params           json.RawMessage
+	Selector         json.RawMessage
+	Spec             json.RawMessage
+	CreateHash       string
+	MaxPerMinute     int
+	MaxInFlight      int
+	Retries          int
+	ExecuteAfter     *time.Time
+	ExecuteBefore    *time.Time
+	ApprovalRequired bool
+	ApprovedVersion  int
+	Approver         string
+	ApprovedAt       *time.Time
+	DevicesTotal     int
+	CreatedBy        string
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+	EndedAt          *time.Time
+	Owner            string
+	FencingToken     int64
+	LeaseExpiresAt   time.Time
+	Starts           int64
+	LastStartAt      *time.Time
+	// Counts by device status, every status present (0 when none).
+	Counts map[fsm.RolloutDeviceState]int
+	// StartsLastMinute and StartsLast10s count the committed starts in the
+	// trailing minute and 10 s, by the reader's clock.
+	StartsLastMinute, StartsLast10s int
+	History                         []RolloutEvent
+}
+
+// RolloutEvent is one line of a rollout's history.
+type RolloutEvent struct {
+	At        time.Time
+	Principal string
+	Action    string
+	From, To  string
+	Version   int
+	Reason    string
+}
+
+// RolloutDevice is one device of a rollout.
+type RolloutDevice struct {
+	RolloutID   string
+	DeviceID    string
+	Position    int
+	OperationID string
+	Status      fsm.RolloutDeviceState
+	Reason      string
+	Attempts    int
+	StartedAt   *time.Time
+	FinishedAt  *time.Time
+	UpdatedAt   time.Time
+}
+
+// RolloutStart is one committed start: a device's first start or a retry.
+type RolloutStart struct {
+	DeviceID     string
+	Attempt      int
+	StartedAt    time.Time
+	Instance     string
+	FencingToken int64
+}
+
+// NewRollout is a rollout's creation: its rules and its resolved device set.
+type NewRollout struct {
+	RolloutID        string
+	Action           string
+	Params           json.RawMessage // canonical JSON object
+	Selector         json.RawMessage
+	Spec             json.RawMessage // canonical JSON
+	CreateHash       string
+	MaxPerMinute     int
+	MaxInFlight      int
+	Retries          int
+	ExecuteAfter     *time.Time
+	ExecuteBefore    *time.Time
+	ApprovalRequired bool
+	// Devices in start order, each with its operation id.
+	Devices      []string
+	OperationIDs []string
+	CreatedBy    string
+	// Owner takes the scheduler's lease at creation, for LeaseTTL.
+	Owner    string
+	LeaseTTL time.Duration
+}
+
+// RolloutFilter filters ListRollouts.
+type RolloutFilter struct{ Status string }
+
+// RolloutDeviceFilter filters ListRolloutDevices.
+type RolloutDeviceFilter struct{ Status string }
+
+// RolloutAction is a person's change of a rollout.
+type RolloutAction string
+
+// A person's changes of a rollout.
+const (
+	RolloutPause  RolloutAction = "pause"
+	RolloutResume RolloutAction = "resume"
+	RolloutCancel RolloutAction = "cancel"
+)
+
+// RolloutLease is an active rollout and who holds its scheduler's lease.
+type RolloutLease struct {
+	RolloutID      string
+	Status         fsm.RolloutState
+	Owner          string
+	FencingToken   int64
+	LeaseExpiresAt time.Time
+}
+
+// RolloutCandidate is the device the scheduler would start next, with the
+// operation record a start inserts (built by the ops service beforehand).
+type RolloutCandidate struct {
+	Device    RolloutDevice
+	Operation NewOperation
+}
+
+// RolloutChecks are the re-checks made before each start, in its
+// transaction: the approval (of the current version, by someone other than
+// the creator when FourEyes) and the creator's grant for the action on the
+// device (when EnforceGrants).
+type RolloutChecks struct {
+	EnforceGrants bool
+	FourEyes      bool
+}
+
+// RolloutSnapshot is what a pass read, after settling outcomes: the basis
+// of its decision, all of it committed.
+type RolloutSnapshot struct {
+	Rollout Rollout // with Counts as settled by this pass
+	Now     time.Time
+	// InFlight counts the devices started and not finished.
+	InFlight int
+	// Candidate is the next device to start, if the scheduler gave one and
+	// it is still pending (or waiting for its retry).
+	Candidate *RolloutDevice
+	// Settled lists the devices whose outcome this pass recorded.
+	Settled []RolloutDevice
+}
+
+// RolloutDecision is what the domain's decide function asks a pass to do.
+type RolloutDecision struct {
+	// To moves the rollout ("" stays); Reason explains it in the history.
+	To     fsm.RolloutState
+	Reason string
+	// Start starts the candidate, conditioned on Interval having passed
+	// since the last committed start (the rate limit), with the command's
+	// ttl capped at CommandTTL when it is > 0 (the window's end).
+	Start      bool
+	Interval   time.Duration
+	CommandTTL time.Duration
+}
+
+// RolloutPassResult is what a pass did.
+type RolloutPassResult struct {
+	Snapshot RolloutSnapshot
+	Decision RolloutDecision
+	Moved    bool // Decision.To was applied
+	// Started is the submit of the candidate's operation, when it started.
+	Started *SubmitResult
+	// StartRefused says why a start the decision asked for did not happen
+	// (spacing not reached by the database's clock, a re-check failed, the
+	// operation_id exists with other params).
+	StartRefused string
+	// Cancelled lists the operations whose unpublished command was
+	// cancelled because the rollout ended.
+	Cancelled []string
+}
+
+const rolloutColumns = `rollout_id, status, reason, version, row_version, action, params, selector, spec, create_hash,
+	max_per_minute, max_in_flight, retries, execute_after, execute_before, approval_required, approved_version,
+	approver, approved_at, devices_total, created_by, created_at, updated_at, ended_at, owner, fencing_token,
+	lease_expires_at, starts, last_start_at`
+
+func scanRollout(row interface{ Scan(...any) error }) (Rollout, error) {
+	var (
+		r                                       Rollout
+		params, selector, spec                  string
+		after, before, approvedAt, ended, start sql.NullInt64
+		approvedVersion                         sql.NullInt64
+		approval                                int64
+		created, updated, lease                 int64
+	)
+	err := row.Scan(&r.RolloutID, &r.Status, &r.Reason, &r.Version, &r.RowVersion, &r.Action, &params, &selector, &spec,
+		&r.CreateHash, &r.MaxPerMinute, &r.MaxInFlight, &r.Retries, &after, &before, &approval, &approvedVersion,
+		&r.Approver, &approvedAt, &r.DevicesTotal, &r.CreatedBy, &created, &updated, &ended, &r.Owner, &r.FencingToken,
+		&lease, &r.Starts, &start)
+	if err != nil {
+		return Rollout{}, err
+	}
+	r.Params, r.Selector, r.Spec = json.RawMessage(params), json.RawMessage(selector), json.RawMessage(spec)
+	r.ExecuteAfter, r.ExecuteBefore, r.ApprovedAt = fromNullMS(after), fromNullMS(before), fromNullMS(approvedAt)
+	r.EndedAt, r.LastStartAt = fromNullMS(ended), fromNullMS(start)
+	r.ApprovalRequired = approval == 1
+	r.ApprovedVersion = int(approvedVersion.Int64)
+	r.CreatedAt, r.UpdatedAt, r.LeaseExpiresAt = fromMS(created), fromMS(updated), fromMS(lease)
+	return r, nil
+}
+
+const rolloutDeviceColumns = `rollout_id, device_id, position, operation_id, status, reason, attempts, started_at, finished_at, updated_at`
+
+func scanRolloutDevice(row interface{ Scan(...any) error }) (RolloutDevice, error) {
+	var (
+		d                 RolloutDevice
+		started, finished sql.NullInt64
+		updated           int64
+	)
+	if err := row.Scan(&d.RolloutID, &d.DeviceID, &d.Position, &d.OperationID, &d.Status, &d.Reason, &d.Attempts,
+		&started, &finished, &updated); err != nil {
+		return RolloutDevice{}, err
+	}
+	d.StartedAt, d.FinishedAt, d.UpdatedAt = fromNullMS(started), fromNullMS(finished), fromMS(updated)
+	return d, nil
+}
+
+func getRolloutRow(ctx context.Context, q queryer, id string) (Rollout, error) {
+	r, err := scanRollout(q.QueryRowContext(ctx, lockingRead(q, `SELECT `+rolloutColumns+` FROM rollouts WHERE rollout_id = ?`), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Rollout{}, fmt.Errorf("rollout %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Rollout{}, fmt.Errorf("get rollout %s: %w", id, err)
+	}
+	return r, nil
+}
+
+// rolloutCounts reads the device counts by status, every status present.
+func rolloutCounts(ctx context.Context, q queryer, id string) (map[fsm.RolloutDeviceState]int, error) {
+	counts := map[fsm.RolloutDeviceState]int{}
+	for _, st := range fsm.RolloutDevice.States() {
+		counts[st] = 0
+	}
+	rows, err := q.QueryContext(ctx, `SELECT status, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY status`, id)
+	if err != nil {
+		return nil, fmt.Errorf("count devices of rollout %s: %w", id, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var st fsm.RolloutDeviceState
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, err
+		}
+		counts[st] = n
+	}
+	return counts, rows.Err()
+}
+
+// startsSince counts the committed starts of a rollout after since.
+func startsSince(ctx context.Context, q queryer, id string, since time.Time) (int, error) {
+	var n int
+	err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM rollout_starts WHERE rollout_id = ? AND started_at > ?`, id, ms(since)).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count starts of rollout %s: %w", id, err)
+	}
+	return n, nil
+}
+
+func (t *tx) rolloutHistory(id, principal, action string, from, to fsm.RolloutState, version int, reason string) error {
+	_, err := t.Exec(`INSERT INTO rollout_history (rollout_id, at, principal, action, from_state, to_state, version, reason)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, id, ms(t.now), principal, action, from, to, version, reason)
+	if err != nil {
+		return fmt.Errorf("rollout history: %w", err)
+	}
+	return nil
+}
+
+// SeenDevices lists the ids of every device that was ever seen (a birth),
+// in id order: what a rollout's device glob is resolved against.
+func (s *DB) SeenDevices(ctx context.Context) ([]string, error) {
+	return queryStrings(ctx, s.rq, `SELECT device_id FROM devices WHERE seen = 1 ORDER BY device_id`)
+}
+
+// CreateRollout inserts a rollout with its device set, or returns it when
+// the same create is replayed (created false); another create with the same
+// rollout_id is ErrKeyReused. The creating instance takes the scheduler's
+// lease.
+func (s *DB) CreateRollout(ctx context.Context, n NewRollout) (Rollout, bool, error) {
+	if len(n.Devices) == 0 || len(n.Devices) != len(n.OperationIDs) {
+		return Rollout{}, false, fmt.Errorf("rollout %s: %d devices, %d operation ids: %w", n.RolloutID, len(n.Devices), len(n.OperationIDs), ErrIllegalState)
+	}
+	created := false
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		var hash string
+		err := t.QueryRowContext(ctx, `SELECT create_hash FROM rollouts WHERE rollout_id = ?`, n.RolloutID).Scan(&hash)
+		switch {
+		case err == nil:
+			if hash != n.CreateHash {
+				return ErrKeyReused
+			}
+			return nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		now := ms(t.now)
+		status := fsm.RolloutScheduled
+		if n.ApprovalRequired {
+			status = fsm.RolloutWaitingApproval
+		}
+		if _, err := t.Exec(`INSERT INTO rollouts (rollout_id, status, version, row_version, action, params, selector, spec,
+				create_hash, max_per_minute, max_in_flight, retries, execute_after, execute_before, approval_required,
+				devices_total, created_by, created_at, updated_at, owner, fencing_token, lease_expires_at)
+			VALUES (?, ?, 1, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)`,
+			n.RolloutID, status, n.Action, string(n.Params), string(n.Selector), string(n.Spec), n.CreateHash,
+			n.MaxPerMinute, n.MaxInFlight, n.Retries, nullTime(n.ExecuteAfter), nullTime(n.ExecuteBefore),
+			n.ApprovalRequired, len(n.Devices), n.CreatedBy, now, now, n.Owner, ms(t.now.Add(n.LeaseTTL))); err != nil {
+			return fmt.Errorf("insert rollout %s: %w", n.RolloutID, err)
+		}
+		for i, d := range n.Devices {
+			if _, err := t.Exec(`INSERT INTO rollout_devices (rollout_id, device_id, position, operation_id, status, updated_at)
+				VALUES (?, ?, ?, ?, 'pending', ?)`, n.RolloutID, d, i+1, n.OperationIDs[i], now); err != nil {
+				return fmt.Errorf("insert device %s of rollout %s: %w", d, n.RolloutID, err)
+			}
+		}
+		created = true
+		if err := t.event("rollout", n.RolloutID, "", string(status), fmt.Sprintf("created with %d devices", len(n.Devices)), 1); err != nil {
+			return err
+		}
+		return t.rolloutHistory(n.RolloutID, n.CreatedBy, "create", "", status, 1, fmt.Sprintf("%d devices", len(n.Devices)))
+	})
+	if err != nil {
+		return Rollout{}, false, err
+	}
+	r, err := s.GetRollout(ctx, n.RolloutID)
+	return r, created, err
+}
+
+// GetRollout reads a rollout with its counts, its start counts and its history.
+func (s *DB) GetRollout(ctx context.Context, id string) (Rollout, error) {
+	r, err := getRolloutRow(ctx, s.rq, id)
+	if err != nil {
+		return Rollout{}, err
+	}
+	if err := s.fillRollout(ctx, &r); err != nil {
+		return Rollout{}, err
+	}
+	rows, err := s.rq.QueryContext(ctx, `SELECT at, principal, action, from_state, to_state, version, reason
+		FROM rollout_history WHERE rollout_id = ? ORDER BY id`, id)
+	if err != nil {
+		return Rollout{}, err
+	}
+	defer rows.Close()
+	r.History = []RolloutEvent{}
+	for rows.Next() {
+		var e RolloutEvent
+		var at int64
+		if err := rows.Scan(&at, &e.Principal, &e.Action, &e.From, &e.To, &e.Version, &e.Reason); err != nil {
+			return Rollout{}, err
+		}
+		e.At = fromMS(at)
+		r.History = append(r.History, e)
+	}
+	return r, rows.Err()
+}
+
+// fillRollout reads a rollout's counts and recent starts.
+func (s *DB) fillRollout(ctx context.Context, r *Rollout) error {
+	var err error
+	if r.Counts, err = rolloutCounts(ctx, s.rq, r.RolloutID); err != nil {
+		return err
+	}
+	now := s.now()
+	if r.StartsLastMinute, err = startsSince(ctx, s.rq, r.RolloutID, now.Add(-time.Minute)); err != nil {
+		return err
+	}
+	r.StartsLast10s, err = startsSince(ctx, s.rq, r.RolloutID, now.Add(-10*time.Second))
+	return err
+}
+
+// ListRollouts reads one page of rollouts by id, with their counts.
+func (s *DB) ListRollouts(ctx context.Context, f RolloutFilter, p Page) (Listed[Rollout], error) {
+	k := keyset[Rollout]{table: "rollouts", key: "rollout_id", columns: rolloutColumns, scan: scanRollout,
+		id: func(r Rollout) string { return r.RolloutID }}
+	if f.Status != "" {
+		k.where, k.args = append(k.where, "status = ?"), append(k.args, f.Status)
+	}
+	out, err := readPage(ctx, s, k, p)
+	if err != nil {
+		return out, err
+	}
+	for i := range out.Items {
+		if err := s.fillRollout(ctx, &out.Items[i]); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// ListRolloutDevices reads one page of a rollout's devices by device id
+// (404 for an unknown rollout).
+func (s *DB) ListRolloutDevices(ctx context.Context, id string, f RolloutDeviceFilter, p Page) (Listed[RolloutDevice], error) {
+	if _, err := getRolloutRow(ctx, s.rq, id); err != nil {
+		return Listed[RolloutDevice]{}, err
+	}
+	k := keyset[RolloutDevice]{table: "rollout_devices", key: "device_id", columns: rolloutDeviceColumns,
+		where: []string{"rollout_id = ?"}, args: []any{id}, scan: scanRolloutDevice,
+		id: func(d RolloutDevice) string { return d.DeviceID }}
+	if f.Status != "" {
+		k.where, k.args = append(k.where, "status = ?"), append(k.args, f.Status)
+	}
+	return readPage(ctx, s, k, p)
+}
+
+// RolloutStarts lists a rollout's committed starts in time order: the
+// record invariant 8 is checked against.
+func (s *DB) RolloutStarts(ctx context.Context, id string) ([]RolloutStart, error) {
+	rows, err := s.rq.QueryContext(ctx, `SELECT device_id, attempt, started_at, instance, fencing_token
+		FROM rollout_starts WHERE rollout_id = ? ORDER BY started_at, device_id, attempt`, id)
+	if err != nil {
+		return nil, fmt.Errorf("starts of rollout %s: %w", id, err)
+	}
+	defer rows.Close()
+	out := []RolloutStart{}
+	for rows.Next() {
+		var st RolloutStart
+		var at int64
+		if err := rows.Scan(&st.DeviceID, &st.Attempt, &at, &st.Instance, &st.FencingToken); err != nil {
+			return nil, err
+		}
+		st.StartedAt = fromMS(at)
+		out = append(out, st)
+	}
+	return out, rows.Err()
+}
+
+// ApproveRollout approves the rollout's current version, checked in the
+// order of task approvals after the caller's 401/403: 404, an exact replay
+// (returned, created false), 409 illegal_state (not waiting for approval),
+// 409 stale_version (another version), 403 four_eyes (the approver created
+// it, when fourEyes).
+func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approver string, fourEyes bool) (Rollout, bool, error) {
+	created := false
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		r, err := getRolloutRow(ctx, t, id)
+		if err != nil {
+			return err
+		}
+		if r.ApprovedVersion == version && r.Approver == approver {
+			return nil // an exact replay
+		}
+		switch {
+		case r.Status != fsm.RolloutWaitingApproval:
+			return fmt.Errorf("rollout %s is %s: %w", id, r.Status, ErrIllegalState)
+		case version != r.Version:
+			return fmt.Errorf("approving v%d, current v%d: %w", version, r.Version, ErrStaleVersion)
+		case fourEyes && approver == r.CreatedBy:
+			return fmt.Errorf("%s created rollout %s: %w", approver, id, ErrFourEyes)
+		}
+		to := fsm.RolloutScheduled
+		ch := change{machine: "rollout", id: id, from: string(r.Status), to: string(to)}
+		if err := t.cas(ctx, ch, nil, `UPDATE rollouts SET status = ?, approved_version = ?, approver = ?, approved_at = ?,
+				row_version = row_version + 1, updated_at = ?
+			WHERE rollout_id = ? AND status = ? AND version = ? AND row_version = ?`,
+			to, version, approver, ms(t.now), ms(t.now), id, r.Status, version, r.RowVersion); err != nil {
+			return err
+		}
+		created = true
+		if err := t.event("rollout", id, string(r.Status), string(to), "approved by "+approver, 0); err != nil {
+			return err
+		}
+		return t.rolloutHistory(id, approver, "approve", r.Status, to, version, "")
+	})
+	if err != nil {
+		return Rollout{}, false, err
+	}
+	r, err := s.GetRollout(ctx, id)
+	return r, created, err
+}
+
+// MoveRollout is a person's pause, resume or cancel, from any instance (not
+// fenced: decided by the same conditional writes the scheduler's pass
+// races). The same change again is a replay; a change the state does not
+// allow is ErrIllegalState. A cancel cancels the devices not started and
+// the commands not yet published, in the same transaction.
+func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, reason, who string) (Rollout, error) {
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		r, err := getRolloutRow(ctx, t, id)
+		if err != nil {
+			return err
+		}
+		var to fsm.RolloutState
+		switch action {
+		case RolloutPause:
+			to = fsm.RolloutPaused
+		case RolloutResume:
+			to = fsm.RolloutRunning
+		case RolloutCancel:
+			to = fsm.RolloutCancelled
+		default:
+			return fmt.Errorf("rollout action %q: %w", action, ErrIllegalState)
+		}
+		if r.Status == to {
+			return nil // a replay
+		}
+		if !fsm.Rollout.Can(r.Status, to) || (action == RolloutResume && r.Status != fsm.RolloutPaused) {
+			t.refuse("rollout", id, string(r.Status), string(to), ReasonIllegal, 0)
+			return fmt.Errorf("%s rollout %s in state %s: %w", action, id, r.Status, ErrIllegalState)
+		}
+		if reason == "" {
+			reason = string(action) + " by " + who
+		}
+		_, err = t.moveRollout(ctx, r, to, reason, who, string(action), 0)
+		return err
+	})
+	if err != nil {
+		return Rollout{}, err
+	}
+	return s.GetRollout(ctx, id)
+}
+
+// moveRollout is the rollout's conditional transition. A terminal state
+// cancels the devices not started and the commands not yet published; it
+// returns the operations whose command it cancelled.
+func (t *tx) moveRollout(ctx context.Context, r Rollout, to fsm.RolloutState, reason, who, action string, token int64) ([]string, error) {
+	if err := fsm.Rollout.Transition(r.Status, to); err != nil {
+		return nil, t.refuse("rollout", r.RolloutID, string(r.Status), string(to), ReasonIllegal, token)
+	}
+	now := ms(t.now)
+	var ended any
+	if to.Terminal() {
+		ended = now
+	}
+	ch := change{machine: "rollout", id: r.RolloutID, from: string(r.Status), to: string(to), token: token}
+	if err := t.cas(ctx, ch, nil, `UPDATE rollouts SET status = ?, reason = ?, row_version = row_version + 1, updated_at = ?,
+			ended_at = COALESCE(ended_at, ?)
+		WHERE rollout_id = ? AND status = ? AND row_version = ?`,
+		to, reason, now, ended, r.RolloutID, r.Status, r.RowVersion); err != nil {
+		return nil, err
+	}
+	if err := t.event("rollout", r.RolloutID, string(r.Status), string(to), reason, token); err != nil {
+		return nil, err
+	}
+	if err := t.rolloutHistory(r.RolloutID, who, action, r.Status, to, r.Version, reason); err != nil {
+		return nil, err
+	}
+	if !to.Terminal() {
+		return nil, nil
+	}
+	return t.cancelUnstarted(ctx, r.RolloutID, "rollout "+string(to))
+}
+
+// cancelUnstarted ends what a rollout that ended leaves unpublished: the
+// devices never started (and those waiting for a retry) are cancelled, and
+// the started devices whose command was never published have it
+// cancelled (its operation fails final, reason cancelled) and are cancelled
+// too. A command published before this commits runs to its end.
+func (t *tx) cancelUnstarted(ctx context.Context, id, reason string) ([]string, error) {
+	now := ms(t.now)
+	if _, err := t.Exec(`UPDATE rollout_devices SET status = 'cancelled', reason = ?, finished_at = ?, updated_at = ?
+		WHERE rollout_id = ? AND status IN ('pending', 'retry')`, reason, now, now, id); err != nil {
+		return nil, fmt.Errorf("cancel devices of rollout %s: %w", id, err)
+	}
+	rows, err := t.QueryContext(ctx, `SELECT d.device_id, d.operation_id, c.command_id FROM rollout_devices d
+		JOIN operations o ON o.operation_id = d.operation_id JOIN commands c ON c.command_id = o.command_id
+		WHERE d.rollout_id = ? AND d.status = 'started' AND o.status = 'started' AND c.attempt = 0
+			AND c.status IN ('pending', 'waiting_device')`, id)
+	if err != nil {
+		return nil, fmt.Errorf("unpublished commands of rollout %s: %w", id, err)
+	}
+	type unpublished struct{ device, operation, command string }
+	var all []unpublished
+	for rows.Next() {
+		var u unpublished
+		if err := rows.Scan(&u.device, &u.operation, &u.command); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		all = append(all, u)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var cancelled []string
+	for _, u := range all {
+		if _, err := t.cancel(ctx, u.command, "rollout "+id); err != nil {
+			if errors.Is(err, ErrRefused) || errors.Is(err, ErrAlreadyPublished) || errors.Is(err, ErrIllegalState) {
+				continue // published after all: it runs to its end
+			}
+			return nil, err
+		}
+		cancelled = append(cancelled, u.operation)
+		if _, err := t.Exec(`UPDATE rollout_devices SET status = 'cancelled', reason = ?, finished_at = ?, updated_at = ?
+			WHERE rollout_id = ? AND device_id = ? AND status = 'started'`, reason, now, now, id, u.device); err != nil {
+			return nil, fmt.Errorf("cancel device %s of rollout %s: %w", u.device, id, err)
+		}
+	}
+	return cancelled, nil
+}
+
+// ActiveRollouts lists the rollouts the scheduler has work for: those in
+// an active state, and the ended ones with devices still in flight (or
+// waiting for a person) whose outcomes are to be settled.
+func (s *DB) ActiveRollouts(ctx context.Context) ([]RolloutLease, error) {
+	rows, err := s.rq.QueryContext(ctx, `SELECT rollout_id, status, owner, fencing_token, lease_expires_at FROM rollouts
+		WHERE status IN `+sqlList(fsm.ActiveRolloutStates())+`
+			OR (ended_at IS NOT NULL AND rollout_id IN (SELECT rollout_id FROM rollout_devices
+				WHERE status IN ('started', 'needs_attention')))
+		ORDER BY created_at, rollout_id`)
+	if err != nil {
+		return nil, fmt.Errorf("active rollouts: %w", err)
+	}
+	defer rows.Close()
+	var out []RolloutLease
+	for rows.Next() {
+		var l RolloutLease
+		var lease int64
+		if err := rows.Scan(&l.RolloutID, &l.Status, &l.Owner, &l.FencingToken, &lease); err != nil {
+			return nil, err
+		}
+		l.LeaseExpiresAt = fromMS(lease)
+		out = append(out, l)
+	}
+	return out, rows.Err()
+}
+
+// AcquireRollout takes the scheduler's lease on a rollout for owner, with
+// a new fencing token: when its lease has run out (its holder stalled or
+// died), or, with reclaim, when owner itself held it before it restarted
+// (the caller holds the instance lock, which proves that process dead).
+// A lease another live holder keeps is refused (ErrRefused).
+func (s *DB) AcquireRollout(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (Fence, error) {
+	var f Fence
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		r, err := getRolloutRow(ctx, t, id)
+		if err != nil {
+			return err
+		}
+		expired := !r.LeaseExpiresAt.After(t.now)
+		if !expired && !(reclaim && r.Owner == owner) {
+			return t.refuse("rollout", id, r.Owner, owner, "lease_held", r.FencingToken)
+		}
+		ch := change{machine: "rollout", id: id, from: r.Owner, to: owner, token: r.FencingToken + 1}
+		if err := t.cas(ctx, ch, nil, `UPDATE rollouts SET owner = ?, fencing_token = fencing_token + 1, lease_expires_at = ?
+			WHERE rollout_id = ? AND owner = ? AND fencing_token = ?`,
+			owner, ms(t.now.Add(ttl)), id, r.Owner, r.FencingToken); err != nil {
+			return err
+		}
+		f = Fence{Owner: owner, Token: r.FencingToken + 1}
+		why := "takeover of an expired lease"
+		if r.Owner == owner {
+			why = "reclaimed after restart"
+		}
+		if err := t.event("lease", id, r.Owner, owner, "rollout scheduler: "+why, f.Token); err != nil {
+			return err
+		}
+		prev := r.Owner
+		if prev == "" {
+			prev = "nobody"
+		}
+		return t.rolloutHistory(id, "scheduler:"+owner, "lease", r.Status, r.Status, r.Version,
+			fmt.Sprintf("%s from %s, fencing token %d", why, prev, f.Token))
+	})
+	return f, err
+}
+
+// NextRolloutCandidate reads the device the scheduler would start next: one
+// waiting for its retry first, else the first pending one in start order.
+func (s *DB) NextRolloutCandidate(ctx context.Context, id string) (RolloutDevice, bool, error) {
+	for _, st := range []fsm.RolloutDeviceState{fsm.DevRetry, fsm.DevPending} {
+		d, err := scanRolloutDevice(s.rq.QueryRowContext(ctx, `SELECT `+rolloutDeviceColumns+` FROM rollout_devices
+			WHERE rollout_id = ? AND status = ? ORDER BY position LIMIT 1`, id, st))
+		if err == nil {
+			return d, true, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return RolloutDevice{}, false, fmt.Errorf("next device of rollout %s: %w", id, err)
+		}
+	}
+	return RolloutDevice{}, false, nil
+}
+
+// RolloutPass is one decision of the rollout's scheduler, in one
+// transaction under its lease: the fence is checked and the lease extended
+// (a fenced write: a lost lease refuses the whole pass, recorded as fenced),
+// the started devices' outcomes are settled from their operations, the
+// committed counts read; decide (the domain's rules) says what to do; the
+// rollout's move and the candidate's start are applied as conditional
+// writes. A start is conditioned on the rollout running, the fence, and
+// the spacing since the last committed start (the rate limit); it records
+// its start time and inserts (or retries) the device's operation in the same
+// transaction, after the re-checks of the approval and the grant.
+func (s *DB) RolloutPass(ctx context.Context, id string, f Fence, ttl time.Duration, cand *RolloutCandidate,
+	checks RolloutChecks, decide func(RolloutSnapshot) RolloutDecision) (RolloutPassResult, error) {
+	var res RolloutPassResult
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		res = RolloutPassResult{}
+		r, err := getRolloutRow(ctx, t, id)
+		if err != nil {
+			return err
+		}
+		held := change{machine: "rollout", id: id, from: string(r.Status), to: string(r.Status), token: f.Token,
+			explain: func() (string, error) { return ReasonFenced, nil }}
+		if err := t.cas(ctx, held, nil, `UPDATE rollouts SET lease_expires_at = ?
+			WHERE rollout_id = ? AND `+leaseHeld, append([]any{ms(t.now.Add(ttl)), id}, f.args(t.now)...)...); err != nil {
+			return err
+		}
+		snap := RolloutSnapshot{Now: t.now}
+		if snap.Settled, err = t.settleRollout(ctx, r); err != nil {
+			return err
+		}
+		if r.Counts, err = rolloutCounts(ctx, t, id); err != nil {
+			return err
+		}
+		if r.StartsLastMinute, err = startsSince(ctx, t, id, t.now.Add(-time.Minute)); err != nil {
+			return err
+		}
+		if r.StartsLast10s, err = startsSince(ctx, t, id, t.now.Add(-10*time.Second)); err != nil {
+			return err
+		}
+		snap.InFlight = r.Counts[fsm.DevStarted]
+		if cand != nil {
+			d, err := scanRolloutDevice(t.QueryRowContext(ctx, `SELECT `+rolloutDeviceColumns+` FROM rollout_devices
+				WHERE rollout_id = ? AND device_id = ?`, id, cand.Device.DeviceID))
+			if err != nil {
+				return fmt.Errorf("read device %s of rollout %s: %w", cand.Device.DeviceID, id, err)
+			}
+			if (d.Status == fsm.DevPending || d.Status == fsm.DevRetry) && d.Attempts == cand.Device.Attempts {
+				snap.Candidate = &d
+			}
+		}
+		snap.Rollout = r
+		d := decide(snap)
+		res.Snapshot, res.Decision = snap, d
+		if d.To != "" && d.To != r.Status {
+			cancelled, err := t.moveRollout(ctx, r, d.To, d.Reason, "scheduler:"+f.Owner, "run", f.Token)
+			if err != nil {
+				return err
+			}
+			res.Moved, res.Cancelled = true, cancelled
+			r.Status = d.To
+			r.RowVersion++
+		}
+		if !d.Start || snap.Candidate == nil || r.Status != fsm.RolloutRunning {
+			return nil
+		}
+		// The re-checks before each start.
+		refused, err := t.rolloutStartChecks(ctx, r, snap.Candidate.DeviceID, checks)
+		if err != nil {
+			return err
+		}
+		if refused != "" {
+			res.StartRefused = refused
+			cancelled, err := t.moveRollout(ctx, r, fsm.RolloutAborted, refused+": "+snap.Candidate.DeviceID, "scheduler:"+f.Owner, "run", f.Token)
+			if err != nil {
+				return err
+			}
+			res.Moved, res.Cancelled, res.Decision.To = true, cancelled, fsm.RolloutAborted
+			return nil
+		}
+		return t.startRolloutDevice(ctx, r, *snap.Candidate, cand.Operation, f, d, &res)
+	})
+	return res, err
+}
+
+// rolloutStartChecks re-checks, before a start, the rollout's approval and
+// the creator's grant for the device; it returns the refusal's reason, or "".
+func (t *tx) rolloutStartChecks(ctx context.Context, r Rollout, device string, c RolloutChecks) (string, error) {
+	if r.ApprovalRequired {
+		switch {
+		case r.ApprovedVersion != r.Version || r.Approver == "":
+			return "approval_missing", nil
+		case c.FourEyes && r.Approver == r.CreatedBy:
+			return "four_eyes", nil
+		}
+	}
+	if c.EnforceGrants {
+		ok, err := allowed(ctx, t, r.CreatedBy, r.Action, device)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			return "permission_revoked", nil
+		}
+	}
+	return "", nil
+}
+
+// startRolloutDevice commits one start: the rate condition on the rollout
+// row (spacing since the last committed start, under the fence), the
+// device's move to started, the start's record, and the device's operation
+// (inserted, or retried when it is failed_retryable).
+func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice, n NewOperation, f Fence, dec RolloutDecision, res *RolloutPassResult) error {
+	now := ms(t.now)
+	ch := change{machine: "rollout", id: r.RolloutID, from: string(r.Status), to: string(r.Status), token: f.Token}
+	err := t.cas(ctx, ch, nil, `UPDATE rollouts SET starts = starts + 1, last_start_at = ?
+		WHERE rollout_id = ? AND status = 'running' AND (last_start_at IS NULL OR last_start_at <= ?) AND `+leaseHeld,
+		append([]any{now, r.RolloutID, now - dec.Interval.Milliseconds()}, f.args(t.now)...)...)
+	if errors.Is(err, ErrRefused) {
+		res.StartRefused = "spacing"
+		return nil // recorded; the next pass tries again
+	}
+	if err != nil {
+		return err
+	}
+	attempt := d.Attempts + 1
+	dch := change{machine: "rollout", id: r.RolloutID + "/" + d.DeviceID, from: string(d.Status), to: string(fsm.DevStarted), token: f.Token}
+	if err := t.cas(ctx, dch, nil, `UPDATE rollout_devices SET status = 'started', attempts = ?, reason = '', started_at = ?,
+			finished_at = NULL, updated_at = ?
+		WHERE rollout_id = ? AND device_id = ? AND status = ? AND attempts = ?`,
+		attempt, now, now, r.RolloutID, d.DeviceID, d.Status, d.Attempts); err != nil {
+		return err
+	}
+	if _, err := t.Exec(`INSERT INTO rollout_starts (rollout_id, device_id, attempt, started_at, instance, fencing_token)
+		VALUES (?, ?, ?, ?, ?, ?)`, r.RolloutID, d.DeviceID, attempt, now, f.Owner, f.Token); err != nil {
+		return fmt.Errorf("record start of %s in rollout %s: %w", d.DeviceID, r.RolloutID, err)
+	}
+	if dec.CommandTTL > 0 && dec.CommandTTL < n.CommandTTL {
+		n.CommandTTL = dec.CommandTTL
+	}
+	sub, err := t.submit(ctx, n)
+	if errors.Is(err, ErrKeyReused) {
+		// Nothing of the submit was written (it reads first): the device
+		// fails, its start stays on record.
+		res.StartRefused = "idempotency_key_reused"
+		_, err := t.Exec(`UPDATE rollout_devices SET status = 'failed', reason = ?, finished_at = ?, updated_at = ?
+			WHERE rollout_id = ? AND device_id = ?`, "idempotency_key_reused: "+n.OperationID+" exists with other params",
+			now, now, r.RolloutID, d.DeviceID)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	res.Started = &sub
+	return nil
+}
+
+// settleRollout records the outcome of every started device whose
+// operation has one (and of needs_attention devices a person resolved).
+func (t *tx) settleRollout(ctx context.Context, r Rollout) ([]RolloutDevice, error) {
+	rows, err := t.QueryContext(ctx, `SELECT d.device_id, d.status, d.attempts, o.status, o.reason, c.status, c.reason,
+			EXISTS (SELECT 1 FROM receipts x WHERE x.command_id = c.command_id AND x.status = 'rejected')
+		FROM rollout_devices d JOIN operations o ON o.operation_id = d.operation_id
+			JOIN commands c ON c.command_id = o.command_id
+		WHERE d.rollout_id = ? AND d.status IN ('started', 'needs_attention')`, r.RolloutID)
+	if err != nil {
+		return nil, fmt.Errorf("settle rollout %s: %w", r.RolloutID, err)
+	}
+	type row struct {
+		device    string
+		status    fsm.RolloutDeviceState
+		attempts  int
+		op        fsm.OperationState
+		opReason  string
+		cmd       fsm.CommandState
+		cmdReason string
+		rejected  bool
+	}
+	var all []row
+	for rows.Next() {
+		var x row
+		if err := rows.Scan(&x.device, &x.status, &x.attempts, &x.op, &x.opReason, &x.cmd, &x.cmdReason, &x.rejected); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		all = append(all, x)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	retrying := r.Status == fsm.RolloutRunning || r.Status == fsm.RolloutPaused
+	var settled []RolloutDevice
+	now := ms(t.now)
+	for _, x := range all {
+		to, ok := fsm.DeviceOutcome(x.op, x.cmd, x.cmdReason, x.rejected, retrying && x.attempts <= r.Retries)
+		if !ok || to == x.status || !fsm.RolloutDevice.Can(x.status, to) {
+			continue
+		}
+		reason := x.opReason
+		if reason == "" && to != fsm.DevSucceeded {
+			reason = x.cmdReason
+		}
+		var finished any
+		if to != fsm.DevRetry {
+			finished = now
+		}
+		ch := change{machine: "rollout", id: r.RolloutID + "/" + x.device, from: string(x.status), to: string(to)}
+		if err := t.cas(ctx, ch, nil, `UPDATE rollout_devices SET status = ?, reason = ?, finished_at = ?, updated_at = ?
+			WHERE rollout_id = ? AND device_id = ? AND status = ? AND attempts = ?`,
+			to, reason, finished, now, r.RolloutID, x.device, x.status, x.attempts); err != nil {
+			return nil, err
+		}
+		settled = append(settled, RolloutDevice{RolloutID: r.RolloutID, DeviceID: x.device, Status: to, Reason: reason, Attempts: x.attempts})
+	}
+	return settled, nil
+}
+
+// MatchDevices resolves a device glob (a shell glob, as grants use)
+// against ids.
+func MatchDevices(glob string, ids []string) ([]string, error) {
+	if _, err := path.Match(glob, ""); err != nil {
+		return nil, fmt.Errorf("glob %q: %w", glob, err)
+	}
+	var out []string
+	for _, id := range ids {
+		if ok, _ := path.Match(glob, id); ok {
+			out = append(out, id)
+		}
+	}
+	return out, nil
+}
+
+// RolloutOperationID is the operation of one device of a rollout:
+// {rollout_id}:rollout:{device}:v{version}.
+func RolloutOperationID(rolloutID, device string, version int) string {
+	return strings.Join([]string{rolloutID, "rollout", device, fmt.Sprintf("v%d", version)}, ":")
+}
