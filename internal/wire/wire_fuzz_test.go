@@ -1,20 +1,26 @@
 package wire
 
 // Fuzz targets for the wire decoders: the payloads a device sends the
-// controller (Receipt, Presence) and the ones the controller sends a device
-// (Command, Query), and the topic parser. `go test` runs the seeds under
-// testdata/fuzz as unit tests; `go test -fuzz '^FuzzReceipt$' ./internal/wire/`
-// explores (.ci/fuzz runs each target for a few seconds in `make test`).
+// controller (Receipt, Presence: DecodeDevice, as the ingestor decodes them)
+// and the ones the controller sends a device (Command, Query: Decode), and
+// the topic parser. `go test` runs the seeds under testdata/fuzz as unit
+// tests; `go test -fuzz '^FuzzReceipt$' ./internal/wire/` explores (.ci/fuzz
+// runs each target for a few seconds in `make test`).
 //
 // Each target asserts properties, not only "does not panic":
-//   - whatever Decode accepts is exactly one JSON value, at most MaxPayload
-//     bytes (padding an accepted payload past MaxPayload is refused);
-//   - whatever it accepts re-encodes (Encode) to a payload that decodes to the
-//     same value, and encoding that again gives the same bytes (a fixed point);
+//   - whatever a decoder accepts is exactly one JSON value within its limit
+//     (MaxDevicePayload, 64 KiB, for DecodeDevice; MaxPayload, 256 KiB, for
+//     Decode): the same payload padded to the limit is accepted, one byte
+//     more is refused;
+//   - what DecodeDevice accepts is nested at most MaxDepth deep, has no
+//     member name twice, and reads the same with the lenient Decode;
+//   - whatever is accepted re-encodes (Encode) to a payload that decodes to
+//     the same value, and encoding that again gives the same bytes;
 //   - validation (Receipt.Validate, Presence.Validate) gives the same answer
 //     for the re-encoded value, and what it accepts keeps the contract's
-//     rules; the presence it accepts ranks in session order (no overflow,
-//     nothing at or below a device never seen).
+//     rules: ids in their charset and length, status and seq, a result
+//     object, text PostgreSQL can store; presence ranking in session order
+//     (no overflow, nothing at or below a device never seen).
 
 import (
 	"bytes"
@@ -50,52 +56,130 @@ func sameTime(a, b time.Time) bool {
 	return a.Equal(b) && a.Format(time.RFC3339Nano) == b.Format(time.RFC3339Nano)
 }
 
+// decoder is one of the package's decoders with its size limit: Decode
+// (what a device accepts: commands, queries) or DecodeDevice (what the
+// controller accepts from a device: receipts, presence).
+type decoder struct {
+	name   string
+	decode func([]byte, any) error
+	max    int
+}
+
+var (
+	deviceSide     = decoder{"Decode", Decode, MaxPayload}
+	controllerSide = decoder{"DecodeDevice", DecodeDevice, MaxDevicePayload}
+)
+
 // checkSizeLimit pads an accepted payload with JSON whitespace to exactly
-// MaxPayload bytes (still accepted) and to one byte more (refused). It
-// allocates 256 KiB, so it runs for one input in 64.
-func checkSizeLimit(t *testing.T, payload []byte, v func() any) {
+// the decoder's limit (still accepted) and to one byte more (refused). It
+// allocates up to 256 KiB, so it runs for one input in 64.
+func (d decoder) checkSizeLimit(t *testing.T, payload []byte, v func() any) {
 	t.Helper()
-	if crc32.ChecksumIEEE(payload)%64 != 0 || len(payload) > MaxPayload {
+	if crc32.ChecksumIEEE(payload)%64 != 0 || len(payload) > d.max {
 		return
 	}
-	padded := append(bytes.Clone(payload), bytes.Repeat([]byte(" "), MaxPayload-len(payload))...)
-	if err := Decode(padded, v()); err != nil {
-		t.Fatalf("payload padded to MaxPayload (%d bytes) refused: %v", len(padded), err)
+	padded := append(bytes.Clone(payload), bytes.Repeat([]byte(" "), d.max-len(payload))...)
+	if err := d.decode(padded, v()); err != nil {
+		t.Fatalf("%s: payload padded to its limit (%d bytes) refused: %v", d.name, len(padded), err)
 	}
-	if err := Decode(append(padded, ' '), v()); err == nil {
-		t.Fatalf("payload of %d bytes (over MaxPayload) accepted", len(padded)+1)
+	if err := d.decode(append(padded, ' '), v()); err == nil {
+		t.Fatalf("%s: payload of %d bytes (over its limit) accepted", d.name, len(padded)+1)
 	}
 }
 
-// decodeAccepted runs the checks common to every payload type: a payload
-// over MaxPayload is refused; an accepted one is exactly one JSON value.
-func decodeAccepted(t *testing.T, payload []byte, v any) bool {
+// accepts runs the checks common to every payload type: a payload over the
+// decoder's limit is refused; an accepted one is exactly one JSON value.
+func (d decoder) accepts(t *testing.T, payload []byte, v any) bool {
 	t.Helper()
-	err := Decode(payload, v)
-	if len(payload) > MaxPayload && err == nil {
-		t.Fatalf("payload of %d bytes accepted", len(payload))
+	err := d.decode(payload, v)
+	if len(payload) > d.max && err == nil {
+		t.Fatalf("%s: payload of %d bytes accepted", d.name, len(payload))
 	}
 	if err != nil {
 		return false
 	}
 	if !json.Valid(payload) {
-		t.Fatalf("Decode accepted %q, which is not exactly one JSON value", payload)
+		t.Fatalf("%s accepted %q, which is not exactly one JSON value", d.name, payload)
 	}
 	return true
 }
 
-// roundTrip encodes v, decodes the result into fresh (a pointer to a zero
-// value of v's type) and returns it with the encoded bytes; it fails the test
-// if the encoding does not decode or is not a fixed point.
-func roundTrip[T any](t *testing.T, v T) (T, []byte) {
+// deviceChecks are the controller's rules for a device's message, checked
+// on what DecodeDevice accepted: nested at most MaxDepth deep, no member
+// name twice in an object (names compared decoded), and Decode (the
+// lenient decoder) reads the same value from it.
+func deviceChecks[T any](t *testing.T, payload []byte, v T) {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	depth, maxDepth := 0, 0
+	type frame struct {
+		object bool
+		names  map[string]bool
+		key    bool // the next string token is a member name
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			break
+		}
+		top := (*frame)(nil)
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		isKey := top != nil && top.object && top.key
+		if top != nil && top.object {
+			top.key = !top.key
+		}
+		switch tok := tok.(type) {
+		case json.Delim:
+			switch tok {
+			case '{', '[':
+				depth++
+				maxDepth = max(maxDepth, depth)
+				stack = append(stack, &frame{object: tok == '{', names: map[string]bool{}, key: true})
+			default:
+				depth--
+				stack = stack[:len(stack)-1]
+				if len(stack) > 0 && stack[len(stack)-1].object {
+					stack[len(stack)-1].key = true
+				}
+			}
+		case string:
+			if isKey {
+				if top.names[tok] {
+					t.Fatalf("DecodeDevice accepted the member name %q twice in %q", tok, payload)
+				}
+				top.names[tok] = true
+			}
+		}
+	}
+	if maxDepth > MaxDepth {
+		t.Fatalf("DecodeDevice accepted nesting %d deep (limit %d): %q", maxDepth, MaxDepth, payload)
+	}
+	var lenient T
+	if err := Decode(payload, &lenient); err != nil {
+		t.Fatalf("Decode refuses what DecodeDevice accepted (%q): %v", payload, err)
+	}
+	a, _ := Encode(v)
+	b, _ := Encode(lenient)
+	if !bytes.Equal(a, b) {
+		t.Fatalf("Decode and DecodeDevice read %q differently:\n %s\n %s", payload, b, a)
+	}
+}
+
+// roundTrip encodes v, decodes the result with d and returns it with the
+// encoded bytes; it fails the test if the encoding does not decode or is
+// not a fixed point.
+func roundTrip[T any](t *testing.T, d decoder, v T) (T, []byte) {
 	t.Helper()
 	b1, err := Encode(v)
 	if err != nil {
 		t.Fatalf("Encode of a decoded %T failed: %v", v, err)
 	}
 	var v2 T
-	if err := Decode(b1, &v2); err != nil {
-		t.Fatalf("re-encoded %T %q does not decode: %v", v, b1, err)
+	if err := d.decode(b1, &v2); err != nil {
+		t.Fatalf("re-encoded %T %q does not decode (%s): %v", v, b1, d.name, err)
 	}
 	b2, err := Encode(v2)
 	if err != nil {
@@ -107,17 +191,33 @@ func roundTrip[T any](t *testing.T, v T) (T, []byte) {
 	return v2, b1
 }
 
+// validID is the id rule of a receipt, written out: [A-Za-z0-9._:-]{1,200}
+// for command_id and query_id, {1,400} for operation_id.
+func validID(id string, maxLen int) bool {
+	if len(id) < 1 || len(id) > maxLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("._:-", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
 func FuzzReceipt(f *testing.F) {
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		var r Receipt
-		if !decodeAccepted(t, payload, &r) {
+		if !controllerSide.accepts(t, payload, &r) {
 			return
 		}
+		deviceChecks(t, payload, r)
 		verr := r.Validate()
 		if verr == nil {
 			switch {
-			case r.CommandID == "":
-				t.Fatalf("accepted a receipt without command_id")
+			case !validID(r.CommandID, 200), r.QueryID != "" && !validID(r.QueryID, 200),
+				r.OperationID != "" && !validID(r.OperationID, 400):
+				t.Fatalf("accepted ids outside their charset or length: %q %q %q", r.CommandID, r.OperationID, r.QueryID)
 			case !r.Status.Valid():
 				t.Fatalf("accepted status %q", r.Status)
 			case r.Status == ReceiptUnknown && r.Seq != 0, r.Status != ReceiptUnknown && r.Seq < 1:
@@ -136,9 +236,9 @@ func FuzzReceipt(f *testing.F) {
 					t.Fatalf("accepted result %q, not a JSON object: %v", res, err)
 				}
 			}
-			checkSizeLimit(t, payload, func() any { return new(Receipt) })
+			controllerSide.checkSizeLimit(t, payload, func() any { return new(Receipt) })
 		}
-		r2, b := roundTrip(t, r)
+		r2, b := roundTrip(t, controllerSide, r)
 		if r2.CommandID != r.CommandID || r2.OperationID != r.OperationID || r2.Status != r.Status ||
 			r2.Seq != r.Seq || !sameTime(r2.At, r.At) || !sameJSON(r2.Result, r.Result) ||
 			r2.Error != r.Error || r2.QueryID != r.QueryID {
@@ -153,9 +253,10 @@ func FuzzReceipt(f *testing.F) {
 func FuzzPresence(f *testing.F) {
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		var p Presence
-		if !decodeAccepted(t, payload, &p) {
+		if !controllerSide.accepts(t, payload, &p) {
 			return
 		}
+		deviceChecks(t, payload, p)
 		verr := p.Validate()
 		if inRange := p.Session >= 0 && p.Session <= MaxSafeInteger; (verr == nil) != inRange {
 			t.Fatalf("Validate of session %d: %v", p.Session, verr)
@@ -177,9 +278,9 @@ func FuzzPresence(f *testing.F) {
 			if p.Rank() <= -1 {
 				t.Fatalf("accepted session %d has rank %d, at or below the stored rank of a device never seen (-1)", p.Session, p.Rank())
 			}
-			checkSizeLimit(t, payload, func() any { return new(Presence) })
+			controllerSide.checkSizeLimit(t, payload, func() any { return new(Presence) })
 		}
-		p2, b := roundTrip(t, p)
+		p2, b := roundTrip(t, controllerSide, p)
 		same := p2.Online == p.Online && p2.Session == p.Session &&
 			(p2.Capabilities == nil) == (p.Capabilities == nil) && (p2.At == nil) == (p.At == nil)
 		if same && p.Capabilities != nil {
@@ -200,8 +301,8 @@ func FuzzPresence(f *testing.F) {
 func FuzzCommand(f *testing.F) {
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		var c Command
-		if decodeAccepted(t, payload, &c) {
-			c2, b := roundTrip(t, c)
+		if deviceSide.accepts(t, payload, &c) {
+			c2, b := roundTrip(t, deviceSide, c)
 			if c2.CommandID != c.CommandID || c2.OperationID != c.OperationID || c2.Action != c.Action ||
 				!sameJSON(c2.Params, c.Params) || !sameTime(c2.IssuedAt, c.IssuedAt) ||
 				!sameTime(c2.ExpiresAt, c.ExpiresAt) || c2.Attempt != c.Attempt {
@@ -213,8 +314,8 @@ func FuzzCommand(f *testing.F) {
 			}
 		}
 		var q Query
-		if decodeAccepted(t, payload, &q) {
-			q2, b := roundTrip(t, q)
+		if deviceSide.accepts(t, payload, &q) {
+			q2, b := roundTrip(t, deviceSide, q)
 			if q2 != q {
 				t.Fatalf("round trip changed the query:\n before %+v\n after  %+v\n via    %s", q, q2, b)
 			}
