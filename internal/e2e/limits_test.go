@@ -651,30 +651,37 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	require.Len(t, quiet, 20)
 
 	raw := rawClient(t, b.broker.URL(), "tester-flood")
+	// A fixed count, not a time: Mosquitto holds at most
+	// max_queued_messages (10,000) for the controller beyond its in-flight
+	// window and drops the rest silently, so a flood longer than that on a
+	// machine too busy to keep up would lose messages at the broker, and
+	// the count below could never add up.
 	const rate, seconds = 2000, 5
-	stop := make(chan struct{})
+	const total = rate * seconds
 	var sent atomic.Int64
 	floodDone := make(chan int64, 1)
+	var flooding atomic.Bool
+	flooding.Store(true)
+	var floodTook time.Duration // written before floodDone is sent
 	floodStart := time.Now()
 	go func() {
+		defer flooding.Store(false)
 		p := newPublisher(raw, 200)
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				floodDone <- p.wait()
-				return
-			case <-tick.C:
-			}
+		for sent.Load() < total {
+			<-tick.C
 			// Catch up to rate × elapsed: the ticker's pace, not its count.
-			due := int64(time.Since(floodStart).Seconds() * rate)
+			due := min(int64(time.Since(floodStart).Seconds()*rate), total)
 			for sent.Load() < due {
 				i := sent.Add(1)
 				p.publish("fleet/device-flood/receipts", fmt.Appendf(nil,
 					`{"command_id":"c-flood-%d","operation_id":"op-flood","status":"succeeded","seq":1,"at":"2026-01-02T03:04:05Z"}`, i))
 			}
 		}
+		unconfirmed := p.wait()
+		floodTook = time.Since(floodStart)
+		floodDone <- unconfirmed
 	}()
 	// Each of the ten devices runs operations one after another for as
 	// long as the flood lasts (at least ten each).
@@ -682,12 +689,17 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	defer cancel()
 	loadStart := time.Now()
 	status, lat, err := b.opsLoad(loadCtx, len(fleet), func(w, i int) (api.SubmitRequest, bool) {
-		return req(fmt.Sprintf("busy-%d-%03d", w, i), fleet[w]), i < 10 || time.Since(floodStart) < seconds*time.Second
+		// Paced at 10 operations a second per device at most (30 receipts,
+		// under the limit of 50): on a fast machine back-to-back operations
+		// would be throttled by the same limit, and their drops would be
+		// counted with the flood's.
+		if d := time.Until(loadStart.Add(time.Duration(i) * 100 * time.Millisecond)); d > 0 {
+			<-time.After(d) // pacing of the load, not a wait for a condition
+		}
+		return req(fmt.Sprintf("busy-%d-%03d", w, i), fleet[w]), i < 10 || flooding.Load()
 	})
 	loadTook := time.Since(loadStart)
-	close(stop)
 	require.Zero(t, <-floodDone, "publishes the broker did not confirm")
-	floodTook := time.Since(floodStart)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, len(status), 100)
 	for id, st := range status {
@@ -699,11 +711,16 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	// Every flood message is processed: applied (an unknown command, logged)
 	// within the rate, or dropped as rate_limited.
 	var limited, applied int
-	eventually(t, "the flood processed", 60*time.Second, func() bool {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
 		limited = b.refusedCounts()[[2]string{"receipts", "rate_limited"}]
 		applied = int(b.metric(`controller_receipts_total{effect="unknown_command"}`))
-		return limited+applied == n
-	})
+		if limited+applied == n {
+			break
+		}
+		require.False(t, time.Now().After(deadline), "after 60 s, of %d flood messages %d were rate_limited and %d applied", n, limited, applied)
+		<-time.After(20 * time.Millisecond) // poll interval of a deadline-bounded wait
+	}
 	processed := time.Since(floodStart)
 	require.Equal(t, []string{strconv.Itoa(applied)}, b.rows(`SELECT COUNT(*) FROM receipts WHERE device_id = 'device-flood'`))
 	require.GreaterOrEqual(t, applied, 100)
