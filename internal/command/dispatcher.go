@@ -360,6 +360,19 @@ func (d *Dispatcher) trusted(lease time.Time) bool {
 	return false
 }
 
+// recheckSoon brings the next check of a decision that was committed but
+// not acted on (its lease was outside the trust window) forward to the end
+// of that window: by then the heartbeat has renewed the lease, or it has
+// expired and a takeover resets the check, instead of the command waiting
+// the back-off the decision set. A refusal means the lease is gone already.
+func (d *Dispatcher) recheckSoon(ctx context.Context, dec store.Decision, f store.Fence) {
+	c := dec.Command
+	at := d.cfg.Now().Add(d.cfg.TrustMargin)
+	if err := d.cfg.Store.Postpone(ctx, c.CommandID, c.Version, f, at); err != nil && !errors.Is(err, store.ErrRefused) {
+		d.cfg.Logger.Error("recheck soon", "command_id", c.CommandID, "err", err)
+	}
+}
+
 // send commits a publish decision (pending|waiting_device → sent, or
 // attempt n → n+1) and then publishes the command, unchanged but for
 // attempt. A device that cannot deduplicate gets it at QoS 0 and only once,
@@ -383,6 +396,7 @@ func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand, dev store.D
 	}
 	if !d.trusted(dec.LeaseExpiresAt) {
 		d.cfg.Logger.Warn("publish dropped: lease outside its trust window", "command_id", c.CommandID)
+		d.recheckSoon(ctx, dec, oc.Fence)
 		return
 	}
 	c = dec.Command
@@ -412,6 +426,7 @@ func (d *Dispatcher) ask(ctx context.Context, c store.Command, f store.Fence, de
 		return
 	}
 	if !d.trusted(dec.LeaseExpiresAt) {
+		d.recheckSoon(ctx, dec, f)
 		return
 	}
 	payload, _ := wire.Encode(wire.Query{QueryID: qid, CommandID: c.CommandID, OperationID: c.OperationID})
