@@ -292,6 +292,9 @@ func TestPermissionsAndFourEyes(t *testing.T) {
 	require.Equal(t, "illegal_state", code)
 	require.Equal(t, "completed", tb.task("t-4").Status)
 	require.Equal(t, 1, tb.executions()["t-4:restart-device:device-2:approval-v2"])
+	// t-5 runs too: the invariants are checked on a settled fleet.
+	tb.waitTask("t-5", "completed")
+	require.Equal(t, 1, tb.executions()["t-5:restart-device:device-2:approval-v2"])
 	tb.verify()
 }
 
