@@ -630,7 +630,7 @@ func TestHostileInputsChangeNothing(t *testing.T) {
 	b.verify()
 }
 
-// One device sending 2,000 receipts a second for 3 s does not starve ten
+// One device sending 6,000 receipts at 2,000 a second does not starve ten
 // others, each running operations one after another all the while: they
 // succeed, each well inside the ack timeout (no receipt of
 // theirs lost or throttled), while the flood's excess is dropped and
@@ -643,7 +643,7 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	}
 	// A long ack timeout: a receipt lost or throttled would show as an
 	// operation slower than it.
-	b := setup(t, setupOpts{devices: len(fleet), args: []string{"--ack-timeout", "10s"}})
+	b := setup(t, setupOpts{devices: len(fleet), args: []string{"--ack-timeout", "20s"}})
 	ctx := b.ctx()
 
 	quiet, quietLat, err := b.normalLoad(ctx, "quiet", 20, 4, fleet)
@@ -651,53 +651,48 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	require.Len(t, quiet, 20)
 
 	raw := rawClient(t, b.broker.URL(), "tester-flood")
-	// 3 s of 2,000/s: the broker queues at most 10,000 messages for the
-	// controller (max_queued_messages) and drops the rest silently, so a
-	// flood that fits is one where every message can be accounted for.
-	const rate, seconds = 2000, 3
-	stop := make(chan struct{})
+	// 6,000 receipts at 2,000/s: the broker queues at most 10,000 messages
+	// for the controller (max_queued_messages) and drops the rest silently,
+	// so a flood that fits is one where every message can be accounted for.
+	const rate, total = 2000, 6000
 	var sent atomic.Int64
 	floodDone := make(chan int64, 1)
+	var floodTook atomic.Int64 // ns, once the last was published
 	floodStart := time.Now()
 	go func() {
 		p := newPublisher(raw, 200)
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				floodDone <- p.wait()
-				return
-			case <-tick.C:
-			}
+		for sent.Load() < total {
+			<-tick.C
 			// Catch up to rate × elapsed: the ticker's pace, not its count.
-			due := int64(time.Since(floodStart).Seconds() * rate)
+			due := min(int64(time.Since(floodStart).Seconds()*rate), total)
 			for sent.Load() < due {
 				i := sent.Add(1)
 				p.publish("fleet/device-flood/receipts", fmt.Appendf(nil,
 					`{"command_id":"c-flood-%d","operation_id":"op-flood","status":"succeeded","seq":1,"at":"2026-01-02T03:04:05Z"}`, i))
 			}
 		}
+		floodTook.Store(int64(time.Since(floodStart)))
+		floodDone <- p.wait()
 	}()
 	// Each of the ten devices runs operations one after another for as
-	// long as the flood lasts (at least ten each).
-	loadCtx, cancel := context.WithTimeout(ctx, seconds*time.Second+30*time.Second)
+	// long as the flood lasts (at least three each).
+	loadCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	loadStart := time.Now()
 	status, lat, err := b.opsLoad(loadCtx, len(fleet), func(w, i int) (api.SubmitRequest, bool) {
-		return req(fmt.Sprintf("busy-%d-%03d", w, i), fleet[w]), i < 10 || time.Since(floodStart) < seconds*time.Second
+		return req(fmt.Sprintf("busy-%d-%03d", w, i), fleet[w]), i < 3 || sent.Load() < total
 	})
 	loadTook := time.Since(loadStart)
-	close(stop)
 	require.Zero(t, <-floodDone, "publishes the broker did not confirm")
-	floodTook := time.Since(floodStart)
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, len(status), 100)
+	require.GreaterOrEqual(t, len(status), 30)
 	for id, st := range status {
 		require.Equal(t, "succeeded", st, id)
 	}
-	n := int(sent.Load())
-	require.GreaterOrEqual(t, float64(n)/floodTook.Seconds(), 1000.0, "the flood reached only %.0f/s", float64(n)/floodTook.Seconds())
+	n, took := int(sent.Load()), time.Duration(floodTook.Load())
+	require.GreaterOrEqual(t, float64(n)/took.Seconds(), 1000.0, "the flood reached only %.0f/s", float64(n)/took.Seconds())
 
 	// Every flood message is processed: applied (an unknown command, logged)
 	// within the rate, or dropped as rate_limited.
@@ -720,9 +715,9 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	require.Greater(t, limited, n/2)
 
 	p50, p99, worst := percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 1)
-	require.Less(t, worst, 5*time.Second, "an operation waited for the ack timeout: its receipts were starved")
+	require.Less(t, worst, 10*time.Second, "an operation came near the ack timeout (20 s): its receipts were starved")
 	t.Logf("flood: %d receipts from device-flood in %s (%.0f/s): %d applied (the burst of 100 and 50/s), %d rate_limited",
-		n, floodTook.Round(time.Millisecond), float64(n)/floodTook.Seconds(), applied, limited)
+		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), applied, limited)
 	t.Logf("10 other devices, %d operations in %s during the flood, all succeeded: p50 %s, p99 %s, max %s (without the flood, 20 operations: p50 %s, max %s)",
 		len(status), loadTook.Round(time.Millisecond), p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond),
 		percentile(quietLat, 0.5).Round(time.Millisecond), percentile(quietLat, 1).Round(time.Millisecond))
