@@ -456,9 +456,10 @@ func TestHostileInputsChangeNothing(t *testing.T) {
 		return fake
 	}()...))
 	// The requests go round until the ordinary operations are done, at
-	// least minRounds and at most maxRounds times; each one sent is counted
-	// in want.
-	const minRounds, maxRounds, flood = 3, 10, 2000
+	// least minRounds and at most maxRounds times, the bodies over 1 MiB in
+	// the first round only (they are refused before they are read, and the
+	// machine is shared); each one sent is counted in want.
+	const minRounds, maxRounds, flood = 3, 6, 2000
 	want := map[[2]string]int{}
 	for _, m := range messages {
 		if m.source != "" {
@@ -511,7 +512,7 @@ func TestHostileInputsChangeNothing(t *testing.T) {
 					return
 				}
 				for i, h := range requests {
-					if i%4 != w {
+					if i%4 != w || h.mayReset && round > 0 {
 						continue
 					}
 					status, code, err := send(ctx, hc, b.ctl.URL, h)
@@ -630,7 +631,7 @@ func TestHostileInputsChangeNothing(t *testing.T) {
 	b.verify()
 }
 
-// One device sending 2,000 receipts a second for 5 s does not starve ten
+// One device sending 6,000 receipts at 2,000 a second does not starve ten
 // others, each running operations one after another all the while: they
 // succeed, each well inside the ack timeout (no receipt of
 // theirs lost or throttled), while the flood's excess is dropped and
@@ -643,7 +644,7 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	}
 	// A long ack timeout: a receipt lost or throttled would show as an
 	// operation slower than it.
-	b := setup(t, setupOpts{devices: len(fleet), args: []string{"--ack-timeout", "10s"}})
+	b := setup(t, setupOpts{devices: len(fleet), args: []string{"--ack-timeout", "20s"}})
 	ctx := b.ctx()
 
 	quiet, quietLat, err := b.normalLoad(ctx, "quiet", 20, 4, fleet)
@@ -653,11 +654,10 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	raw := rawClient(t, b.broker.URL(), "tester-flood")
 	// A fixed count, not a time: Mosquitto holds at most
 	// max_queued_messages (10,000) for the controller beyond its in-flight
-	// window and drops the rest silently, so a flood longer than that on a
-	// machine too busy to keep up would lose messages at the broker, and
-	// the count below could never add up.
-	const rate, seconds = 2000, 5
-	const total = rate * seconds
+	// window, the other devices' receipts included, and drops the rest
+	// silently. 6,000 at 2,000/s fits with room for theirs on a machine too
+	// busy to keep up, so every flood message can be accounted for.
+	const rate, total = 2000, 6000
 	var sent atomic.Int64
 	floodDone := make(chan int64, 1)
 	var flooding atomic.Bool
@@ -685,7 +685,7 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	}()
 	// Each of the ten devices runs operations one after another for as
 	// long as the flood lasts (at least ten each).
-	loadCtx, cancel := context.WithTimeout(ctx, seconds*time.Second+30*time.Second)
+	loadCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	loadStart := time.Now()
 	status, lat, err := b.opsLoad(loadCtx, len(fleet), func(w, i int) (api.SubmitRequest, bool) {
@@ -705,20 +705,20 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	for id, st := range status {
 		require.Equal(t, "succeeded", st, id)
 	}
-	n := int(sent.Load())
-	require.GreaterOrEqual(t, float64(n)/floodTook.Seconds(), 1000.0, "the flood reached only %.0f/s", float64(n)/floodTook.Seconds())
+	n, took := int(sent.Load()), floodTook
+	require.GreaterOrEqual(t, float64(n)/took.Seconds(), 1000.0, "the flood reached only %.0f/s", float64(n)/took.Seconds())
 
 	// Every flood message is processed: applied (an unknown command, logged)
 	// within the rate, or dropped as rate_limited.
 	var limited, applied int
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		limited = b.refusedCounts()[[2]string{"receipts", "rate_limited"}]
 		applied = int(b.metric(`controller_receipts_total{effect="unknown_command"}`))
 		if limited+applied == n {
 			break
 		}
-		require.False(t, time.Now().After(deadline), "after 60 s, of %d flood messages %d were rate_limited and %d applied", n, limited, applied)
+		require.False(t, time.Now().After(deadline), "after 2 min, of %d flood messages %d were rate_limited and %d applied", n, limited, applied)
 		<-time.After(20 * time.Millisecond) // poll interval of a deadline-bounded wait
 	}
 	processed := time.Since(floodStart)
@@ -728,9 +728,9 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	require.Greater(t, limited, n/2)
 
 	p50, p99, worst := percentile(lat, 0.5), percentile(lat, 0.99), percentile(lat, 1)
-	require.Less(t, worst, 5*time.Second, "an operation waited for the ack timeout: its receipts were starved")
+	require.Less(t, worst, 10*time.Second, "an operation came near the ack timeout (20 s): its receipts were starved")
 	t.Logf("flood: %d receipts from device-flood in %s (%.0f/s): %d applied (the burst of 100 and 50/s), %d rate_limited",
-		n, floodTook.Round(time.Millisecond), float64(n)/floodTook.Seconds(), applied, limited)
+		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), applied, limited)
 	t.Logf("10 other devices, %d operations in %s during the flood, all succeeded: p50 %s, p99 %s, max %s (without the flood, 20 operations: p50 %s, max %s)",
 		len(status), loadTook.Round(time.Millisecond), p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond),
 		percentile(quietLat, 0.5).Round(time.Millisecond), percentile(quietLat, 1).Round(time.Millisecond))
