@@ -1,5 +1,5 @@
 # Quick start: `make demo` runs the whole system once; `make test` runs every test.
-# Both install what they need (Mosquitto, Chromium and PostgreSQL from Debian's packages) first.
+# Both install what they need (Mosquitto and its clients, Chromium and PostgreSQL from Debian's packages) first.
 
 GO        ?= go
 MOSQUITTO ?= /usr/sbin/mosquitto
@@ -18,6 +18,12 @@ deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto >/dev/null; \
 	fi
 	@$(MOSQUITTO) -h 2>/dev/null | head -1 | grep -q 'mosquitto version 2' || { echo "need Mosquitto 2.x at $(MOSQUITTO)"; exit 1; }
+	@# Debian's mosquitto_pub and mosquitto_sub: the security tests play the intruder with them.
+	@if [ ! -x /usr/bin/mosquitto_pub ] || [ ! -x /usr/bin/mosquitto_sub ]; then \
+		echo "installing mosquitto-clients (apt-get)"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto-clients >/dev/null; \
+	fi
 	@# Headless Chromium renders the HTML report and drives the dashboard in their tests.
 	@if [ ! -x /usr/bin/chromium ]; then \
 		echo "installing chromium (apt-get)"; \

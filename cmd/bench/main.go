@@ -18,7 +18,7 @@ import (
 
 const usage = `Usage: bench [flags]
 
-Starts its own Mosquitto (from mosquitto/mosquitto.conf.tmpl, on a free
+Starts its own Mosquitto (from mosquitto/anonymous-loopback.conf.tmpl, on a free
 loopback port, in a temporary directory removed at the end) and measures,
 one phase after another: the protocol's ceiling (a plain MQTT client and an
 in-memory fleet), the controller through its HTTP API (saturated, then at
@@ -51,7 +51,7 @@ func main() {
 	flag.StringVar(&cfg.Bin, "bin", "bin", "directory holding the controller and devicesim binaries")
 	flag.StringVar(&cfg.OutDir, "out", "bench/out", "directory for latest.json and latest.html")
 	flag.StringVar(&cfg.Mosquitto, "mosquitto", bench.DefaultMosquitto, "the Mosquitto binary")
-	flag.StringVar(&cfg.BrokerTemplate, "broker-config", "mosquitto/mosquitto.conf.tmpl", "the broker config template")
+	flag.StringVar(&cfg.BrokerTemplate, "broker-config", "mosquitto/anonymous-loopback.conf.tmpl", "the broker config template")
 	flag.IntVar(&cfg.Devices, "devices", devices, "devices (env BENCH_DEVICES)")
 	flag.DurationVar(&cfg.Window, "seconds", window, "length of each measured phase (env BENCH_SECONDS)")
 	flag.IntVar(&cfg.Concurrency, "concurrency", conc, "callers in flight in the closed loops (env BENCH_CONCURRENCY)")

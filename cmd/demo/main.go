@@ -18,7 +18,10 @@ const usage = `Usage: demo [flags]
 Starts Mosquitto, the controller and a simulated fleet on free loopback
 ports, runs a batch of operations through injected faults, prints a summary
 and the task-88 walkthrough, and stops everything. Run it from the
-repository's root (it uses mosquitto/broker.sh).
+repository's root (it uses mosquitto/broker.sh). The broker runs the secure
+profile: TLS with a CA and certificate made for the run, an account for
+every device and for the controller, an ACL that keeps each device to its
+own topics.
 
 The run's files (logs, the controller's database, the broker's and the
 devices' state) go in a new directory under $TMPDIR (/tmp if unset), which

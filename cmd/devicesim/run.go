@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,6 +16,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/fleetctl/fleetctl/internal/cli/cmdline"
+	"github.com/fleetctl/fleetctl/internal/creds"
+	"github.com/fleetctl/fleetctl/internal/mqttx"
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
@@ -31,7 +34,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	run, _ := newRunCmd(stderr)
-	root.AddCommand(run)
+	root.AddCommand(run, newCredsCmd(stdout))
 	cmdline.Setup(root, envPrefix)
 	return root
 }
@@ -58,6 +61,7 @@ var receiptFaults = []string{"drop-receipt", "duplicate-receipt", "delay-receipt
 
 type runOptions struct {
 	mqtt, idPrefix, stateDir, topicRoot, password, faultsFile, logLevel string
+	credentials, mqttCA                                                 string
 	devices                                                             int
 	seed                                                                int64
 	keepAlive, maxReconnect, retention, clockSkew                       time.Duration
@@ -70,7 +74,7 @@ type runOptions struct {
 func newRunCmd(stderr io.Writer) (*cobra.Command, *runOptions) {
 	o := &runOptions{specs: map[string]*string{}, statuses: map[string]*string{}}
 	cmd := &cobra.Command{
-		Use:   "run --mqtt URL --devices N [--id-prefix device-] [--state-dir DIR] [fault flags or --faults FILE]",
+		Use:   "run --mqtt URL --devices N [--id-prefix device-] [--state-dir DIR] [fault flags or --faults FILE] [--credentials FILE] [--mqtt-ca FILE]",
 		Short: "Run N simulated devices until SIGINT or SIGTERM",
 		Long:  runHelp,
 		Example: `  devicesim run --mqtt tcp://127.0.0.1:1883 --devices 5 --state-dir ./run/devices
@@ -82,6 +86,10 @@ func newRunCmd(stderr io.Writer) (*cobra.Command, *runOptions) {
   # a fault profile with per-device overrides; legacy (dedupe:false) devices
   devicesim run --devices 10 --id-prefix pump- --faults faults.json
   devicesim run --devices 3 --legacy --legacy-query
+
+  # the secure broker profile: each device its own account (devicesim creds), over TLS
+  devicesim run --mqtt ssl://127.0.0.1:8883 --devices 5 --credentials ./run/creds/credentials.json \
+    --mqtt-ca ./run/tls/ca.pem
 
   # the same flags from the environment
   DEVICESIM_MQTT=tcp://127.0.0.1:1883 DEVICESIM_DEVICES=50 devicesim run`,
@@ -98,6 +106,8 @@ func newRunCmd(stderr io.Writer) (*cobra.Command, *runOptions) {
 	f.StringVar(&o.stateDir, "state-dir", "devicesim-state", "durable device state and witness files")
 	f.StringVar(&o.topicRoot, "topic-root", wire.DefaultTopicRoot, "MQTT topic root")
 	f.StringVar(&o.password, "password", "", "MQTT password of every device (user name = device id)")
+	f.StringVar(&o.credentials, "credentials", "", "credentials.json of devicesim creds: each device logs in with its own password")
+	f.StringVar(&o.mqttCA, "mqtt-ca", "", "CA certificate (PEM) the broker's TLS certificate must chain to, for ssl:// URLs")
 	f.StringVar(&o.faultsFile, "faults", "", "JSON fault profile file")
 	f.Int64Var(&o.seed, "seed", 0, "seed of the fault decisions (0: the profile's seed, else a random one, printed)")
 	f.DurationVar(&o.keepAlive, "keepalive", sim.DefaultKeepAlive, "MQTT keepalive (the broker fires a silent device's LWT after 1.5x)")
@@ -137,8 +147,27 @@ func (o *runOptions) run(ctx context.Context, fs *pflag.FlagSet, stderr io.Write
 	if seed == 0 {
 		seed = rand.Int64N(1<<31) + 1
 	}
+	if o.credentials != "" && o.password != "" {
+		return cmdline.Usagef("--credentials and --password: give one")
+	}
+	var passwords map[string]string
+	if o.credentials != "" {
+		accounts, err := creds.Load(o.credentials)
+		if err != nil {
+			return fmt.Errorf("--credentials: %w", err)
+		}
+		passwords = creds.Passwords(accounts)
+	}
+	var tlsConfig *tls.Config
+	if o.mqttCA != "" {
+		if tlsConfig, err = mqttx.ClientTLS(o.mqttCA); err != nil {
+			return fmt.Errorf("--mqtt-ca: %w", err)
+		}
+	}
 	cfg := sim.Config{
 		MQTT:                 o.mqtt,
+		Passwords:            passwords,
+		TLS:                  tlsConfig,
 		Devices:              o.devices,
 		IDPrefix:             o.idPrefix,
 		StateDir:             o.stateDir,
@@ -267,7 +296,9 @@ func parseSpec(spec string) (map[string]any, error) {
 
 const runHelp = `Run N simulated devices, numbered from 1 (--id-prefix device- --devices 3
 gives device-1, device-2, device-3), one MQTT connection each whose client id
-and user name are the device id. The devices run until SIGINT or SIGTERM, then
+and user name are the device id. Against the secure broker profile each
+device logs in with its own password (--credentials, the credentials.json
+that "devicesim creds" writes) over TLS (an ssl:// URL, --mqtt-ca). The devices run until SIGINT or SIGTERM, then
 shut down cleanly: each publishes its retained offline presence and
 DISCONNECTs (a second signal ends the process at once). Once every device is
 connected, "devicesim: N devices online" is written to stderr; on exit, a

@@ -50,6 +50,10 @@ type Config struct {
 	Events *events.Bus
 	// UI serves the dashboard under /ui/ (internal/ui); nil: none.
 	UI http.Handler
+	// MCP, if set, serves the agent interface (internal/mcpserver) at
+	// /mcp behind the same bearer tokens: any valid one gets in, and each
+	// tool call is a request to the routes here, which check its role.
+	MCP http.Handler
 }
 
 // Server serves the API.
@@ -99,6 +103,9 @@ func New(cfg Config) *Server {
 		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(rt.h)))
 	}
 	s.dashboardRoutes() // events.go: the event stream, the task list, whoami, /ui/
+	if cfg.MCP != nil {
+		s.mux.Handle("/mcp", s.need("", cfg.MCP.ServeHTTP))
+	}
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance": cfg.Instance})
 	})

@@ -72,7 +72,7 @@ type Config struct {
 	// Bin holds the controller and devicesim binaries.
 	Bin string
 	// Mosquitto is the broker binary; BrokerTemplate its config template
-	// (mosquitto/mosquitto.conf.tmpl).
+	// (mosquitto/anonymous-loopback.conf.tmpl).
 	Mosquitto      string
 	BrokerTemplate string
 	// BrokerURL, if set, is a broker already running (the tests'); the
@@ -110,7 +110,7 @@ func (c Config) withDefaults() Config {
 		c.Mosquitto = DefaultMosquitto
 	}
 	if c.BrokerTemplate == "" {
-		c.BrokerTemplate = filepath.Join("mosquitto", "mosquitto.conf.tmpl")
+		c.BrokerTemplate = filepath.Join("mosquitto", "anonymous-loopback.conf.tmpl")
 	}
 	if c.Devices == 0 {
 		c.Devices = DefaultDevices

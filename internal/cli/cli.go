@@ -40,12 +40,12 @@ func NewRoot() *cobra.Command {
 		Long: `Device-command controller: idempotent operations on a fleet over MQTT.
 
 "controller serve" runs the daemon; op, cmd, device, task and grant are its
-API client (--server, --token, --json); verify and report read a run's
-database. Every flag also reads an environment variable, named in its help
+API client (--server, --token, --json); "controller mcp" serves its tools to
+an AI agent host over stdio; verify and report read a run's database. Every flag also reads an environment variable, named in its help
 (--ack-timeout ← CONTROLLER_ACK_TIMEOUT). Exit status: 0 done, 1 failed,
 2 the command line was wrong (nothing ran).`,
 	}
-	root.AddCommand(serveCmd(), opCmd(), cmdCmd(), deviceCmd(), taskCmd(), grantCmd(), verifyCmd(), reportCmd())
+	root.AddCommand(serveCmd(), opCmd(), cmdCmd(), deviceCmd(), taskCmd(), grantCmd(), mcpCmd(), verifyCmd(), reportCmd())
 	cmdline.Setup(root, EnvPrefix)
 	return root
 }
@@ -77,6 +77,10 @@ func serveCmd() *cobra.Command {
   # with API tokens (required off loopback), per-action policies and a slower device link
   controller serve --db /var/lib/fleet/controller.db --mqtt tcp://127.0.0.1:1883 --http 0.0.0.0:8080 \
     --tokens tokens.json --policy policy.json --ack-timeout 10s --command-ttl 30m --offline fail
+
+  # the secure broker profile: an account, TLS (devicesim creds --controllers c1 --out ./run/creds)
+  controller serve --db ./run/controller.db --mqtt ssl://127.0.0.1:8883 --http 127.0.0.1:8080 --instance-id c1 \
+    --mqtt-password-file ./run/creds/controller-c1.password --mqtt-ca ./run/tls/ca.pem
 
   # the same flags from the environment
   CONTROLLER_DB=./run/controller.db CONTROLLER_ACK_TIMEOUT=2s controller serve`,
@@ -121,6 +125,9 @@ func serveCmd() *cobra.Command {
 	f.BoolVar(&cfg.FourEyes, "four-eyes", cfg.FourEyes, "nobody approves a plan version they wrote")
 	f.IntVar(&cfg.MaxCommandBytes, "max-command-bytes", cfg.MaxCommandBytes, "refuse (413) a submit whose encoded command would be larger")
 	f.DurationVar(&cfg.SweepInterval, "sweep-interval", cfg.SweepInterval, "how often the sweeper looks for due commands")
+	f.StringVar(&cfg.MQTTUser, "mqtt-user", cfg.MQTTUser, "MQTT user name (default with --mqtt-password-file: controller-{instance-id})")
+	f.StringVar(&cfg.MQTTPasswordFile, "mqtt-password-file", cfg.MQTTPasswordFile, "file holding the MQTT password (devicesim creds writes controller-ID.password)")
+	f.StringVar(&cfg.MQTTCA, "mqtt-ca", cfg.MQTTCA, "CA certificate (PEM) the broker's TLS certificate must chain to, for ssl:// URLs")
 	f.Var(cmdline.NewEnum(&logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level")
 	return cmd
 }

@@ -97,6 +97,15 @@ func TestHelpKeepsServeAndClientFlagsApart(t *testing.T) {
 	n := 0
 	for path := range leaves() {
 		h := help(t, strings.Fields(path)...)
+		if path == "mcp" {
+			// The MCP server is a client of the API too (--server, --token),
+			// but it speaks MCP on stdout: no --json.
+			require.True(t, hasFlag(h, "--server") && hasFlag(h, "--token") && !hasFlag(h, "--json"), h)
+			for _, f := range serveOnly {
+				require.False(t, hasFlag(h, f) && f != "--log-level", "%s --help shows %s:\n%s", path, f, h)
+			}
+			continue
+		}
 		if !isClient(path) {
 			for _, f := range clientOnly {
 				require.False(t, hasFlag(h, f), "%s --help shows %s", path, f)
@@ -146,7 +155,7 @@ func TestExamples(t *testing.T) {
 	t.Parallel()
 	all := leaves()
 	for _, path := range []string{"serve", "op submit", "op get", "cmd resolve", "task create", "task plan", "task approve",
-		"task reject", "grant add", "verify", "report"} {
+		"task reject", "grant add", "mcp", "verify", "report"} {
 		require.NotEmpty(t, all[path].Example, path)
 		require.Contains(t, help(t, strings.Fields(path)...), "Examples:\n  ", path)
 	}

@@ -5,13 +5,16 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +23,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/lease"
+	"github.com/fleetctl/fleetctl/internal/mcpserver"
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/mqttx"
 	"github.com/fleetctl/fleetctl/internal/ops"
@@ -28,6 +32,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/task"
 	"github.com/fleetctl/fleetctl/internal/ui"
 	"github.com/fleetctl/fleetctl/internal/wire"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -49,6 +54,10 @@ type Config struct {
 	// MaxCommandBytes bounds an encoded command (413 too_large at submit).
 	MaxCommandBytes int
 	SweepInterval   time.Duration
+	// MQTTUser and MQTTPasswordFile log in to the broker (the secure
+	// profile); the user defaults to controller-{instance_id} when a
+	// password file is given. MQTTCA is the CA PEM for ssl:// URLs.
+	MQTTUser, MQTTPasswordFile, MQTTCA string
 }
 
 // DefaultConfig holds the contract's defaults.
@@ -75,8 +84,42 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--lease-ttl %s: at least 1s", c.LeaseTTL)
 	case c.MaxCommandBytes < 1024 || c.MaxCommandBytes > wire.MaxPayload:
 		return fmt.Errorf("--max-command-bytes %d: between 1024 and %d (what devices accept)", c.MaxCommandBytes, wire.MaxPayload)
+	case c.MQTTCA != "" && !tlsURL(c.MQTT):
+		return fmt.Errorf("--mqtt-ca is for ssl:// broker URLs; %s is plain TCP", c.MQTT)
 	}
 	return c.basePolicy().Validate()
+}
+
+// tlsURL: a broker URL that paho dials with TLS.
+func tlsURL(u string) bool {
+	scheme, _, _ := strings.Cut(u, "://")
+	return scheme == "ssl" || scheme == "tls" || scheme == "mqtts" || scheme == "tcps"
+}
+
+// mqttLogin returns the broker user name, password and TLS configuration
+// the flags give: the password from its file (one trailing newline
+// trimmed), the user controller-{instance_id} unless named.
+func (c Config) mqttLogin() (user, password string, tc *tls.Config, err error) {
+	user = c.MQTTUser
+	if c.MQTTPasswordFile != "" {
+		b, err := os.ReadFile(c.MQTTPasswordFile)
+		if err != nil {
+			return "", "", nil, fmt.Errorf("--mqtt-password-file: %w", err)
+		}
+		password = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+		if password == "" {
+			return "", "", nil, fmt.Errorf("--mqtt-password-file %s is empty", c.MQTTPasswordFile)
+		}
+		if user == "" {
+			user = "controller-" + c.InstanceID
+		}
+	}
+	if c.MQTTCA != "" {
+		if tc, err = mqttx.ClientTLS(c.MQTTCA); err != nil {
+			return "", "", nil, fmt.Errorf("--mqtt-ca: %w", err)
+		}
+	}
+	return user, password, tc, nil
 }
 
 // basePolicy is the policy the flags give every action.
@@ -183,8 +226,27 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	if shared {
 		receipts = SharedGroup + receipts
 	}
+	mqttUser, mqttPassword, mqttTLS, err := cfg.mqttLogin()
+	if err != nil {
+		return nil, err
+	}
+	if mqttPassword != "" && !tlsURL(cfg.MQTT) && !loopbackURL(cfg.MQTT) {
+		log.Warn("the MQTT password goes over plain TCP to a host off loopback: use an ssl:// URL", "mqtt", cfg.MQTT)
+	}
+	// A lost broker connection, by cause (mqttx.Loss): session_taken_over
+	// says another client connected with this instance's client id.
+	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "controller_mqtt_connections_lost_total",
+		Help: "Broker connections lost, by cause (session_taken_over, closed_by_broker, error), counted at the reconnect.",
+	}, []string{"cause"})
+	for _, l := range []mqttx.Loss{mqttx.LossTakenOver, mqttx.LossClosed, mqttx.LossError} {
+		lost.WithLabelValues(string(l))
+	}
+	met.Registry.MustRegister(lost)
 	c.mqtt = mqttx.New(mqttx.Config{
 		URL: cfg.MQTT, ClientID: "controller-" + cfg.InstanceID, Logger: log, CleanSession: shared,
+		Username: mqttUser, Password: mqttPassword, TLS: mqttTLS,
+		OnLoss: func(l mqttx.Loss) { lost.WithLabelValues(string(l)).Inc() },
 		Subscriptions: map[string]byte{
 			receipts: 1,
 			wire.Wildcard(cfg.TopicRoot, wire.KindPresence): 1,
@@ -209,8 +271,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	if shared {
 		waitPoll = 2 * time.Second
 	}
+	// /mcp: the MCP tools, each a request to this API in process as the caller.
+	agents := mcpserver.HTTPHandler(mcpserver.HTTPConfig{Addr: c.HTTPAddr, Logger: log,
+		API: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.api.ServeHTTP(w, r) })})
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
-		Metrics: met.Handler(), Auth: auth, Failpoints: fp, WaitPoll: waitPoll, Events: c.bus, UI: ui.Handler()})
+		Metrics: met.Handler(), Auth: auth, Failpoints: fp, WaitPoll: waitPoll, MCP: agents, Events: c.bus, UI: ui.Handler()})
 	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
 	c.http.RegisterOnShutdown(c.bus.Close) // the streams end, so Shutdown finds their connections idle
 	c.ingest = receipt.New(receipt.Config{
@@ -254,6 +319,13 @@ func reclaim(ctx context.Context, st store.Store, instance string, ttl time.Dura
 		}
 		delay = min(2*delay, 2*time.Second)
 	}
+}
+
+// loopbackURL: a broker URL whose host is a loopback address.
+func loopbackURL(u string) bool {
+	_, hostport, _ := strings.Cut(u, "://")
+	hostport, _, _ = strings.Cut(hostport, "/")
+	return loopback(hostport)
 }
 
 func loopback(addr string) bool {

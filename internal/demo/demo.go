@@ -1,6 +1,10 @@
 // Package demo runs `make demo`: a broker, a controller and a simulated
 // fleet on free loopback ports, a batch of operations through faults, and a
-// summary a person can read. It drives the system through the binaries and
+// summary a person can read. The broker runs the secure profile
+// (mosquitto/secure.conf.tmpl): every device and the controller log in with
+// an account of their own (package creds, as `devicesim creds` writes
+// them), over TLS with a CA and certificate made for the run (package
+// tlsgen). It drives the system through the binaries and
 // the HTTP API, and reads the outcome from the devices' witness files and
 // the controller's database (read-only, through store.Audit).
 //
@@ -30,8 +34,10 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/client"
+	"github.com/fleetctl/fleetctl/internal/creds"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/tlsgen"
 	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
@@ -176,26 +182,46 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return err
 	}
-	mqttURL := fmt.Sprintf("tcp://127.0.0.1:%d", brokerPort)
+	mqttURL := fmt.Sprintf("ssl://127.0.0.1:%d", brokerPort)
 	apiURL := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	stateDir := filepath.Join(cfg.Dir, "devices")
 	db := filepath.Join(cfg.Dir, "controller.db")
 
-	step("starting Mosquitto on 127.0.0.1:%d%s", brokerPort, where(" (files in %s)", cfg.Dir))
+	// The fleet's accounts, as `devicesim creds --devices N --controllers
+	// demo-1` and `devicesim creds --devices 1 --id-prefix device-100`
+	// would write them, and a CA and broker certificate for this run.
+	credsDir, tlsDir := filepath.Join(cfg.Dir, "creds"), filepath.Join(cfg.Dir, "tls")
+	ids := []string{"device-1001"}
+	for i := 1; i <= cfg.Devices; i++ {
+		ids = append(ids, fmt.Sprintf("device-%d", i))
+	}
+	if _, err := creds.Write(creds.Options{Dir: credsDir, Devices: ids, Controllers: []string{demoInstance}}); err != nil {
+		return fmt.Errorf("broker accounts: %w", err)
+	}
+	ca, err := tlsgen.Write(tlsDir, time.Hour)
+	if err != nil {
+		return fmt.Errorf("broker certificate: %w", err)
+	}
+	step("broker accounts for %d devices and the controller %s (devicesim creds), a CA and a certificate for 127.0.0.1 made for this run%s",
+		len(ids), creds.ControllerUser(demoInstance), where(" (in %s and %s)", credsDir, tlsDir))
+
+	step("starting Mosquitto on 127.0.0.1:%d, secure profile: TLS, one account per client, an ACL per device%s",
+		brokerPort, where(" (files in %s)", cfg.Dir))
 	brokerDir := filepath.Join(cfg.Dir, "broker")
 	// Stopped even when the start fails half way (the broker may be up
 	// without its port); stop is a no-op when nothing started.
 	defer exec.Command("mosquitto/broker.sh", "stop", brokerDir).Run()
-	if b, err := ownGroup(exec.Command("mosquitto/broker.sh", "start", fmt.Sprint(brokerPort), brokerDir)).CombinedOutput(); err != nil {
+	if b, err := ownGroup(exec.Command("mosquitto/broker.sh", "start-secure", fmt.Sprint(brokerPort), brokerDir, credsDir, tlsDir)).CombinedOutput(); err != nil {
 		return fmt.Errorf("start broker: %v\n%s", err, b)
 	}
+	login := []string{"--credentials", filepath.Join(credsDir, creds.CredentialsFile), "--mqtt-ca", ca.CA}
 
 	step("starting %d simulated devices (faults: 15%% of final receipts dropped, 10%% of receipts duplicated, 5%% of commands dropped)", cfg.Devices)
 	simLog := filepath.Join(cfg.Dir, "devicesim.log")
-	fleet, err := start("devicesim", simLog, []string{filepath.Join(cfg.Bin, "devicesim"), "run",
+	fleet, err := start("devicesim", simLog, append([]string{filepath.Join(cfg.Bin, "devicesim"), "run",
 		"--mqtt", mqttURL, "--devices", fmt.Sprint(cfg.Devices), "--state-dir", stateDir, "--seed", "7",
 		"--drop-receipt", "0.15", "--drop-receipt-status", "succeeded",
-		"--duplicate-receipt", "0.10", "--drop-command", "0.05"})
+		"--duplicate-receipt", "0.10", "--drop-command", "0.05"}, login...))
 	if err != nil {
 		return err
 	}
@@ -205,8 +231,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 
 	// device-1001 of the walkthrough: "device-100" and the number 1.
-	sim1001, err := start("devicesim-1001", filepath.Join(cfg.Dir, "devicesim-1001.log"), []string{filepath.Join(cfg.Bin, "devicesim"), "run",
-		"--mqtt", mqttURL, "--devices", "1", "--id-prefix", "device-100", "--state-dir", filepath.Join(cfg.Dir, "devices-1001")})
+	sim1001, err := start("devicesim-1001", filepath.Join(cfg.Dir, "devicesim-1001.log"), append([]string{filepath.Join(cfg.Bin, "devicesim"), "run",
+		"--mqtt", mqttURL, "--devices", "1", "--id-prefix", "device-100", "--state-dir", filepath.Join(cfg.Dir, "devices-1001")}, login...))
 	if err != nil {
 		return err
 	}
@@ -220,7 +246,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	ctlLog := filepath.Join(cfg.Dir, "controller.log")
 	ctl, err := start("controller", ctlLog, []string{filepath.Join(cfg.Bin, "controller"), "serve",
 		"--db", db, "--mqtt", mqttURL, "--http", fmt.Sprintf("127.0.0.1:%d", httpPort), "--tokens", tokens,
-		"--instance-id", "demo-1", "--ack-timeout", "1s", "--sweep-interval", "200ms"})
+		"--instance-id", demoInstance, "--ack-timeout", "1s", "--sweep-interval", "200ms",
+		"--mqtt-password-file", creds.PasswordFile(credsDir, demoInstance), "--mqtt-ca", ca.CA})
 	if err != nil {
 		return err
 	}
@@ -263,6 +290,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	return nil
 }
+
+// demoInstance is the controller's instance id (its broker account is
+// controller-demo-1).
+const demoInstance = "demo-1"
 
 type batchResult struct {
 	ids              []string

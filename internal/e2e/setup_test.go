@@ -21,6 +21,8 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/client"
+	"github.com/fleetctl/fleetctl/internal/creds"
+	"github.com/fleetctl/fleetctl/internal/mqttx"
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/testenv"
@@ -57,6 +59,7 @@ type bundle struct {
 	client   *client.Client
 	db       string
 	stateDir string
+	creds    string // the accounts' directory (creds.Write), with secure
 }
 
 type setupOpts struct {
@@ -68,6 +71,10 @@ type setupOpts struct {
 	args    []string
 	faults  sim.Profile
 	token   string // the bundle's API token, when the controller runs with --tokens
+	// secure runs on the secure broker profile over TLS: an account for
+	// each device, for the controller (instance i1) and for spareDevices,
+	// which no simulated device uses (security_test.go).
+	secure bool
 }
 
 func setup(t testing.TB, o setupOpts) *bundle {
@@ -75,7 +82,24 @@ func setup(t testing.TB, o setupOpts) *bundle {
 	if o.devices == 0 {
 		o.devices = 3
 	}
-	b := &bundle{t: t, broker: testenv.StartBroker(t), stateDir: t.TempDir()}
+	b := &bundle{t: t, stateDir: t.TempDir()}
+	var login sim.Config // the devices' passwords and TLS, with secure
+	if o.secure {
+		b.creds = t.TempDir()
+		ids := o.ids
+		for i := 1; len(o.ids) == 0 && i <= o.devices; i++ {
+			ids = append(ids, fmt.Sprintf("%s%d", sim.DefaultIDPrefix, i))
+		}
+		res, err := creds.Write(creds.Options{Dir: b.creds, Devices: append(ids, spareDevices...), Controllers: []string{"i1"}})
+		require.NoError(t, err)
+		b.broker = testenv.StartSecureBroker(t, b.creds)
+		login.Passwords = creds.Passwords(res.Accounts)
+		login.TLS, err = mqttx.ClientTLS(b.broker.TLS.CA)
+		require.NoError(t, err)
+		o.args = append([]string{"--mqtt-password-file", creds.PasswordFile(b.creds, "i1"), "--mqtt-ca", b.broker.TLS.CA}, o.args...)
+	} else {
+		b.broker = testenv.StartBroker(t)
+	}
 	b.db = filepath.Join(t.TempDir(), "controller.db")
 	if o.backend == "" {
 		o.backend = os.Getenv(backendEnv)
@@ -90,6 +114,7 @@ func setup(t testing.TB, o setupOpts) *bundle {
 	defer cancel()
 	fleet, err := sim.Start(context.Background(), sim.Config{
 		MQTT: b.broker.URL(), Devices: o.devices, IDs: o.ids, StateDir: b.stateDir, Faults: o.faults,
+		Passwords: login.Passwords, TLS: login.TLS,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	require.NoError(t, err)

@@ -16,13 +16,25 @@
 // (the shipped config sets it), and holds the rest. An Ack after the
 // connection it came on was lost is dropped by paho; the broker redelivers.
 // Every token is waited on with WaitTimeout.
+//
+// Against the secure profile (mosquitto/secure.conf.tmpl) the client logs in
+// with Username and Password, over TLS (an ssl:// URL) trusting the CA of
+// ClientTLS. A connection the broker closes while it is up, whose first
+// reconnect attempt the broker then takes at once, is reported as a session
+// taken over (LossTakenOver): in MQTT 3.1.1 that is what a broker does to
+// the older of two connections with one client id, and a broker that went
+// away would have refused the attempt.
 package mqttx
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -66,6 +78,126 @@ type Config struct {
 	KeepAlive    time.Duration
 	Logger       *slog.Logger
 	CleanSession bool
+	// Username and Password log in (the secure profile); empty: anonymous.
+	Username, Password string
+	// TLS configures ssl:// URLs (ClientTLS); nil: the system's roots.
+	// tcp:// URLs are plain whatever it says.
+	TLS *tls.Config
+	// OnLoss, if set, is told why each lost connection was lost, once the
+	// next connection is up (see Loss).
+	OnLoss func(Loss)
+}
+
+// Loss is why a connection was lost, as far as the client can tell.
+type Loss string
+
+const (
+	// LossTakenOver: the broker closed the connection while it was up, and
+	// took the first reconnect attempt at once. Another client connected
+	// with this client id (or the broker dropped this client for a missed
+	// keepalive, after a stall of this process).
+	LossTakenOver Loss = "session_taken_over"
+	// LossClosed: the broker closed the connection and was not there for
+	// the first reconnect attempt (a broker stop or restart).
+	LossClosed Loss = "closed_by_broker"
+	// LossError: anything else (a ping timeout, a reset, a write error).
+	LossError Loss = "error"
+)
+
+// ClientTLS returns a TLS configuration for ssl:// URLs that trusts only
+// the CA certificates in the PEM file caFile, TLS 1.2 at least; the broker's
+// certificate must name the URL's host (an IP SAN for 127.0.0.1).
+func ClientTLS(caFile string) (*tls.Config, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("mqtt CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("mqtt CA %s: no PEM certificate in it", caFile)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}
+
+// lossWatch classifies lost connections (see Loss). paho calls the
+// connection-lost handler in a goroutine of its own, concurrently with the
+// reconnect, so a loss and the reconnect that follows it may be seen in
+// either order: whichever comes second classifies the pair.
+type lossWatch struct {
+	mu       sync.Mutex
+	connects int    // connections made
+	attempts int    // reconnect attempts since the last connect
+	lossSeen bool   // a loss seen whose reconnect is not yet
+	closed   bool   // ... and the broker closed that connection (EOF)
+	connSeen bool   // a reconnect seen whose loss is not yet
+	tries    int    // ... after that many attempts
+	lastFail string // the last connect failure said, until a connect succeeds
+}
+
+// failed reports whether a connect failure with this reason is new.
+func (w *lossWatch) failed(err error) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	msg := fmt.Sprint(err)
+	if msg == w.lastFail {
+		return false
+	}
+	w.lastFail = msg
+	return true
+}
+
+// lost records a lost connection; it returns its cause if its reconnect
+// was seen already.
+func (w *lossWatch) lost(err error) (Loss, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	closed := errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	if w.connSeen {
+		w.connSeen = false
+		return classify(closed, w.tries), true
+	}
+	w.lossSeen, w.closed = true, closed
+	return "", false
+}
+
+func (w *lossWatch) attempt() {
+	w.mu.Lock()
+	w.attempts++
+	w.mu.Unlock()
+}
+
+// connected records a connection; after a reconnect it returns the cause
+// of the loss before it, if that loss was seen already.
+func (w *lossWatch) connected() (Loss, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lastFail = ""
+	w.connects++
+	tries := w.attempts
+	w.attempts = 0
+	switch {
+	case w.connects == 1: // the first connection: nothing was lost
+		return "", false
+	case w.lossSeen:
+		w.lossSeen = false
+		return classify(w.closed, tries), true
+	default:
+		w.connSeen, w.tries = true, tries
+		return "", false
+	}
+}
+
+// classify: see Loss. A broker that went away refuses the first attempt; one
+// that closed a live connection (a session taken over) takes it.
+func classify(closed bool, attempts int) Loss {
+	switch {
+	case !closed:
+		return LossError
+	case attempts <= 1:
+		return LossTakenOver
+	default:
+		return LossClosed
+	}
 }
 
 // Client is a connected MQTT client with an inbound queue.
@@ -75,6 +207,7 @@ type Client struct {
 	inbox *queue
 	log   *slog.Logger
 	ready chan struct{} // closed at the first connect
+	loss  lossWatch
 }
 
 // ErrTimeout is returned when the broker does not answer within the timeout.
@@ -107,9 +240,29 @@ func New(cfg Config) *Client {
 		SetMaxReconnectInterval(2 * time.Second).
 		SetDefaultPublishHandler(cl.handle).
 		SetOnConnectHandler(cl.onConnect).
+		SetReconnectingHandler(func(mqtt.Client, *mqtt.ClientOptions) { cl.loss.attempt() }).
+		SetConnectionNotificationHandler(func(_ mqtt.Client, n mqtt.ConnectionNotification) {
+			if f, ok := n.(mqtt.ConnectionNotificationFailed); ok && cl.loss.failed(f.Reason) {
+				// Once per distinct reason until a connect succeeds: a
+				// wrong password or CA is said once, not every retry.
+				cl.log.Warn("mqtt connect failed; retrying", "url", cfg.URL, "client_id", cfg.ClientID, "err", f.Reason)
+			}
+		}).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
 			cl.log.Warn("mqtt connection lost", "err", err)
+			if loss, ok := cl.loss.lost(err); ok {
+				cl.lossFound(loss)
+			}
 		})
+	if cfg.Username != "" {
+		opts.SetUsername(cfg.Username)
+	}
+	if cfg.Password != "" {
+		opts.SetPassword(cfg.Password)
+	}
+	if cfg.TLS != nil {
+		opts.SetTLSConfig(cfg.TLS)
+	}
 	cl.c = mqtt.NewClient(opts)
 	return cl
 }
@@ -139,6 +292,9 @@ func (cl *Client) handle(_ mqtt.Client, m mqtt.Message) {
 
 func (cl *Client) onConnect(c mqtt.Client) {
 	cl.log.Info("mqtt connected", "client_id", cl.cfg.ClientID)
+	if loss, ok := cl.loss.connected(); ok {
+		cl.lossFound(loss)
+	}
 	// Subscribing waits on the broker; paho calls this handler in its own
 	// goroutine, but the wait must still be bounded.
 	go func() {
@@ -158,6 +314,18 @@ func (cl *Client) onConnect(c mqtt.Client) {
 			cl.cfg.OnConnect()
 		}
 	}()
+}
+
+// lossFound reports a lost connection's cause.
+func (cl *Client) lossFound(loss Loss) {
+	if loss == LossTakenOver {
+		cl.log.Warn("mqtt session taken over: the broker closed the connection while it was up and took the reconnect at once; "+
+			"another client connected with this client id (or this process stalled past its keepalive)",
+			"client_id", cl.cfg.ClientID)
+	}
+	if cl.cfg.OnLoss != nil {
+		cl.cfg.OnLoss(loss)
+	}
 }
 
 // Publish sends one message and waits for the broker's acknowledgement

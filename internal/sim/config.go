@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -24,7 +25,8 @@ const (
 
 // Config configures a simulated fleet.
 type Config struct {
-	// MQTT is the broker URL, tcp://host:port (or mqtt://).
+	// MQTT is the broker URL, tcp://host:port (or mqtt://), or
+	// ssl://host:port (tls://, mqtts://) for TLS.
 	MQTT string
 	// Devices is how many devices to run, numbered from 1 with IDPrefix:
 	// IDPrefix "device-" and Devices 3 give device-1, device-2, device-3.
@@ -42,6 +44,14 @@ type Config struct {
 	// Password, if set, is every device's MQTT password (the user name is
 	// the device id).
 	Password string
+	// Passwords, if set, holds each device's own MQTT password by device
+	// id (credentials.json of `devicesim creds`); every device must have
+	// one. It replaces Password.
+	Passwords map[string]string
+	// TLS configures the connections of an ssl:// URL: the CA the broker's
+	// certificate must chain to (nil: the system's roots). The server name
+	// defaults to the URL's host.
+	TLS *tls.Config
 	// Faults is the fault profile; the zero value is a conforming fleet.
 	Faults Profile
 	// Seed seeds the fault decisions (each device draws from its own
@@ -109,6 +119,16 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// password is device id's MQTT password ("" for none).
+func (c Config) password(id string) string {
+	if c.Passwords != nil {
+		return c.Passwords[id]
+	}
+	return c.Password
+}
+
+func tlsScheme(s string) bool { return s == "ssl" || s == "tls" || s == "mqtts" || s == "tcps" }
+
 // ids returns the device ids the config names.
 func (c Config) ids() []string {
 	if len(c.IDs) > 0 {
@@ -129,10 +149,12 @@ func (c Config) validate() error {
 		errs = append(errs, errors.New("mqtt: broker URL is required"))
 	case err != nil:
 		errs = append(errs, fmt.Errorf("mqtt: %w", err))
-	case u.Scheme != "tcp" && u.Scheme != "mqtt":
-		errs = append(errs, fmt.Errorf("mqtt: scheme %q: want tcp:// or mqtt://", u.Scheme))
+	case u.Scheme != "tcp" && u.Scheme != "mqtt" && !tlsScheme(u.Scheme):
+		errs = append(errs, fmt.Errorf("mqtt: scheme %q: want tcp://, mqtt:// or ssl://", u.Scheme))
 	case u.Port() == "":
 		errs = append(errs, fmt.Errorf("mqtt: %q has no port", c.MQTT))
+	case c.TLS != nil && !tlsScheme(u.Scheme):
+		errs = append(errs, fmt.Errorf("mqtt: a TLS configuration (a CA) is for ssl:// URLs; %s is plain TCP", c.MQTT))
 	}
 	if len(c.IDs) == 0 && c.Devices < 1 {
 		errs = append(errs, errors.New("devices: want at least 1"))
@@ -146,6 +168,9 @@ func (c Config) validate() error {
 			errs = append(errs, fmt.Errorf("device id %q given twice", id))
 		}
 		seen[id] = true
+		if c.Passwords != nil && c.Passwords[id] == "" {
+			errs = append(errs, fmt.Errorf("device %q: no password in the credentials", id))
+		}
 	}
 	if c.StateDir == "" {
 		errs = append(errs, errors.New("state dir is required"))

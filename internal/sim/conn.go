@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/url"
 	"sync"
@@ -158,8 +160,8 @@ func (inc *incarnation) options(session int64) *mqtt.ClientOptions {
 	o.AddBroker(cfg.MQTT)
 	o.SetClientID(d.id)
 	o.SetUsername(d.id)
-	if cfg.Password != "" {
-		o.SetPassword(cfg.Password)
+	if pw := cfg.password(d.id); pw != "" {
+		o.SetPassword(pw)
 	}
 	o.SetProtocolVersion(4)
 	// A persistent session: QoS 1 commands sent while the device is away
@@ -274,20 +276,46 @@ func (inc *incarnation) openConn(uri *url.URL, _ mqtt.ClientOptions) (net.Conn, 
 		return nil, errNotNow
 	}
 	dialer := net.Dialer{Timeout: d.f.cfg.ConnectTimeout}
-	c, err := dialer.Dial("tcp", uri.Host)
+	raw, err := dialer.Dial("tcp", uri.Host)
 	if err != nil {
 		return nil, err
 	}
-	nc := &netConn{Conn: c, onDown: inc.connDown}
+	c := raw
+	if tlsScheme(uri.Scheme) {
+		if c, err = handshake(raw, uri, d.f.cfg); err != nil {
+			return nil, err
+		}
+	}
+	nc := &netConn{Conn: c, raw: raw, onDown: inc.connDown}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if inc.killed || inc.stopping {
-		c.Close()
+		raw.Close()
 		return nil, errNotNow
 	}
 	inc.conn = nc
 	inc.gen.Add(1)
 	return nc, nil
+}
+
+// handshake runs the TLS client handshake on raw within the connect
+// timeout (paho's own dialer is replaced by openConn, so TLS is done here).
+func handshake(raw net.Conn, uri *url.URL, cfg Config) (net.Conn, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.TLS != nil {
+		tc = cfg.TLS.Clone()
+	}
+	if tc.ServerName == "" {
+		tc.ServerName = uri.Hostname()
+	}
+	c := tls.Client(raw, tc)
+	_ = raw.SetDeadline(time.Now().Add(cfg.ConnectTimeout))
+	if err := c.Handshake(); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("tls handshake with %s: %w", uri.Host, err)
+	}
+	_ = raw.SetDeadline(time.Time{})
+	return c, nil
 }
 
 // connDown runs when a connection fails or is closed.
@@ -451,10 +479,11 @@ func (inc *incarnation) shutdown() {
 	d.mu.Unlock()
 }
 
-// netConn wraps the TCP connection so the simulator can cut it abruptly and
-// learn when it fails.
+// netConn wraps the TCP connection (or the TLS connection on it) so the
+// simulator can cut it abruptly and learn when it fails.
 type netConn struct {
 	net.Conn
+	raw    net.Conn // the TCP connection under a TLS one (else Conn itself)
 	once   sync.Once
 	dead   atomic.Bool // killed by the simulator
 	broken atomic.Bool // failed, closed or killed
@@ -499,14 +528,14 @@ func (c *netConn) Close() error {
 	return c.Conn.Close()
 }
 
-// kill resets the connection: nothing more is written on it, the broker
-// sees the socket close without DISCONNECT.
+// kill resets the connection: nothing more is written on it (no TLS
+// close_notify either), the broker sees the socket close without DISCONNECT.
 func (c *netConn) kill() {
 	c.dead.Store(true)
-	if tc, ok := c.Conn.(*net.TCPConn); ok {
+	if tc, ok := c.raw.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
 	}
-	_ = c.Conn.Close()
+	_ = c.raw.Close()
 	c.down()
 }
 

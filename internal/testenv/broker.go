@@ -15,6 +15,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fleetctl/fleetctl/internal/creds"
+	"github.com/fleetctl/fleetctl/internal/tlsgen"
 )
 
 // MosquittoBin is where Debian installs the broker.
@@ -26,12 +29,21 @@ type Broker struct {
 	t    testing.TB
 	Port int
 	Dir  string
+	// TLS, for a broker of the secure profile (StartSecureBroker), names
+	// its CA (what clients trust), certificate and key; zero otherwise.
+	TLS  tlsgen.Files
 	cmd  *exec.Cmd
 	done chan struct{}
 }
 
-// URL is the broker's address for MQTT clients.
-func (b *Broker) URL() string { return fmt.Sprintf("tcp://127.0.0.1:%d", b.Port) }
+// URL is the broker's address for MQTT clients: ssl:// for the secure
+// profile, tcp:// for the anonymous loopback one.
+func (b *Broker) URL() string {
+	if b.TLS.CA != "" {
+		return fmt.Sprintf("ssl://127.0.0.1:%d", b.Port)
+	}
+	return fmt.Sprintf("tcp://127.0.0.1:%d", b.Port)
+}
 
 // Addr is host:port.
 func (b *Broker) Addr() string { return fmt.Sprintf("127.0.0.1:%d", b.Port) }
@@ -61,34 +73,81 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// StartBroker starts Mosquitto from the project's config template on a free
+// Broker config templates in mosquitto/.
+const (
+	// AnonymousTemplate is the anonymous loopback profile: plain TCP, no
+	// accounts (StartBroker).
+	AnonymousTemplate = "anonymous-loopback.conf.tmpl"
+	// SecureTemplate is the secure profile: accounts, ACL, TLS
+	// (StartSecureBroker).
+	SecureTemplate = "secure.conf.tmpl"
+)
+
+// StartBroker starts Mosquitto from the anonymous loopback profile on a free
 // port and stops it when the test ends. A missing broker fails the test with
 // the command that installs it.
 func StartBroker(t testing.TB) *Broker {
 	t.Helper()
-	if _, err := os.Stat(MosquittoBin); err != nil {
-		t.Fatalf("mosquitto is not installed at %s: run 'make deps' or 'apt-get install -y mosquitto'", MosquittoBin)
-	}
 	b := &Broker{t: t, Port: FreePort(t), Dir: t.TempDir()}
-	tmpl, err := os.ReadFile(filepath.Join(RepoRoot(), "mosquitto", "mosquitto.conf.tmpl"))
-	if err != nil {
-		t.Fatalf("read broker config template: %v", err)
-	}
-	me, err := user.Current()
-	if err != nil {
-		t.Fatalf("current user: %v", err)
-	}
-	conf := strings.NewReplacer("@PORT@", fmt.Sprint(b.Port), "@DATA@", filepath.Join(b.Dir, "data"), "@AUTOSAVE@", "1",
-		"@USER@", me.Username).Replace(string(tmpl))
-	if err := os.MkdirAll(filepath.Join(b.Dir, "data"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(b.Dir, "mosquitto.conf"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	b.render(AnonymousTemplate, nil)
 	b.start()
 	t.Cleanup(func() { b.Stop() })
 	return b
+}
+
+// StartSecureBroker starts Mosquitto from the secure profile on a free
+// port, with the accounts and ACL of credsDir (creds.Write: passwd, acl)
+// and a CA and broker certificate made now, valid for an hour, in the
+// broker's directory (b.TLS; clients trust b.TLS.CA). Its URL is ssl://.
+func StartSecureBroker(t testing.TB, credsDir string) *Broker {
+	t.Helper()
+	b := &Broker{t: t, Port: FreePort(t), Dir: t.TempDir()}
+	files, err := tlsgen.Write(filepath.Join(b.Dir, "tls"), time.Hour)
+	if err != nil {
+		t.Fatalf("broker certificate: %v", err)
+	}
+	b.TLS = files
+	for _, f := range []string{creds.PasswdFile, creds.ACLFile} {
+		if _, err := os.Stat(filepath.Join(credsDir, f)); err != nil {
+			t.Fatalf("secure broker: %v (write the credentials first: creds.Write)", err)
+		}
+	}
+	b.render(SecureTemplate, []string{
+		"@PASSWD@", filepath.Join(credsDir, creds.PasswdFile), "@ACL@", filepath.Join(credsDir, creds.ACLFile),
+		"@CAFILE@", files.CA, "@CERTFILE@", files.Cert, "@KEYFILE@", files.Key,
+	})
+	b.start()
+	t.Cleanup(func() { b.Stop() })
+	return b
+}
+
+// render writes b.Dir/mosquitto.conf from a template in mosquitto/, with
+// the port, the data directory and the user filled in, and extra pairs.
+func (b *Broker) render(template string, extra []string) {
+	b.t.Helper()
+	if _, err := os.Stat(MosquittoBin); err != nil {
+		b.t.Fatalf("mosquitto is not installed at %s: run 'make deps' or 'apt-get install -y mosquitto'", MosquittoBin)
+	}
+	tmpl, err := os.ReadFile(filepath.Join(RepoRoot(), "mosquitto", template))
+	if err != nil {
+		b.t.Fatalf("read broker config template: %v", err)
+	}
+	me, err := user.Current()
+	if err != nil {
+		b.t.Fatalf("current user: %v", err)
+	}
+	pairs := append([]string{"@PORT@", fmt.Sprint(b.Port), "@DATA@", filepath.Join(b.Dir, "data"), "@AUTOSAVE@", "1",
+		"@USER@", me.Username}, extra...)
+	conf := strings.NewReplacer(pairs...).Replace(string(tmpl))
+	if strings.Contains(conf, "@") {
+		b.t.Fatalf("broker config %s: a placeholder left unfilled:\n%s", template, conf)
+	}
+	if err := os.MkdirAll(filepath.Join(b.Dir, "data"), 0o755); err != nil {
+		b.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(b.Dir, "mosquitto.conf"), []byte(conf), 0o644); err != nil {
+		b.t.Fatal(err)
+	}
 }
 
 func (b *Broker) start() {
@@ -156,4 +215,10 @@ func (b *Broker) signal(sig syscall.Signal) {
 		_ = b.cmd.Process.Kill()
 		<-b.done
 	}
+}
+
+// Log is what the broker wrote to its log so far (all its runs).
+func (b *Broker) Log() string {
+	out, _ := os.ReadFile(filepath.Join(b.Dir, "mosquitto.log"))
+	return string(out)
 }
