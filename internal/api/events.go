@@ -68,8 +68,11 @@ func (s *Server) dashboardRoutes() {
 	}
 }
 
-// fail writes an error answer of the stream's own handler.
-func (s *Server) fail(w http.ResponseWriter, err error) { writeError(w, s.cfg.Logger, err) }
+// fail answers the stream's request with an error, through serve: the one
+// place that maps errors to their status and code.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	s.serve(func(*http.Request) (int, any, error) { return 0, nil, err })(w, r)
+}
 
 // tokenFromQuery lets ?access_token= stand for the Authorization header, for
 // the routes a browser's EventSource reads.
@@ -104,18 +107,18 @@ func resumeFrom(r *http.Request) events.Resume {
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	for name := range r.URL.Query() {
 		if name != "access_token" && name != "last_event_id" {
-			s.fail(w, invalidParam(name, "unknown query parameter; this stream takes access_token, last_event_id"))
+			s.fail(w, r, invalidParam(name, "unknown query parameter; this stream takes access_token, last_event_id"))
 			return
 		}
 	}
 	bus := s.cfg.Events
 	if bus == nil {
-		s.fail(w, apiErr(http.StatusNotFound, "not_found", "this server has no event stream"))
+		s.fail(w, r, apiErr(http.StatusNotFound, "not_found", "this server has no event stream"))
 		return
 	}
 	sub, reset, err := bus.Subscribe(resumeFrom(r))
 	if err != nil {
-		s.fail(w, apiErr(http.StatusServiceUnavailable, "unavailable", "the server is stopping"))
+		s.fail(w, r, apiErr(http.StatusServiceUnavailable, "unavailable", "the server is stopping"))
 		return
 	}
 	defer bus.Unsubscribe(sub)
