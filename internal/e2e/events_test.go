@@ -329,8 +329,8 @@ func runOps(t *testing.T, c *client.Client, prefix string, n, workers, devices i
 // is within 10% of the figure without them (the mean of the runs before and
 // after, so that a drift of the machine's other load cancels out; on a
 // shared machine one more measurement is allowed), each reader saw every
-// operation's success, and the reader that never reads is dropped, never
-// slowing the controller.
+// operation's success, and the reader that never reads is disconnected,
+// never slowing the controller.
 //
 // Not parallel: other tests' load would blur the figures.
 func TestFiftyDashboardsKeepTheThroughput(t *testing.T) {
@@ -382,7 +382,7 @@ func TestFiftyDashboardsKeepTheThroughput(t *testing.T) {
 		cancel()
 		reading.Wait()
 		eventually(t, "the readers gone", 10*time.Second, func() bool {
-			return b.metric("controller_event_stream_clients") <= want-readers
+			return b.metric("controller_event_stream_clients") <= 1 // the one that never reads may be on still
 		})
 
 		c4 := cpu()
@@ -401,10 +401,12 @@ func TestFiftyDashboardsKeepTheThroughput(t *testing.T) {
 		require.Less(t, attempt, 2, "the throughput with %d readers of the stream is %.0f/s, more than 10%% below %.0f/s without", readers, with, alone)
 	}
 
-	// The reader that never reads: dropped once it is a ring behind (more
-	// operations if the runs so far did not fill its socket and the ring).
+	// The reader that never reads is disconnected: dropped once it is a
+	// ring behind, or when a write to it has waited 10 s, whichever comes
+	// first (the second on a slow machine, where 4,096 events take longer);
+	// more operations if the runs so far did not fill its socket.
 	extra := 0
-	for b.metric("controller_event_stream_dropped_total") < 1 {
+	for b.metric("controller_event_stream_clients") > 0 {
 		require.Less(t, extra, 5000, "the reader that never reads is still connected")
 		runOps(t, callers, fmt.Sprintf("more-%d", extra), 250, workers, devices)
 		extra += 250
@@ -413,8 +415,11 @@ func TestFiftyDashboardsKeepTheThroughput(t *testing.T) {
 	n, err := io.Copy(io.Discard, stuck)
 	var ne net.Error
 	require.False(t, errors.As(err, &ne) && ne.Timeout(), "the server still holds the stuck reader's connection after %d bytes", n)
-	require.Zero(t, b.metric("controller_event_stream_clients"))
-	t.Logf("the reader that never read was dropped after %d bytes had piled up in its socket (%d operations after the measured ones)", n, extra)
+	how := "by its 10 s write timeout"
+	if b.metric("controller_event_stream_dropped_total") == 1 {
+		how = "a ring behind"
+	}
+	t.Logf("the reader that never read was disconnected %s, after %d bytes had piled up in its socket (%d operations after the measured ones)", how, n, extra)
 }
 
 // neverReads opens the event stream with a small receive buffer and never
