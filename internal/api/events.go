@@ -1,9 +1,7 @@
 package api
 
 import (
-	"context"
 	"errors"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -70,18 +68,10 @@ func (s *Server) dashboardRoutes() {
 	}
 }
 
-// fail writes an error answer of the stream's own handler.
-func (s *Server) fail(w http.ResponseWriter, err error) { s.writeError(w, err) }
-
-// streamSendBuffer is the kernel send buffer of an event stream's socket.
-const streamSendBuffer = 32 << 10
-
-type connKey struct{}
-
-// WithConn is the http.Server's ConnContext: it keeps each request's
-// connection in its context, for the event stream to size its buffer.
-func WithConn(ctx context.Context, c net.Conn) context.Context {
-	return context.WithValue(ctx, connKey{}, c)
+// fail answers the stream's request with an error, through serve: the one
+// place that maps errors to their status and code.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	s.serve(func(*http.Request) (int, any, error) { return 0, nil, err })(w, r)
 }
 
 // tokenFromQuery lets ?access_token= stand for the Authorization header, for
@@ -117,24 +107,18 @@ func resumeFrom(r *http.Request) events.Resume {
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 	for name := range r.URL.Query() {
 		if name != "access_token" && name != "last_event_id" {
-			s.fail(w, invalidParam(name, "unknown query parameter; this stream takes access_token, last_event_id"))
+			s.fail(w, r, invalidParam(name, "unknown query parameter; this stream takes access_token, last_event_id"))
 			return
 		}
 	}
 	bus := s.cfg.Events
 	if bus == nil {
-		s.fail(w, apiErr(http.StatusNotFound, "not_found", "this server has no event stream"))
+		s.fail(w, r, apiErr(http.StatusNotFound, "not_found", "this server has no event stream"))
 		return
-	}
-	// A stream's socket holds little beyond the ring: a reader that stops
-	// reading falls a ring behind and is dropped after kilobytes, not after
-	// the megabytes an autotuned loopback buffer would take.
-	if tc, ok := r.Context().Value(connKey{}).(*net.TCPConn); ok {
-		_ = tc.SetWriteBuffer(streamSendBuffer)
 	}
 	sub, reset, err := bus.Subscribe(resumeFrom(r))
 	if err != nil {
-		s.fail(w, apiErr(http.StatusServiceUnavailable, "unavailable", "the server is stopping"))
+		s.fail(w, r, apiErr(http.StatusServiceUnavailable, "unavailable", "the server is stopping"))
 		return
 	}
 	defer bus.Unsubscribe(sub)

@@ -312,7 +312,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		Metrics: met.Handler(), Auth: auth, Failpoints: fp, Hosts: hosts, WaitPoll: waitPoll, MCP: agents,
 		Events: c.bus, UI: ui.Handler(), Rollouts: rollouts,
 		Refused: func(reason string) { met.InputRefused(metrics.SourceHTTP, reason) }})
-	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second, ConnContext: api.WithConn}
+	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
 	c.http.RegisterOnShutdown(c.bus.Close) // the streams end, so Shutdown finds their connections idle
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,

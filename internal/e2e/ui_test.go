@@ -283,14 +283,43 @@ func TestDashboardInChromium(t *testing.T) {
 	require.Equal(t, 1, approvals, "one approval in the history")
 	c.screenshot("approvals-done")
 
+	// A rejection with a reason: the task ends rejected, nothing runs.
+	_, status, err = tb.agent.CreateTask(tb.ctx(), api.TaskRequest{TaskID: "task-no", Steps: stepsOf("device-2")})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, status)
+	no := `#waiting article.task[data-id="task-no"]`
+	c.wait("the second task waiting", fmt.Sprintf(`document.querySelector(%s) !== null`, q(no+" button.reject")), 15*time.Second)
+	c.do("reject it", chromedp.SendKeys(chromedp.CSS(no+" input.reason"), "not during the sale"), chromedp.Click(chromedp.CSS(no+" button.reject")))
+	c.wait("rejected, live", `(r => r !== null && r.dataset.status === "rejected")(document.querySelector('#task-changes tr[data-id="task-no"]'))`, 15*time.Second)
+	rejected := tb.task("task-no")
+	require.Equal(t, "rejected", rejected.Status)
+	require.Contains(t, rejected.Reason, "not during the sale")
+	require.Nil(t, rejected.Steps[0].OperationID, "no step ran")
+
 	// Rollouts: without rollout routes the page says so and goes on.
 	c.do("open rollouts", chromedp.Click(chromedp.CSS(`#nav a[data-view="rollouts"]`)), chromedp.WaitVisible(chromedp.CSS("#rollouts")))
 	c.wait("the rollouts page settled", `document.getElementById("rollouts-note").textContent !== ""`, 10*time.Second)
 	c.screenshot("rollouts")
 
 	require.Equal(t, "once", c.eval(`window.__loaded`), "no page reload all along")
+	t.Logf("the page saw %s events", c.eval(`document.getElementById("live").dataset.events`))
+
+	// Sign out; a wrong token is refused; a reader without the approver
+	// role sees a waiting task with approve and reject off.
+	_, status, err = tb.agent.CreateTask(tb.ctx(), api.TaskRequest{TaskID: "task-wait", Steps: stepsOf("device-1")})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, status)
+	c.do("sign out", chromedp.Click(chromedp.CSS("#signout")), chromedp.WaitVisible(chromedp.CSS("#login-form")))
+	c.do("a wrong token", chromedp.SendKeys(chromedp.CSS("#token"), "t-nobody"), chromedp.Click(chromedp.CSS("#login-form button")))
+	c.wait("refused", `document.getElementById("login-error").textContent === "that token is not valid"`, 10*time.Second)
+	c.eval(`location.hash = "#/approvals"; "ok"`)
+	c.do("the viewer's token", chromedp.SendKeys(chromedp.CSS("#token"), "t-viewer"), chromedp.Click(chromedp.CSS("#login-form button")))
+	wait := `#waiting article.task[data-id="task-wait"]`
+	c.wait("the viewer sees the task, buttons off", fmt.Sprintf(`(a => a !== null && a.querySelector("button.approve").disabled && a.querySelector("button.reject").disabled)(document.querySelector(%s))`, q(wait)), 15*time.Second)
+	require.Equal(t, "viewer", c.eval(`document.getElementById("who").dataset.principal`))
+	c.screenshot("approvals-viewer")
 	require.Empty(t, c.exceptions(), "the page threw")
-	t.Logf("screenshots in %s; the page saw %s events", c.shot, c.eval(`document.getElementById("live").dataset.events`))
+	t.Logf("screenshots in %s", c.shot)
 }
 
 func stepsOf(target string) []store.Step {

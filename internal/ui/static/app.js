@@ -56,6 +56,7 @@ class App {
     $('nav').hidden = true;
     $('login').hidden = false;
     $('login-error').textContent = msg || '';
+    $('token').value = '';
     clear($('view'));
     $('token').focus();
   }
