@@ -16,8 +16,11 @@ import (
 const usage = `Usage: demo [flags]
 
 Starts Mosquitto, the controller and a simulated fleet on free loopback
-ports, runs a batch of operations through injected faults, prints a summary
-and the task-88 walkthrough, and stops everything. Run it from the
+ports, prints the dashboard's URL, runs a batch of operations through
+injected faults, prints a summary and the task-88 walkthrough (its agent
+speaks MCP), then leaves everything running, the dashboard live, until
+Ctrl-C (exit 0), and stops everything. With DEMO_EXIT=1 in the
+environment it stops right after the walkthrough, for scripts. Run it from the
 repository's root (it uses mosquitto/broker.sh). The broker runs the secure
 profile: TLS with a CA and certificate made for the run, an account for
 every device and for the controller, an ACL that keeps each device to its
@@ -26,8 +29,8 @@ own topics.
 The run's files (logs, the controller's database, the broker's and the
 devices' state) go in a new directory under $TMPDIR (/tmp if unset), which
 is removed when the demo ends, also when it fails or is interrupted
-(Ctrl-C or SIGTERM: the demo stops its processes, removes its files, and
-exits 130). With --keep, or --dir, the files are kept and the demo prints
+(Ctrl-C or SIGTERM before the walkthrough ends: the demo stops its
+processes, removes its files, and exits 130). With --keep, or --dir, the files are kept and the demo prints
 where they are.
 
 Flags:
@@ -46,6 +49,8 @@ func main() {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	// Interactive by default: the dashboard stays up until Ctrl-C.
+	cfg.Linger = os.Getenv("DEMO_EXIT") != "1"
 	if keep && cfg.Dir == "" {
 		dir, err := os.MkdirTemp("", "fleetctl-demo-")
 		if err != nil {

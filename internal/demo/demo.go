@@ -51,6 +51,9 @@ type Config struct {
 	Devices    int
 	Operations int
 	Out        io.Writer
+	// Linger keeps everything running after the walkthrough, the dashboard
+	// live, until ctx is done (Ctrl-C), which then ends the run cleanly.
+	Linger bool
 }
 
 type proc struct {
@@ -265,6 +268,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err := grantAgent(ctx, apiURL); err != nil {
 		return err
 	}
+	step("dashboard: %s/ui/ (sign in with the token demo-alice, who approves; demo-agent and demo-admin work too)", apiURL)
 	c := client.New(apiURL, "demo-agent")
 
 	res, err := runBatch(ctx, c, cfg, out)
@@ -282,6 +286,14 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	if err := walkthrough(ctx, apiURL, out); err != nil {
 		return fmt.Errorf("walkthrough: %w", err)
+	}
+	if cfg.Linger {
+		fmt.Fprintf(out, "\n==> the broker, the fleet and the controller stay up: the dashboard is live at %s/ui/ (token demo-alice)\n", apiURL)
+		fmt.Fprintf(out, "    try: %s op submit --server %s --token demo-agent --task try-1 --step s --target device-3 --business-version v1 --action set-config --params '{\"k\":1}' --wait 30s\n",
+			filepath.Join(cfg.Bin, "controller"), apiURL)
+		fmt.Fprintln(out, "    press Ctrl-C to stop (DEMO_EXIT=1 ends the demo here, for scripts)")
+		<-ctx.Done()
+		fmt.Fprintln(out)
 	}
 	if keep {
 		fmt.Fprintf(out, "\n==> done; logs and the database are in %s\n", cfg.Dir)

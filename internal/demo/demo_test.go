@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -110,19 +111,88 @@ func TestNamedDirIsKept(t *testing.T) {
 	requirePortsClosed(t, out.String())
 }
 
-// Cancelling the context (what SIGINT does in cmd/demo) in the middle of the
-// batch stops every process and removes every file, promptly.
-func TestInterruptedRunCleansUp(t *testing.T) {
+// buildBinaries builds the controller and devicesim in a directory outside
+// the TMPDIR under test: the test's binaries, not the demo's files.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
 	if _, err := os.Stat("/usr/sbin/mosquitto"); err != nil {
 		t.Fatalf("needs Mosquitto at /usr/sbin/mosquitto: run make deps (apt-get install mosquitto)")
 	}
-	bin := t.TempDir() // outside the TMPDIR under test: the test's binaries, not the demo's
+	bin := t.TempDir()
 	for _, name := range []string{"controller", "devicesim"} {
 		build := exec.Command("go", "build", "-o", filepath.Join(bin, name), "./cmd/"+name)
 		build.Dir = repoRoot(t)
 		b, err := build.CombinedOutput()
 		require.NoError(t, err, "go build ./cmd/%s\n%s", name, b)
 	}
+	return bin
+}
+
+// waitOutput waits until the demo's output contains s, failing if the demo
+// ends first or the deadline passes.
+func waitOutput(t *testing.T, out *lockedBuffer, done <-chan error, s string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(out.String(), s) {
+		select {
+		case err := <-done:
+			t.Fatalf("the demo ended (%v) before printing %q:\n%s", err, s, out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "no %q after %s:\n%s", s, timeout, out.String())
+	}
+}
+
+// A whole run as `make demo` does it: the dashboard's URL first, the batch
+// and its verdict, the walkthrough with its agent on MCP, then everything
+// stays up, the dashboard served, until Ctrl-C, which ends the run without
+// an error, its processes stopped and its files removed.
+func TestWholeRunLingersUntilInterrupted(t *testing.T) {
+	bin := buildBinaries(t)
+	tmp := isolate(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out lockedBuffer
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, Config{Bin: bin, Devices: 4, Operations: 40, Out: &out, Linger: true}) }()
+	waitOutput(t, &out, done, "press Ctrl-C to stop", 3*time.Minute)
+
+	text := out.String()
+	m := regexp.MustCompile(`==> dashboard: (http://127\.0\.0\.1:\d+/ui/)`).FindStringSubmatch(text)
+	require.NotNil(t, m, "the dashboard's URL, printed before the batch:\n%s", text)
+	require.Less(t, strings.Index(text, "==> dashboard:"), strings.Index(text, "==> submitting"))
+	for _, want := range []string{
+		"verdict: every operation final, none executed twice",
+		"agent proposes a plan with create_task: task-88 v1",
+		"the same revision sent again: still v3",
+		"tools have none that approves",
+		"alice approves the superseded v2: refused (stale_version)",
+		"the operation is succeeded",
+		"with submit_operation: refused (reserved_operation_id)",
+	} {
+		require.Contains(t, text, want)
+	}
+	require.Regexp(t, `the agent made \d+ tool calls, each sent twice \(\d+ sends\), and lost \d+ first answers; the command was published 1 time\(s\)`, text)
+	resp, err := http.Get(m[1])
+	require.NoError(t, err, "the dashboard is served while the demo lingers")
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err, "Ctrl-C while lingering is the normal end")
+	case <-time.After(45 * time.Second):
+		t.Fatalf("the demo did not return 45s after its context was cancelled\n%s", out.String())
+	}
+	requireEmpty(t, tmp)
+	requirePortsClosed(t, out.String())
+}
+
+// Cancelling the context (what SIGINT does in cmd/demo) in the middle of the
+// batch stops every process and removes every file, promptly.
+func TestInterruptedRunCleansUp(t *testing.T) {
+	bin := buildBinaries(t)
 	tmp := isolate(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/client"
+	"github.com/fleetctl/fleetctl/internal/mcpserver"
 )
 
 // demoTokens are the principals of the demo: an agent that proposes plans,
@@ -31,8 +32,16 @@ func grantAgent(ctx context.Context, apiURL string) error {
 }
 
 // walkthrough runs the contract's ten steps for task-88 and prints them.
+// The agent works through the MCP tools (agent.go), every call sent twice;
+// alice, a person, approves through the API, as the dashboard's button
+// does (she could use the dashboard at the URL printed at the start).
 func walkthrough(ctx context.Context, apiURL string, out io.Writer) error {
-	agent, alice := client.New(apiURL, "demo-agent"), client.New(apiURL, "demo-alice")
+	ag, err := connectAgent(ctx, apiURL, "demo-agent")
+	if err != nil {
+		return err
+	}
+	defer ag.close()
+	alice := client.New(apiURL, "demo-alice")
 	say := func(n int, format string, args ...any) {
 		fmt.Fprintf(out, "    %2d. %s\n", n, fmt.Sprintf(format, args...))
 	}
@@ -40,26 +49,33 @@ func walkthrough(ctx context.Context, apiURL string, out io.Writer) error {
 		return []map[string]any{{"step": "restart-device", "action": "restart", "target": target, "params": map[string]any{"reason": "stuck"}}}
 	}
 	fmt.Fprintln(out, "\n==> walkthrough: task-88, the approval-then-restart of the contract")
-	var v api.TaskView
-	if _, err := agent.Do(ctx, http.MethodPost, "/v1/tasks", nil, map[string]any{"task_id": "task-88", "steps": plan("device-1")}, &v); err != nil {
-		return fmt.Errorf("create task: %w", err)
-	}
-	say(1, "agent submits a plan: task-88 v%d, restart-device on device-1", v.Version)
-	say(2, "its hash and version are stored: plan_hash %.16s…, version %d (author agent)", v.PlanHash, v.Version)
-	for i, target := range []string{"device-2", "device-1001"} {
-		if _, err := agent.Do(ctx, http.MethodPut, "/v1/tasks/task-88/plan", nil, map[string]any{"steps": plan(target), "base_version": i + 1}, &v); err != nil {
-			return fmt.Errorf("revise plan: %w", err)
-		}
-		fmt.Fprintf(out, "        agent revises the plan: v%d targets %s (plan_hash %.16s…)\n", v.Version, target, v.PlanHash)
-	}
-	if _, err := agent.Do(ctx, http.MethodPut, "/v1/tasks/task-88/plan", nil, map[string]any{"steps": plan("device-1001")}, &v); err != nil {
+	fmt.Fprintln(out, "    (the agent speaks MCP to /mcp, sends every tool call twice, and loses about half of the first answers)")
+	created, err := call[mcpserver.TaskOutput](ctx, ag, mcpserver.ToolCreateTask, map[string]any{"task_id": "task-88", "steps": plan("device-1")})
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "        the same revision retried after a lost response: still v%d\n", v.Version)
-	say(3, "the task waits for approval: %s", v.Status)
-	if _, err := agent.Do(ctx, http.MethodPost, "/v1/tasks/task-88/approvals", nil, map[string]any{"version": 3}, nil); err != nil {
-		fmt.Fprintf(out, "        agent tries to approve its own version: refused (%s)\n", client.Code(err))
+	v := created.Task
+	say(1, "agent proposes a plan with create_task: task-88 v%d, restart-device on device-1", v.Version)
+	say(2, "its hash and version are stored: plan_hash %.16s…, version %d (author agent)", v.PlanHash, v.Version)
+	for i, target := range []string{"device-2", "device-1001"} {
+		up, err := call[mcpserver.TaskOutput](ctx, ag, mcpserver.ToolUpdatePlan, map[string]any{"task_id": "task-88", "steps": plan(target), "base_version": i + 1})
+		if err != nil {
+			return err
+		}
+		v = up.Task
+		fmt.Fprintf(out, "        agent revises the plan with update_plan: v%d targets %s (plan_hash %.16s…)\n", v.Version, target, v.PlanHash)
 	}
+	again, err := call[mcpserver.TaskOutput](ctx, ag, mcpserver.ToolUpdatePlan, map[string]any{"task_id": "task-88", "steps": plan("device-1001")})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "        the same revision sent again: still v%d\n", again.Task.Version)
+	say(3, "the task waits for approval: %s", v.Status)
+	tools, err := ag.Session.ListTools(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("list tools: %w", err)
+	}
+	fmt.Fprintf(out, "        the agent's %d tools have none that approves: a person does\n", len(tools.Tools))
 	if _, err := alice.Do(ctx, http.MethodPost, "/v1/tasks/task-88/approvals", nil, map[string]any{"version": 2}, nil); err != nil {
 		fmt.Fprintf(out, "        alice approves the superseded v2: refused (%s)\n", client.Code(err))
 	}
@@ -75,40 +91,49 @@ func walkthrough(ctx context.Context, apiURL string, out io.Writer) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("task-88 still %s after 60s", v.Status)
 		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
 			return err
 		}
-		if _, err := alice.Do(ctx, http.MethodGet, "/v1/tasks/task-88", nil, nil, &v); err != nil {
+		got, err := call[mcpserver.TaskOutput](ctx, ag, mcpserver.ToolGetTask, map[string]any{"task_id": "task-88"})
+		if err != nil {
 			return err
 		}
+		v = got.Task
 	}
 	var checks []string
 	for _, h := range v.History {
 		checks = append(checks, fmt.Sprintf("%s→%s", h.From, h.To))
 	}
 	say(5, "permissions (agent's grant), the device (seen) and the plan hash are checked again, in the step's transaction")
+	if len(v.Steps) == 0 || v.Steps[0].OperationID == nil {
+		return fmt.Errorf("task-88 %s with no step operation", v.Status)
+	}
 	opID := *v.Steps[0].OperationID
-	op, err := alice.Operation(ctx, opID, 10*time.Second)
+	got, err := call[mcpserver.OperationOutput](ctx, ag, mcpserver.ToolGetOperation, map[string]any{"operation_id": opID, "wait": "10s"})
 	if err != nil {
 		return err
 	}
-	say(6, "operation %s inserted as started (UNIQUE), in that same transaction", opID)
-	cmd, err := alice.Command(ctx, op.CommandID)
+	op := got.Operation
+	say(6, "operation %s inserted as started (UNIQUE), in that same transaction; the agent follows it with get_operation", opID)
+	gc, err := call[mcpserver.CommandOutput](ctx, ag, mcpserver.ToolGetCommand, map[string]any{"command_id": op.CommandID})
 	if err != nil {
 		return err
 	}
+	cmd := gc.Command
 	say(7, "command %s issued to %s", cmd.CommandID, cmd.DeviceID)
 	var rs []string
 	for _, r := range cmd.Receipts {
 		rs = append(rs, fmt.Sprintf("%s (seq %d, %s)", r.Status, r.Seq, r.Effect))
 	}
 	say(8, "the device answers %s", strings.Join(rs, ", "))
-	result, _ := json.Marshal(json.RawMessage(op.Result))
-	say(9, "the operation is %s, its result stored: %s", op.Status, compactJSON(result))
+	say(9, "the operation is %s, its result stored: %s", op.Status, compactJSON(op.Result))
 	say(10, "the task goes on: %s (history %s)", v.Status, strings.Join(checks, ", "))
-	if _, _, err := agent.Submit(ctx, api.SubmitRequest{OperationID: opID, Target: "device-1001", Action: "restart"}, ""); err != nil {
-		fmt.Fprintf(out, "        a direct submit of %s: refused (%s)\n", opID, client.Code(err))
+	if _, err := call[mcpserver.OperationOutput](ctx, ag, mcpserver.ToolSubmitOperation,
+		map[string]any{"operation_id": opID, "target": "device-1001", "action": "restart"}); err != nil {
+		fmt.Fprintf(out, "        the agent submits %s itself with submit_operation: refused (%s)\n", opID, errCode(err))
 	}
+	fmt.Fprintf(out, "        the agent made %d tool calls, each sent twice (%d sends), and lost %d first answers; the command was published %d time(s), under one command_id\n",
+		ag.Calls/2, ag.Calls, ag.Dropped, cmd.Attempt)
 	if v.Status != "completed" || op.Status != "succeeded" {
 		return fmt.Errorf("task-88 ended %s, its operation %s", v.Status, op.Status)
 	}
