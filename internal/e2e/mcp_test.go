@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/mcpserver"
 	"github.com/fleetctl/fleetctl/internal/mcpserver/mcptest"
 	"github.com/fleetctl/fleetctl/internal/testenv"
@@ -292,7 +292,7 @@ func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 const mcpSeedEnv = "FLEETCTL_MCP_SEED"
 
 // The issue's MCP session: an agent creates a task, sees it wait for
-// approval; a person approves through the HTTP API; the agent sees the
+// approval; a person approves through the dashboard (headless Chromium); the agent sees the
 // step's operation succeed. Every agent tool call is sent twice and some
 // first answers are dropped at random (seeded); the device executes once.
 func TestMCPSessionTaskApprovedByAPerson(t *testing.T) {
@@ -334,11 +334,14 @@ func TestMCPSessionTaskApprovedByAPerson(t *testing.T) {
 	require.Contains(t, waiting.Next, "a person must approve version 1")
 	require.Nil(t, waiting.Task.Steps[0].OperationID)
 
-	// A person approves, through the API (not a tool).
-	a, status, err := tb.alice.Approve(tb.ctx(), "task-88", api.ApprovalRequest{Version: 1, PlanHash: waiting.Task.PlanHash})
-	require.NoError(t, err)
-	require.Equal(t, http.StatusCreated, status)
-	require.Equal(t, "alice", a.Approver)
+	// A person approves, through the dashboard in Chromium (no tool can).
+	c := startChrome(t)
+	c.do("open the dashboard", chromedp.Navigate(tb.ctl.URL+"/ui/#/approvals"), chromedp.WaitVisible(chromedp.CSS("#login-form")))
+	c.do("alice signs in", chromedp.SendKeys(chromedp.CSS("#token"), "t-alice"), chromedp.Click(chromedp.CSS("#login-form button")))
+	card := `#waiting article.task[data-id="task-88"]`
+	c.wait("task-88 waiting on the page, approve offered", fmt.Sprintf(`(b => b !== null && !b.disabled)(document.querySelector(%s))`, q(card+" button.approve")), 20*time.Second)
+	c.do("alice approves", chromedp.Click(chromedp.CSS(card+" button.approve")))
+	c.screenshot("mcp-task-approved")
 
 	const id = "task-88:restart-device:device-1001:approval-v1"
 	var task mcpserver.TaskOutput
@@ -352,6 +355,7 @@ func TestMCPSessionTaskApprovedByAPerson(t *testing.T) {
 	for {
 		res := call("get_operation", map[string]any{"operation_id": id, "wait": "30s"})
 		require.False(t, res.IsError, mcptest.Text(res))
+		var err error
 		op, err = mcptest.Decode[mcpserver.OperationOutput](res)
 		require.NoError(t, err)
 		if op.Operation.Status != "started" {
@@ -361,7 +365,9 @@ func TestMCPSessionTaskApprovedByAPerson(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "still started after 45s")
 	}
 	require.Equal(t, "succeeded", op.Operation.Status)
-	require.Equal(t, "completed", tb.waitTask("task-88", "completed").Status)
+	done := tb.waitTask("task-88", "completed")
+	require.Equal(t, "alice", done.Approval.Approver)
+	require.Equal(t, waiting.Task.PlanHash, done.Approval.PlanHash, "the version the agent saw waiting")
 	require.Equal(t, map[string]int{id: 1}, tb.executions(), "exactly one execution on the device")
 	t.Logf("agent: %d tool calls sent, %d first answers dropped", agent.Calls, agent.Dropped)
 	require.Positive(t, agent.Dropped, "some answers were dropped")
