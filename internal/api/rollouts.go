@@ -147,6 +147,13 @@ func (s *Server) handleCreateRollout(r *http.Request) (int, any, error) {
 	if err := decodeBody(r, &req); err != nil {
 		return 0, nil, err
 	}
+	if err := firstError(
+		partID.check("rollout_id", req.RolloutID, true),
+		actionName.check("action", req.Action, true),
+		checkParams("params", req.Params),
+	); err != nil {
+		return 0, nil, err
+	}
 	ro, isNew, err := s.cfg.Rollouts.Create(r.Context(), req, principal(r))
 	if errors.Is(err, store.ErrKeyReused) {
 		err = apiErr(http.StatusUnprocessableEntity, "idempotency_key_reused", "rollout "+req.RolloutID+" exists with other content; use a new rollout_id for a new rollout")
