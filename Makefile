@@ -96,7 +96,7 @@ bench-postgres: deps build
 
 # The Go benchmarks (one operation at a time, and eight callers, end to end).
 gobench: deps
-	exec .ci/gotest -run '^$$' -bench . -benchtime 200x -count 1 ./internal/e2e/ ./internal/failpoint/
+	exec .ci/gotest -run '^$$' -bench . -benchtime 200x -count 1 ./internal/e2e/ ./internal/failpoint/ ./internal/store/
 
 # Every failure-window scenario with its invariant verdicts (the soak: 2 min on CI, 30 min otherwise).
 scenarios: deps

@@ -318,8 +318,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
 		ReceiptRate: receipt.ReceiptRate(cfg.ReceiptRate), PresenceRate: receipt.DefaultPresenceRate,
 		OnReceipt: func(out store.ReceiptOutcome) {
-			if out.OperationID != "" {
-				c.api.Changed(out.OperationID)
+			if out.OperationID != "" && out.OperationMayChange() {
+				c.api.Changed(out.OperationID) // a ?wait= caller reads it again
 			}
 			if out.Due && out.CommandID != "" {
 				c.disp.Kick(out.CommandID) // the holder decides what follows

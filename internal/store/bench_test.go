@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
 // BenchmarkSubmit measures one submit transaction (operation, command,
@@ -45,4 +48,79 @@ func BenchmarkClaimSend(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkApplyReceiptsBatched measures the writer's group commit on the
+// receipt path: 256 callers apply each command's three receipts (received,
+// executing, succeeded) at once, so that batches form as they do at
+// saturation. It reports the CPU time of the whole process per receipt.
+func BenchmarkApplyReceiptsBatched(b *testing.B) {
+	ctx := context.Background()
+	s, err := Open(ctx, Config{Path: filepath.Join(b.TempDir(), "c.db"), Instance: "i1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	const callers = 256
+	cmds := (b.N + 2) / 3
+	var wg sync.WaitGroup
+	next := make(chan int)
+	go func() {
+		for i := 0; i < cmds; i++ {
+			next <- i
+		}
+		close(next)
+	}()
+	for w := 0; w < callers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				id := fmt.Sprintf("c-%d", i)
+				if _, err := s.Submit(ctx, newOp(fmt.Sprintf("op-%d", i), id), nil); err != nil {
+					b.Error(err)
+					return
+				}
+				if _, err := s.ClaimSend(ctx, id, fsm.CmdPending, 0, 1, fence, time.Now()); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	statuses := []wire.ReceiptStatus{wire.ReceiptReceived, wire.ReceiptExecuting, wire.ReceiptSucceeded}
+	receipts := make(chan wire.Receipt, callers)
+	go func() {
+		for n := 0; n < b.N; n++ {
+			i, k := n%cmds, n/cmds // every command's received first, then executing, then succeeded
+			receipts <- wire.Receipt{CommandID: fmt.Sprintf("c-%d", i), OperationID: fmt.Sprintf("op-%d", i),
+				Status: statuses[k], Seq: k + 1, At: time.Now(), Result: []byte(`{"ok":true}`)}
+		}
+		close(receipts)
+	}()
+	before := cpuTime()
+	b.ResetTimer()
+	for w := 0; w < callers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range receipts {
+				if _, err := s.ApplyReceipt(ctx, "device-1", r, nil); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64((cpuTime()-before).Microseconds())/float64(b.N), "cpu-µs/receipt")
+}
+
+// cpuTime is the process's user and system time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

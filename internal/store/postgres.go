@@ -89,6 +89,7 @@ func (b *postgresBackend) open(ctx context.Context, dsn string, readers int) (w,
 	}
 	r = stdlib.OpenDB(*cfg)
 	r.SetMaxOpenConns(readers)
+	r.SetMaxIdleConns(readers) // a new connection costs a handshake and its prepares
 	return w, r, nil
 }
 

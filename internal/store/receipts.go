@@ -42,6 +42,20 @@ type ReceiptOutcome struct {
 	Due bool
 }
 
+// OperationMayChange reports whether the receipt may have changed its
+// operation's state: it ended the command, or it was a late outcome (which
+// can decide a failed_retryable operation). Progress receipts (accepted,
+// started) leave the operation as it was.
+func (o ReceiptOutcome) OperationMayChange() bool {
+	switch o.Effect {
+	case EffectApplied:
+		return o.Terminal && o.From != o.To
+	case EffectLate:
+		return true
+	}
+	return false
+}
+
 // ApplyReceipt applies a fact reported by a device, in one transaction
 // guarded by the receipt's rank: a receipt moves a command forward only
 // (jumps allowed); an equal or lower rank is a duplicate or stale receipt; a

@@ -700,3 +700,21 @@ func TestProgressUnparksACommandParkedUntilItsExpiry(t *testing.T) {
 		require.False(t, out.Due, "not parked: its next check stands")
 	})
 }
+
+func TestOperationMayChangeOnlyWhenTheCommandEnds(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		out  ReceiptOutcome
+		want bool
+	}{
+		{ReceiptOutcome{Effect: EffectApplied, From: fsm.CmdSent, To: fsm.CmdReceived}, false},
+		{ReceiptOutcome{Effect: EffectApplied, From: fsm.CmdReceived, To: fsm.CmdExecuting}, false},
+		{ReceiptOutcome{Effect: EffectApplied, From: fsm.CmdExecuting, To: fsm.CmdSucceeded, Terminal: true}, true},
+		{ReceiptOutcome{Effect: EffectApplied, From: fsm.CmdSent, To: fsm.CmdFailed, Terminal: true}, true},
+		{ReceiptOutcome{Effect: EffectDuplicate, From: fsm.CmdSucceeded, To: fsm.CmdSucceeded, Terminal: true}, false},
+		{ReceiptOutcome{Effect: EffectStale, From: fsm.CmdExecuting, To: fsm.CmdExecuting}, false},
+		{ReceiptOutcome{Effect: EffectLate, From: fsm.CmdTimeout, To: fsm.CmdTimeout, Terminal: true}, true},
+	} {
+		require.Equal(t, c.want, c.out.OperationMayChange(), "%+v", c.out)
+	}
+}
