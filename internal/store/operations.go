@@ -210,15 +210,31 @@ func getOperation(ctx context.Context, q queryer, id string) (Operation, error) 
 	if err != nil {
 		return Operation{}, err
 	}
-	op.CommandIDs, err = queryStrings(ctx, q, `SELECT command_id FROM commands WHERE operation_id = ? ORDER BY created_at, command_id`, id)
+	// Its commands and its compensations in one round trip.
+	rows, err := q.QueryContext(ctx, `SELECT 0, command_id, created_at FROM commands WHERE operation_id = ?
+		UNION ALL SELECT 1, operation_id, started_at FROM operations WHERE compensates = ?
+		ORDER BY 1, 3, 2`, id, id)
 	if err != nil {
 		return Operation{}, err
 	}
-	op.Compensations, err = queryStrings(ctx, q, `SELECT operation_id FROM operations WHERE compensates = ? ORDER BY started_at`, id)
-	if err != nil {
-		return Operation{}, err
+	defer rows.Close()
+	op.CommandIDs, op.Compensations = []string{}, []string{}
+	for rows.Next() {
+		var (
+			kind int
+			v    string
+			at   int64
+		)
+		if err := rows.Scan(&kind, &v, &at); err != nil {
+			return Operation{}, err
+		}
+		if kind == 0 {
+			op.CommandIDs = append(op.CommandIDs, v)
+		} else {
+			op.Compensations = append(op.Compensations, v)
+		}
 	}
-	return op, nil
+	return op, rows.Err()
 }
 
 func queryStrings(ctx context.Context, q queryer, query string, args ...any) ([]string, error) {

@@ -162,7 +162,9 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 			return out, err
 		}
 		out.Terminal = out.To.Terminal()
-		if out.Effect == EffectApplied && !out.Terminal {
+		// Only a parked command (its next check at its expiry, as read
+		// in this transaction) has anything to unpark.
+		if out.Effect == EffectApplied && !out.Terminal && !c.NextCheckAt.Before(c.ExpiresAt) {
 			if out.Due, err = t.unpark(target); err != nil {
 				return out, err
 			}

@@ -718,3 +718,29 @@ func TestOperationMayChangeOnlyWhenTheCommandEnds(t *testing.T) {
 		require.Equal(t, c.want, c.out.OperationMayChange(), "%+v", c.out)
 	}
 }
+
+func TestGetOperationListsCommandsAndCompensationsInOrder(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+		require.NoError(t, err)
+		for i, id := range []string{"k-2", "k-1", "k-3", "k-0"} {
+			if i < 3 {
+				b.clk.Advance(time.Second) // k-3 and k-0 start in the same millisecond
+			}
+			n := newOp(id, "c-"+id)
+			n.Compensates = "op-1"
+			_, err := b.s.Submit(b.ctx, n, nil)
+			require.NoError(t, err)
+		}
+		op, err := b.s.GetOperation(b.ctx, "op-1")
+		require.NoError(t, err)
+		require.Equal(t, []string{"c-1"}, op.CommandIDs)
+		require.Equal(t, []string{"k-2", "k-1", "k-0", "k-3"}, op.Compensations, "in the order they started, then by id")
+		k, err := b.s.GetOperation(b.ctx, "k-1")
+		require.NoError(t, err)
+		require.Equal(t, []string{"c-k-1"}, k.CommandIDs)
+		require.Equal(t, []string{}, k.Compensations)
+	})
+}

@@ -227,7 +227,7 @@ type changeRun struct {
 // by running again; the whole batch runs again instead).
 func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun, error) {
 	s.trips.Add(2) // SAVEPOINT and RELEASE
-	if _, err := sqlTx.ExecContext(ctx, `SAVEPOINT change`); err != nil {
+	if err := s.execFixed(ctx, sqlTx, `SAVEPOINT change`); err != nil {
 		return changeRun{}, fmt.Errorf("savepoint: %w", err)
 	}
 	t := &tx{Tx: sqlTx, s: s, now: s.now().UTC(), instance: s.instance}
@@ -236,7 +236,7 @@ func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun,
 		if s.b.endsTransaction(ferr) || s.b.conflict(ferr) {
 			return changeRun{}, ferr
 		}
-		if _, err := sqlTx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT change`); err != nil {
+		if err := s.execFixed(ctx, sqlTx, `ROLLBACK TO SAVEPOINT change`); err != nil {
 			return changeRun{}, fmt.Errorf("rollback to savepoint: %w (after %v)", err, ferr)
 		}
 		t.notes, t.wakes = nil, nil
@@ -245,10 +245,22 @@ func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun,
 	if err := insertRefusals(t, t.now, s.instance, t.refusals); err != nil {
 		return changeRun{}, err
 	}
-	if _, err := sqlTx.ExecContext(ctx, `RELEASE SAVEPOINT change`); err != nil {
+	if err := s.execFixed(ctx, sqlTx, `RELEASE SAVEPOINT change`); err != nil {
 		return changeRun{}, fmt.Errorf("release savepoint: %w", err)
 	}
 	return changeRun{tx: t, err: ferr}, nil
+}
+
+// execFixed runs one of the writer's own statements (no arguments), through
+// its prepared statement where the backend prepares: go-sqlite3 parses a
+// statement without arguments afresh on every run.
+func (s *DB) execFixed(ctx context.Context, sqlTx *sql.Tx, query string) error {
+	if st := (&tx{s: s}).stmt(query); st != nil {
+		_, err := sqlTx.StmtContext(ctx, st).ExecContext(ctx)
+		return err
+	}
+	_, err := sqlTx.ExecContext(ctx, query)
+	return err
 }
 
 // runChange runs one change, turning a panic into its error: one broken
