@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,9 +18,18 @@ import (
 // heal, and the restarted controller must reconcile every in-doubt command
 // (ask, hear unknown, re-send the same command_id) with no help from its
 // ack-timeout sweeper (60 s). Measures restart → every operation succeeded.
+// RECOVERY_COMMANDS sets the count (1,000 in make test), over one device
+// per ten commands (at least 100).
 func TestRecoveryTimeFor1000InDoubtCommands(t *testing.T) {
 	t.Parallel()
-	const n, devices = 1000, 100
+	n, devices := 1000, 100
+	if v := os.Getenv("RECOVERY_COMMANDS"); v != "" {
+		var err error
+		n, err = strconv.Atoi(v)
+		require.NoError(t, err, "RECOVERY_COMMANDS")
+		require.Positive(t, n, "RECOVERY_COMMANDS")
+		devices = max(100, n/10)
+	}
 	b := setup(t, setupOpts{devices: devices, args: []string{"--ack-timeout", "60s"},
 		faults: sim.Profile{Defaults: sim.Faults{DropCommand: sim.Trigger{P: 1}}}})
 	var wg sync.WaitGroup
