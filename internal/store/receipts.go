@@ -44,8 +44,8 @@ type ReceiptOutcome struct {
 
 // OperationMayChange reports whether the receipt may have changed its
 // operation's state: it ended the command, or it was a late outcome (which
-// can decide a failed_retryable operation). Progress receipts (accepted,
-// started) leave the operation as it was.
+// can decide a failed_retryable operation). Progress receipts (received,
+// executing) leave the operation as it was.
 func (o ReceiptOutcome) OperationMayChange() bool {
 	switch o.Effect {
 	case EffectApplied:

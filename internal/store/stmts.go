@@ -116,14 +116,16 @@ func (r readers) QueryRowContext(ctx context.Context, query string, args ...any)
 
 // stmt returns the writer's prepared statement for query, or nil (noting
 // the miss) when there is none yet; query is already rebound.
-func (t *tx) stmt(query string) *sql.Stmt {
-	if !t.s.b.prepares() {
+func (t *tx) stmt(query string) *sql.Stmt { return t.s.writerStmt(query) }
+
+func (s *DB) writerStmt(query string) *sql.Stmt {
+	if !s.b.prepares() {
 		return nil
 	}
-	if st := t.s.wstmts.get(query); st != nil {
+	if st := s.wstmts.get(query); st != nil {
 		return st
 	}
-	t.s.wstmts.miss(query)
+	s.wstmts.miss(query)
 	return nil
 }
 

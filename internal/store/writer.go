@@ -255,7 +255,7 @@ func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun,
 // its prepared statement where the backend prepares: go-sqlite3 parses a
 // statement without arguments afresh on every run.
 func (s *DB) execFixed(ctx context.Context, sqlTx *sql.Tx, query string) error {
-	if st := (&tx{s: s}).stmt(query); st != nil {
+	if st := s.writerStmt(query); st != nil {
 		_, err := sqlTx.StmtContext(ctx, st).ExecContext(ctx)
 		return err
 	}
