@@ -143,8 +143,23 @@ func (in *Ingestor) Run(ctx context.Context) error {
 		go func() {
 			defer func() { done <- struct{}{} }()
 			for m := range work[i] {
+				// What queued up behind it while the last commit was under
+				// way goes in with it.
+				group := []mqttx.Message{m}
+			more:
+				for len(group) < maxGroup {
+					select {
+					case m, ok := <-work[i]:
+						if !ok {
+							break more
+						}
+						group = append(group, m)
+					default:
+						break more
+					}
+				}
 				if ctx.Err() == nil {
-					in.Handle(ctx, m)
+					in.handleGroup(ctx, group)
 				}
 			}
 		}()
@@ -243,6 +258,102 @@ func (in *Ingestor) Handle(ctx context.Context, m mqttx.Message) {
 		}
 		delay = min(2*delay, time.Second)
 	}
+}
+
+// maxGroup bounds the messages a worker takes at once.
+const maxGroup = 32
+
+// handleGroup applies messages that were waiting for one worker: each
+// device's in their order, the devices side by side, and a device's
+// receipts that follow each other as one change (ApplyReceipts), so that
+// they share a commit. Presence, and any receipt after one that failed, go
+// one at a time through Handle, with its retries.
+func (in *Ingestor) handleGroup(ctx context.Context, group []mqttx.Message) {
+	if len(group) == 1 {
+		in.Handle(ctx, group[0])
+		return
+	}
+	var order []string
+	byDevice := map[string][]mqttx.Message{}
+	for _, m := range group {
+		device, _, _ := wire.ParseTopic(in.cfg.TopicRoot, m.Topic) // admitted: it parses
+		if _, seen := byDevice[device]; !seen {
+			order = append(order, device)
+		}
+		byDevice[device] = append(byDevice[device], m)
+	}
+	var wg sync.WaitGroup
+	for _, device := range order {
+		wg.Add(1)
+		go func(device string, ms []mqttx.Message) {
+			defer wg.Done()
+			in.handleDevice(ctx, device, ms)
+		}(device, byDevice[device])
+	}
+	wg.Wait()
+}
+
+// handleDevice applies one device's messages in their order.
+func (in *Ingestor) handleDevice(ctx context.Context, device string, ms []mqttx.Message) {
+	for len(ms) > 0 {
+		var run []mqttx.Message // the receipts that come next
+		var rs []wire.Receipt
+		for _, m := range ms {
+			r, ok := in.decodeReceipt(m)
+			if !ok {
+				break
+			}
+			run, rs = append(run, m), append(rs, r)
+		}
+		if len(run) < 2 {
+			in.Handle(ctx, ms[0])
+			ms = ms[1:]
+			continue
+		}
+		res, err := in.cfg.Store.ApplyReceipts(ctx, device, rs, func() error {
+			return in.cfg.Failpoints.HitContext(ctx, failpoint.BeforeReceiptCommit)
+		})
+		if err != nil {
+			if !errors.Is(err, context.Canceled) {
+				in.cfg.Logger.Warn("receipts not recorded; applied one at a time", "device", device, "receipts", len(rs), "err", err)
+			}
+			res = nil // none applied: Handle takes each, with its retries
+		}
+		n := 0
+		for k, r := range res {
+			if r.Err != nil && !errors.Is(r.Err, store.ErrRefused) {
+				in.cfg.Logger.Warn("receipt not recorded", "device", device, "command_id", rs[k].CommandID, "err", r.Err)
+				break // it, and what follows it, go through Handle
+			}
+			if r.Err == nil {
+				in.cfg.Logger.Debug("receipt", "device", device, "command_id", r.Out.CommandID, "status", rs[k].Status, "effect", r.Out.Effect)
+				in.cfg.OnReceipt(r.Out)
+			}
+			run[k].Ack()
+			n++
+		}
+		ms = ms[n:]
+		if n < len(run) {
+			for _, m := range ms {
+				in.Handle(ctx, m)
+			}
+			return
+		}
+	}
+}
+
+// decodeReceipt decodes a message that is a receipt and passes its checks;
+// anything else (presence, or a receipt that apply would refuse) is left
+// to Handle.
+func (in *Ingestor) decodeReceipt(m mqttx.Message) (wire.Receipt, bool) {
+	var r wire.Receipt
+	if _, kind, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic); err != nil || kind != wire.KindReceipts {
+		return r, false
+	}
+	if wire.DecodeDevice(m.Payload, &r) != nil || r.Validate() != nil {
+		return r, false
+	}
+	return r, true
 }
 
 // applyAttempts bounds the tries of one message against store errors (about

@@ -46,6 +46,14 @@ func (f *fakeStore) ApplyReceipt(_ context.Context, _ string, r wire.Receipt, _ 
 	return store.ReceiptOutcome{Effect: store.EffectUnknownCommand}, nil
 }
 
+func (f *fakeStore) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt, bc func() error) ([]store.ReceiptResult, error) {
+	res := make([]store.ReceiptResult, len(rs))
+	for i, r := range rs {
+		res[i].Out, res[i].Err = f.ApplyReceipt(ctx, device, r, bc)
+	}
+	return res, nil
+}
+
 func (f *fakeStore) ApplyPresence(_ context.Context, device string, p wire.Presence) (store.PresenceOutcome, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -67,25 +67,96 @@ func (s *DB) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, be
 	var out ReceiptOutcome
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
-		out, err = t.applyReceipt(ctx, device, r)
-		if err != nil {
-			return err
-		}
-		if out.Due {
-			t.wake(WakeCommand, out.CommandID) // its holder may be another instance
-		}
-		if err := t.touchDevice(device); err != nil {
-			return err
-		}
-		if beforeCommit != nil {
-			return beforeCommit()
-		}
-		return nil
+		out, err = t.receipt(ctx, device, r, beforeCommit)
+		return err
 	})
 	if err == nil {
 		s.obs.Receipt(out.Effect)
 	}
 	return out, err
+}
+
+// ReceiptResult is one receipt's part in ApplyReceipts: its outcome, and
+// nil or the error it alone met (a refusal, or a failure that stopped the
+// receipts after it).
+type ReceiptResult struct {
+	Out ReceiptOutcome
+	Err error
+}
+
+// ApplyReceipts applies receipts of one device, in their order, as one
+// change of the writer's batch: receipts that arrived together share a
+// commit instead of waiting for one each. Each is applied as ApplyReceipt
+// would, under a savepoint of its own inside the change, so a refused or
+// failing receipt is rolled back alone. A refused receipt is recorded and
+// the next one applied; any other failure stops there (the results end with
+// it), so that a command's receipts are never applied out of their order:
+// the caller tries that one and the rest again. An error (the batch failed,
+// or ctx ended) means none of them was applied.
+func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptResult, error) {
+	if len(rs) == 1 {
+		out, err := s.ApplyReceipt(ctx, device, rs[0], beforeCommit)
+		if err != nil && !errors.Is(err, ErrRefused) {
+			return nil, err
+		}
+		return []ReceiptResult{{Out: out, Err: err}}, nil
+	}
+	var res []ReceiptResult
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		res = res[:0] // a batch that lost a deadlock runs again whole
+		for _, r := range rs {
+			if _, err := t.Exec(`SAVEPOINT receipt`); err != nil {
+				return err
+			}
+			notes, wakes := len(t.notes), len(t.wakes)
+			out, err := t.receipt(ctx, device, r, beforeCommit)
+			if err != nil {
+				if s.b.endsTransaction(err) || s.b.conflict(err) {
+					return err
+				}
+				if _, rerr := t.Exec(`ROLLBACK TO SAVEPOINT receipt`); rerr != nil {
+					return fmt.Errorf("rollback to savepoint: %w (after %v)", rerr, err)
+				}
+				t.notes, t.wakes = t.notes[:notes], t.wakes[:wakes]
+			}
+			if _, err := t.Exec(`RELEASE SAVEPOINT receipt`); err != nil {
+				return err
+			}
+			res = append(res, ReceiptResult{Out: out, Err: err})
+			if err != nil && !errors.Is(err, ErrRefused) {
+				break
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range res {
+		if r.Err == nil {
+			s.obs.Receipt(r.Out.Effect)
+		}
+	}
+	return res, nil
+}
+
+// receipt is the change of one receipt: applied, its wake-up noted, its
+// device touched, then beforeCommit.
+func (t *tx) receipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
+	out, err := t.applyReceipt(ctx, device, r)
+	if err != nil {
+		return out, err
+	}
+	if out.Due {
+		t.wake(WakeCommand, out.CommandID) // its holder may be another instance
+	}
+	if err := t.touchDevice(device); err != nil {
+		return out, err
+	}
+	if beforeCommit != nil {
+		return out, beforeCommit()
+	}
+	return out, nil
 }
 
 func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (ReceiptOutcome, error) {

@@ -443,6 +443,7 @@ type Store interface {
 
 	// Facts from devices, applied by any instance.
 	ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error)
+	ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptResult, error)
 	ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error)
 	GetDevice(ctx context.Context, id string) (Device, error)
 	ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[Device], error)

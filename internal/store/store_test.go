@@ -744,3 +744,59 @@ func TestGetOperationListsCommandsAndCompensationsInOrder(t *testing.T) {
 		require.Equal(t, []string{}, k.Compensations)
 	})
 }
+
+// A device's receipts applied together are applied in their order in one
+// change; one that fails is rolled back alone and stops the ones after it.
+func TestApplyReceiptsInOrderAndAFailureStopsThere(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		res, err := b.s.ApplyReceipts(b.ctx, "device-1", []wire.Receipt{receipt("c-1", wire.ReceiptReceived, 1),
+			receipt("c-1", wire.ReceiptReceived, 1), receipt("c-1", wire.ReceiptExecuting, 2)}, nil)
+		require.NoError(t, err)
+		require.Len(t, res, 3)
+		for i, want := range []string{EffectApplied, EffectDuplicate, EffectApplied} {
+			require.NoError(t, res[i].Err, i)
+			require.Equal(t, want, res[i].Out.Effect, i)
+		}
+		require.Equal(t, fsm.CmdExecuting, res[2].Out.To)
+		c, _ := b.s.GetCommand(b.ctx, "c-1")
+		require.Equal(t, fsm.CmdExecuting, c.Status)
+		events, err := b.s.Events(b.ctx, "c-1")
+		require.NoError(t, err)
+		var moves []string
+		for _, e := range events {
+			moves = append(moves, e.From+">"+e.To)
+		}
+		require.Equal(t, []string{">pending", "pending>sent", "sent>received", "received>executing"}, moves)
+
+		// Another command on the device, and a failure in the middle.
+		_, err = b.s.Submit(b.ctx, newOp("op-2", "c-2"), nil)
+		require.NoError(t, err)
+		_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
+		require.NoError(t, err)
+		of2 := func(r wire.Receipt) wire.Receipt { r.OperationID = "op-2"; return r }
+		boom, calls := errors.New("boom"), 0
+		res, err = b.s.ApplyReceipts(b.ctx, "device-1", []wire.Receipt{of2(receipt("c-2", wire.ReceiptReceived, 1)),
+			receipt("c-1", wire.ReceiptSucceeded, 3), of2(receipt("c-2", wire.ReceiptSucceeded, 3))}, func() error {
+			if calls++; calls == 2 {
+				return boom
+			}
+			return nil
+		})
+		require.NoError(t, err)
+		require.Len(t, res, 2, "stopped at the failure")
+		require.NoError(t, res[0].Err)
+		require.Equal(t, EffectApplied, res[0].Out.Effect)
+		require.ErrorIs(t, res[1].Err, boom)
+		c2, _ := b.s.GetCommand(b.ctx, "c-2")
+		require.Equal(t, fsm.CmdReceived, c2.Status, "the one before the failure is committed, the one after it not applied")
+		c, _ = b.s.GetCommand(b.ctx, "c-1")
+		require.Equal(t, fsm.CmdExecuting, c.Status, "the failed one is rolled back")
+		recs, _ := b.s.Receipts(b.ctx, "c-1")
+		require.Len(t, recs, 3, "nothing of the failed one recorded")
+		op, _ := b.s.GetOperation(b.ctx, "op-1")
+		require.Equal(t, fsm.OpStarted, op.Status)
+	})
+}
