@@ -317,6 +317,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
 		ReceiptRate: receipt.ReceiptRate(cfg.ReceiptRate), PresenceRate: receipt.DefaultPresenceRate,
+		GroupReceipts: !shared,
 		OnReceipt: func(out store.ReceiptOutcome) {
 			if out.OperationID != "" && out.OperationMayChange() {
 				c.api.Changed(out.OperationID) // a ?wait= caller reads it again
