@@ -11,6 +11,8 @@
 // again. Messages are applied by Workers goroutines, each device's on one of
 // them in arrival order, so one device's receipts (and so each command's)
 // are applied in the order they came while many devices' share a commit.
+// With Config.GroupReceipts, a device's receipts that queued up behind a
+// commit are applied as one change, so they share the next commit too.
 //
 // A receipt whose topic's device or operation_id does not match its command
 // is recorded with effect mismatch and changes nothing.
