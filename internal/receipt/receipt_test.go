@@ -248,3 +248,99 @@ func TestFloodingDeviceIsThrottled(t *testing.T) {
 	require.Equal(t, 950, b.refused("receipts", "rate_limited"))
 	require.Len(t, b.st.receipts, 250)
 }
+
+// callStore records the order of the store calls the ingestor makes, and
+// fails the receipt named in failAt inside a group.
+type callStore struct {
+	store.Store
+	mu     sync.Mutex
+	calls  []string
+	failAt string
+}
+
+func (c *callStore) note(s string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = append(c.calls, s)
+}
+
+func (c *callStore) ApplyReceipt(_ context.Context, device string, r wire.Receipt, _ func() error) (store.ReceiptOutcome, error) {
+	c.note(device + " one " + r.CommandID)
+	return store.ReceiptOutcome{Effect: store.EffectApplied}, nil
+}
+
+func (c *callStore) ApplyReceipts(_ context.Context, device string, rs []wire.Receipt, _ func() error) ([]store.ReceiptResult, error) {
+	var ids []string
+	var res []store.ReceiptResult
+	for _, r := range rs {
+		ids = append(ids, r.CommandID)
+		if r.CommandID == c.failAt {
+			res = append(res, store.ReceiptResult{Err: fmt.Errorf("boom")})
+			break
+		}
+		res = append(res, store.ReceiptResult{Out: store.ReceiptOutcome{Effect: store.EffectApplied}})
+	}
+	c.note(device + " group " + strings.Join(ids, ","))
+	return res, nil
+}
+
+func (c *callStore) ApplyPresence(_ context.Context, device string, _ wire.Presence) (store.PresenceOutcome, error) {
+	c.note(device + " presence")
+	return store.PresenceOutcome{}, nil
+}
+
+// A worker's queued messages: each device's receipts that follow each other
+// go to the store as one group, in their order; presence and a malformed
+// receipt go one at a time where they stand; a failure inside a group sends
+// it and what follows one at a time; every message is acknowledged once.
+func TestQueuedReceiptsOfADeviceGoAsOneGroupInOrder(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		group  bool
+		failAt string
+		a, b   []string // the store calls for each device, in order
+	}{
+		{"grouped", true, "", []string{"da group a1,a2", "da presence", "da one a3"}, []string{"db group b1,b2"}},
+		{"a failure inside a group", true, "a2", []string{"da group a1,a2", "da one a2", "da presence", "da one a3"}, []string{"db group b1,b2"}},
+		{"not grouped", false, "", []string{"da one a1", "da one a2", "da presence", "da one a3"}, []string{"db one b1", "db one b2"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st := &callStore{failAt: c.failAt}
+			met := metrics.New()
+			in := New(Config{Store: st, TopicRoot: "fleet", Metrics: met, GroupReceipts: c.group,
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			var mu sync.Mutex
+			acked := map[int]int{}
+			var group []mqttx.Message
+			add := func(topic, payload string) {
+				i := len(group)
+				group = append(group, mqttx.NewMessage(topic, []byte(payload), func() { mu.Lock(); acked[i]++; mu.Unlock() }))
+			}
+			add("fleet/da/receipts", receiptJSON("a1", 1))
+			add("fleet/da/receipts", receiptJSON("a2", 1))
+			add("fleet/db/receipts", receiptJSON("b1", 1))
+			add("fleet/da/presence", `{"online":true,"session":1}`)
+			add("fleet/da/receipts", receiptJSON("a3", 1))
+			add("fleet/db/receipts", receiptJSON("b2", 1))
+			add("fleet/da/receipts", `{"command_id":`)
+			in.handleGroup(context.Background(), group)
+
+			var a, b []string
+			for _, call := range st.calls {
+				if strings.HasPrefix(call, "da ") {
+					a = append(a, call)
+				} else {
+					b = append(b, call)
+				}
+			}
+			require.Equal(t, c.a, a)
+			require.Equal(t, c.b, b)
+			require.Len(t, acked, len(group))
+			for i, n := range acked {
+				require.Equal(t, 1, n, "message %d acknowledged %d times", i, n)
+			}
+			require.Equal(t, 1, int(sample(met, `controller_inputs_refused_total{reason="invalid_json",source="receipts"}`)))
+		})
+	}
+}
