@@ -105,25 +105,17 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		res = res[:0] // a batch that lost a deadlock runs again whole
 		for _, r := range rs {
-			if _, err := t.Exec(`SAVEPOINT receipt`); err != nil {
+			var out ReceiptOutcome
+			rerr, err := t.savepoint(ctx, "receipt", func() error {
+				var err error
+				out, err = t.receipt(ctx, device, r, beforeCommit)
 				return err
-			}
-			notes, wakes := len(t.notes), len(t.wakes)
-			out, err := t.receipt(ctx, device, r, beforeCommit)
+			}, nil)
 			if err != nil {
-				if s.b.endsTransaction(err) || s.b.conflict(err) {
-					return err
-				}
-				if _, rerr := t.Exec(`ROLLBACK TO SAVEPOINT receipt`); rerr != nil {
-					return fmt.Errorf("rollback to savepoint: %w (after %v)", rerr, err)
-				}
-				t.notes, t.wakes = t.notes[:notes], t.wakes[:wakes]
-			}
-			if _, err := t.Exec(`RELEASE SAVEPOINT receipt`); err != nil {
 				return err
 			}
-			res = append(res, ReceiptResult{Out: out, Err: err})
-			if err != nil && !errors.Is(err, ErrRefused) {
+			res = append(res, ReceiptResult{Out: out, Err: rerr})
+			if rerr != nil && !errors.Is(rerr, ErrRefused) {
 				break
 			}
 		}

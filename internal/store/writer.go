@@ -226,40 +226,59 @@ type changeRun struct {
 // earlier stay locked until it rolls back, so the change alone cannot win
 // by running again; the whole batch runs again instead).
 func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun, error) {
-	s.trips.Add(2) // SAVEPOINT and RELEASE
-	if err := s.execFixed(ctx, sqlTx, `SAVEPOINT change`); err != nil {
-		return changeRun{}, fmt.Errorf("savepoint: %w", err)
-	}
 	t := &tx{Tx: sqlTx, s: s, now: s.now().UTC(), instance: s.instance}
-	ferr := runChange(ctx, j.fn, t)
-	if ferr != nil {
-		if s.b.endsTransaction(ferr) || s.b.conflict(ferr) {
-			return changeRun{}, ferr
-		}
-		if err := s.execFixed(ctx, sqlTx, `ROLLBACK TO SAVEPOINT change`); err != nil {
-			return changeRun{}, fmt.Errorf("rollback to savepoint: %w (after %v)", err, ferr)
-		}
-		t.notes, t.wakes = nil, nil
-	}
-	// A refused transition is on record whether or not its change stood.
-	if err := insertRefusals(t, t.now, s.instance, t.refusals); err != nil {
+	ferr, err := t.savepoint(ctx, "change", func() error { return runChange(ctx, j.fn, t) }, func() error {
+		// A refused transition is on record whether or not its change stood.
+		return insertRefusals(t, t.now, s.instance, t.refusals)
+	})
+	if err != nil {
 		return changeRun{}, err
 	}
-	if err := s.execFixed(ctx, sqlTx, `RELEASE SAVEPOINT change`); err != nil {
-		return changeRun{}, fmt.Errorf("release savepoint: %w", err)
-	}
 	return changeRun{tx: t, err: ferr}, nil
+}
+
+// savepoint runs fn under the savepoint name. When fn fails, the
+// transaction is rolled back to the savepoint and the notes and wake-ups fn
+// added are dropped; then release runs (nil: nothing), still inside the
+// savepoint, and the savepoint is released. It returns fn's own error, and
+// apart from it an error that ends the whole batch: one that ends the
+// transaction, a conflict with another instance's batch, or a failed
+// savepoint statement.
+func (t *tx) savepoint(ctx context.Context, name string, fn, release func() error) (ferr, batchErr error) {
+	if err := t.execFixed(ctx, `SAVEPOINT `+name); err != nil {
+		return nil, fmt.Errorf("savepoint: %w", err)
+	}
+	notes, wakes := len(t.notes), len(t.wakes)
+	if ferr = fn(); ferr != nil {
+		if t.s.b.endsTransaction(ferr) || t.s.b.conflict(ferr) {
+			return ferr, ferr
+		}
+		if err := t.execFixed(ctx, `ROLLBACK TO SAVEPOINT `+name); err != nil {
+			return ferr, fmt.Errorf("rollback to savepoint: %w (after %v)", err, ferr)
+		}
+		t.notes, t.wakes = t.notes[:notes], t.wakes[:wakes]
+	}
+	if release != nil {
+		if err := release(); err != nil {
+			return ferr, err
+		}
+	}
+	if err := t.execFixed(ctx, `RELEASE SAVEPOINT `+name); err != nil {
+		return ferr, fmt.Errorf("release savepoint: %w", err)
+	}
+	return ferr, nil
 }
 
 // execFixed runs one of the writer's own statements (no arguments), through
 // its prepared statement where the backend prepares: go-sqlite3 parses a
 // statement without arguments afresh on every run.
-func (s *DB) execFixed(ctx context.Context, sqlTx *sql.Tx, query string) error {
-	if st := s.writerStmt(query); st != nil {
-		_, err := sqlTx.StmtContext(ctx, st).ExecContext(ctx)
+func (t *tx) execFixed(ctx context.Context, query string) error {
+	t.s.trips.Add(1)
+	if st := t.stmt(query); st != nil {
+		_, err := t.Tx.StmtContext(ctx, st).ExecContext(ctx)
 		return err
 	}
-	_, err := sqlTx.ExecContext(ctx, query)
+	_, err := t.Tx.ExecContext(ctx, query)
 	return err
 }
 
