@@ -124,3 +124,64 @@ func cpuTime() time.Duration {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkOperationBatched is one operation's writes as the controller
+// makes them at saturation, 256 callers at once so that batches form: the
+// submit, the fenced pending → sent decision, then the device's three
+// receipts applied together (ApplyReceipts). It reports the CPU time of the
+// whole process and the database statements per operation.
+func BenchmarkOperationBatched(b *testing.B) {
+	ctx := context.Background()
+	s, err := Open(ctx, Config{Path: filepath.Join(b.TempDir(), "c.db"), Instance: "i1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	const callers = 256
+	next := make(chan int)
+	go func() {
+		for i := 0; i < b.N; i++ {
+			next <- i
+		}
+		close(next)
+	}()
+	statuses := []wire.ReceiptStatus{wire.ReceiptReceived, wire.ReceiptExecuting, wire.ReceiptSucceeded}
+	before, trips := cpuTime(), s.RoundTrips()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for w := 0; w < callers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				op, id, dev := fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i), fmt.Sprintf("device-%d", i%100)
+				n := newOp(op, id)
+				n.Target = dev
+				if _, err := s.Submit(ctx, n, nil); err != nil {
+					b.Error(err)
+					return
+				}
+				if _, err := s.ClaimSend(ctx, id, fsm.CmdPending, 0, 1, fence, time.Now()); err != nil {
+					b.Error(err)
+					return
+				}
+				rs := make([]wire.Receipt, len(statuses))
+				for k, st := range statuses {
+					rs[k] = wire.Receipt{CommandID: id, OperationID: op, Status: st, Seq: k + 1, At: time.Now(), Result: []byte(`{"ok":true}`)}
+				}
+				res, err := s.ApplyReceipts(ctx, dev, rs, nil)
+				if err == nil && (len(res) != len(rs) || res[len(res)-1].Err != nil) {
+					err = fmt.Errorf("receipts of %s: %+v", id, res)
+				}
+				if err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64((cpuTime()-before).Microseconds())/float64(b.N), "cpu-µs/op")
+	b.ReportMetric(float64(s.RoundTrips()-trips)/float64(b.N), "statements/op")
+}

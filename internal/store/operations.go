@@ -93,27 +93,8 @@ func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() err
 // submit is Submit inside a transaction (the task runner's step insert uses
 // it together with its checks).
 func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
-	var res SubmitResult
-	existing, err := getOperation(ctx, t, n.OperationID)
-	switch {
-	case err == nil:
-		if existing.RequestHash != n.RequestHash {
-			return res, ErrKeyReused
-		}
-		if existing.Status == fsm.OpFailedRetryable {
-			if err := t.startRetry(ctx, existing, n.Owner, n.LeaseTTL, n.CommandTTL); err != nil {
-				return res, err
-			}
-			res.Retried = true
-			if existing, err = getOperation(ctx, t, n.OperationID); err != nil {
-				return res, err
-			}
-		}
-		res.Operation = existing
-		return res, nil
-	case !errors.Is(err, ErrNotFound):
-		return res, err
-	}
+	// Most submissions are new: the INSERT comes first, and only one that
+	// meets the UNIQUE key reads what holds it.
 	now := ms(t.now)
 	r, err := t.Exec(`INSERT INTO operations (operation_id, action, target, params, request_hash, status,
 			attempt, command_id, version, owner, lease_expires_at, fencing_token,
@@ -123,31 +104,56 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 		n.OperationID, n.Action, n.Target, string(n.Params), n.RequestHash, n.CommandID,
 		n.Owner, ms(t.now.Add(n.LeaseTTL)), n.TaskID, n.Step, n.BusinessVersion, n.Compensates, now, now)
 	if err != nil {
-		return res, fmt.Errorf("insert operation %s: %w", n.OperationID, err)
+		return SubmitResult{}, fmt.Errorf("insert operation %s: %w", n.OperationID, err)
 	}
 	if rows, _ := r.RowsAffected(); rows == 0 {
-		// Lost the race for the UNIQUE key (another process's writer): read the winner.
-		existing, err := getOperation(ctx, t, n.OperationID)
-		if err != nil {
-			return res, err
-		}
-		if existing.RequestHash != n.RequestHash {
-			return res, ErrKeyReused
-		}
-		res.Operation = existing
-		return res, nil
+		return t.resubmit(ctx, n)
 	}
 	if err := insertCommand(t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS); err != nil {
-		return res, err
+		return SubmitResult{}, err
 	}
 	if err := t.event("operation", n.OperationID, "", string(fsm.OpStarted), "submitted", 1); err != nil {
-		return res, err
+		return SubmitResult{}, err
 	}
-	op, err := getOperation(ctx, t, n.OperationID)
+	return SubmitResult{Operation: n.inserted(now, ms(t.now.Add(n.LeaseTTL))), Created: true}, nil
+}
+
+// inserted is the operation as submit inserted it, as getOperation would
+// read it back: one command, no compensations yet (only a final operation
+// is compensated, so a new one has none).
+func (n NewOperation) inserted(now, leaseExpires int64) Operation {
+	return Operation{
+		OperationID: n.OperationID, Action: n.Action, Target: n.Target,
+		Params: json.RawMessage(string(n.Params)), RequestHash: n.RequestHash,
+		Status: fsm.OpStarted, Attempt: 1, CommandID: n.CommandID, CommandIDs: []string{n.CommandID},
+		Version: 1, Owner: n.Owner, LeaseExpiresAt: fromMS(leaseExpires), FencingToken: 1,
+		TaskID: n.TaskID, Step: n.Step, BusinessVersion: n.BusinessVersion, Compensates: n.Compensates,
+		Compensations: []string{}, StartedAt: fromMS(now), UpdatedAt: fromMS(now),
+	}
+}
+
+// resubmit answers a submission whose operation_id exists: the stored
+// record for the same request_hash (a failed_retryable one started again),
+// ErrKeyReused for another.
+func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error) {
+	existing, err := getOperation(ctx, t, n.OperationID)
 	if err != nil {
-		return res, err
+		return SubmitResult{}, err
 	}
-	return SubmitResult{Operation: op, Created: true}, nil
+	if existing.RequestHash != n.RequestHash {
+		return SubmitResult{}, ErrKeyReused
+	}
+	res := SubmitResult{Operation: existing}
+	if existing.Status == fsm.OpFailedRetryable {
+		if err := t.startRetry(ctx, existing, n.Owner, n.LeaseTTL, n.CommandTTL); err != nil {
+			return SubmitResult{}, err
+		}
+		res.Retried = true
+		if res.Operation, err = getOperation(ctx, t, n.OperationID); err != nil {
+			return SubmitResult{}, err
+		}
+	}
+	return res, nil
 }
 
 func insertCommand(t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int) error {

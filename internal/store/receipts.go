@@ -67,7 +67,7 @@ func (s *DB) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, be
 	var out ReceiptOutcome
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
-		out, err = t.receipt(ctx, device, r, beforeCommit)
+		out, err = t.receipt(ctx, device, r, true, beforeCommit)
 		return err
 	})
 	if err == nil {
@@ -104,22 +104,27 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 	var res []ReceiptResult
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		res = res[:0] // a batch that lost a deadlock runs again whole
+		touch := false
 		for _, r := range rs {
 			var out ReceiptOutcome
 			rerr, err := t.savepoint(ctx, "receipt", func() error {
 				var err error
-				out, err = t.receipt(ctx, device, r, beforeCommit)
+				out, err = t.receipt(ctx, device, r, false, beforeCommit)
 				return err
 			}, nil)
 			if err != nil {
 				return err
 			}
 			res = append(res, ReceiptResult{Out: out, Err: rerr})
+			touch = touch || rerr == nil
 			if rerr != nil && !errors.Is(rerr, ErrRefused) {
 				break
 			}
 		}
-		return nil
+		if !touch {
+			return nil
+		}
+		return t.touchDevice(device) // once for the group: they share the time
 	})
 	if err != nil {
 		return nil, err
@@ -133,8 +138,9 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 }
 
 // receipt is the change of one receipt: applied, its wake-up noted, its
-// device touched, then beforeCommit.
-func (t *tx) receipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
+// device touched unless the caller does (once for a device's group), then
+// beforeCommit.
+func (t *tx) receipt(ctx context.Context, device string, r wire.Receipt, touch bool, beforeCommit func() error) (ReceiptOutcome, error) {
 	out, err := t.applyReceipt(ctx, device, r)
 	if err != nil {
 		return out, err
@@ -142,8 +148,10 @@ func (t *tx) receipt(ctx context.Context, device string, r wire.Receipt, beforeC
 	if out.Due {
 		t.wake(WakeCommand, out.CommandID) // its holder may be another instance
 	}
-	if err := t.touchDevice(device); err != nil {
-		return out, err
+	if touch {
+		if err := t.touchDevice(device); err != nil {
+			return out, err
+		}
 	}
 	if beforeCommit != nil {
 		return out, beforeCommit()

@@ -233,7 +233,8 @@ type tx struct {
 	instance string
 	refusals []refusal
 	notes    []func(Observer)
-	wakes    []string // NOTIFY payloads for other instances
+	wakes    []string   // NOTIFY payloads for other instances
+	events   []eventRow // its lines of the events log, written at the batch's end
 }
 
 // wake tells the other instances, once this change commits, that kind id
@@ -247,12 +248,58 @@ type refusal struct {
 	token                         int64
 }
 
-func insertRefusals(t *tx, now time.Time, instance string, refs []refusal) error {
-	for _, r := range refs {
-		if _, err := t.Exec(`INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1)`, ms(now), r.machine, r.id, r.from, r.to, r.reason, instance, r.token); err != nil {
-			return fmt.Errorf("record refusal: %w", err)
+// recordRefusals adds the change's refused transitions to its events, after
+// a rollback to its savepoint took back the rest.
+func (t *tx) recordRefusals() {
+	for _, r := range t.refusals {
+		t.events = append(t.events, eventRow{at: ms(t.now), machine: r.machine, id: r.id, from: r.from, to: r.to,
+			reason: r.reason, instance: t.instance, token: r.token, refused: 1})
+	}
+}
+
+// eventRow is one line of the events log.
+type eventRow struct {
+	at                                      int64
+	machine, id, from, to, reason, instance string
+	token, refused                          int64
+}
+
+// eventChunks are the row counts of the multi-row INSERTs that write a
+// batch's events: a few fixed statements, each prepared once.
+var eventChunks = []int{256, 64, 16, 4, 1}
+
+// eventInserts holds the INSERT of each chunk size.
+var eventInserts = func() map[int]string {
+	m := map[int]string{}
+	for _, n := range eventChunks {
+		q := `INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused) VALUES `
+		q += strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, ?, ?, ?, ?), `, n), ", ")
+		m[n] = q
+	}
+	return m
+}()
+
+// insertEvents writes a batch's events in their order, in as few
+// statements as the chunk sizes allow. Only the lines of changes that stood
+// (and the refusals of those that did not) are left to write by then, so
+// the log keeps the order in which the changes were applied.
+func (t *tx) insertEvents(ctx context.Context, rows []eventRow) error {
+	for len(rows) > 0 {
+		n := eventChunks[len(eventChunks)-1]
+		for _, c := range eventChunks {
+			if c <= len(rows) {
+				n = c
+				break
+			}
 		}
+		args := make([]any, 0, 9*n)
+		for _, r := range rows[:n] {
+			args = append(args, r.at, r.machine, r.id, r.from, r.to, r.reason, r.instance, r.token, r.refused)
+		}
+		if _, err := t.ExecContext(ctx, eventInserts[n], args...); err != nil {
+			return fmt.Errorf("record events: %w", err)
+		}
+		rows = rows[n:]
 	}
 	return nil
 }
@@ -277,13 +324,11 @@ const (
 	ReasonFenced    = "fenced"    // stale fencing token, or the lease ran out
 )
 
-// event appends to the events log and notes the transition for the observer.
+// event appends to the events log (with the batch's other lines, see
+// insertEvents) and notes the transition for the observer.
 func (t *tx) event(machine, id, from, to, reason string, token int64) error {
-	_, err := t.Exec(`INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)`, ms(t.now), machine, id, from, to, reason, t.instance, token)
-	if err != nil {
-		return fmt.Errorf("record event: %w", err)
-	}
+	t.events = append(t.events, eventRow{at: ms(t.now), machine: machine, id: id, from: from, to: to,
+		reason: reason, instance: t.instance, token: token})
 	if from != to && from != "" {
 		t.notes = append(t.notes, func(o Observer) { o.Transition(machine, from, to) })
 	}

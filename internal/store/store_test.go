@@ -117,6 +117,40 @@ func TestSubmitIsIdempotent(t *testing.T) {
 	})
 }
 
+// A new operation's answer is built without reading it back: it must be
+// what a read finds, field for field, for a plain operation, a task's step
+// and a compensation; and a resubmission answers with the stored record.
+func TestSubmitAnswersWhatIsStored(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		step := newOp("task-1:s1:device-2:v3", "c-2")
+		step.Target, step.TaskID, step.Step, step.BusinessVersion = "device-2", "task-1", "s1", "v3"
+		step.Params = json.RawMessage(`{"a":[1,2],"b":"x"}`)
+		comp := newOp("op-1:compensate:v2", "c-3")
+		comp.Compensates, comp.BusinessVersion = "op-1", "v2"
+		for i, n := range []NewOperation{newOp("op-1", "c-1"), step, comp} {
+			b.clk.Advance(1500 * time.Microsecond) // not on a millisecond
+			res, err := b.s.Submit(b.ctx, n, nil)
+			require.NoError(t, err, i)
+			require.True(t, res.Created, i)
+			got, err := b.s.GetOperation(b.ctx, n.OperationID)
+			require.NoError(t, err, i)
+			require.Equal(t, got, res.Operation, "submit %d answers what a read finds", i)
+
+			again, err := b.s.Submit(b.ctx, n, nil)
+			require.NoError(t, err, i)
+			require.False(t, again.Created, i)
+			if i > 0 {
+				require.Equal(t, got, again.Operation, "resubmit %d answers the stored record", i)
+			}
+		}
+		op1, err := b.s.GetOperation(b.ctx, "op-1")
+		require.NoError(t, err)
+		require.Equal(t, []string{"op-1:compensate:v2"}, op1.Compensations)
+	})
+}
+
 func TestSubmitBeforeCommitErrorRollsBack(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
@@ -751,7 +785,10 @@ func TestApplyReceiptsInOrderAndAFailureStopsThere(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
+		_, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 1})
+		require.NoError(t, err)
 		sentCommand(t, b)
+		b.clk.Advance(time.Minute)
 		res, err := b.s.ApplyReceipts(b.ctx, "device-1", []wire.Receipt{receipt("c-1", wire.ReceiptReceived, 1),
 			receipt("c-1", wire.ReceiptReceived, 1), receipt("c-1", wire.ReceiptExecuting, 2)}, nil)
 		require.NoError(t, err)
@@ -770,6 +807,10 @@ func TestApplyReceiptsInOrderAndAFailureStopsThere(t *testing.T) {
 			moves = append(moves, e.From+">"+e.To)
 		}
 		require.Equal(t, []string{">pending", "pending>sent", "sent>received", "received>executing"}, moves)
+		d, err := b.s.GetDevice(b.ctx, "device-1")
+		require.NoError(t, err)
+		require.NotNil(t, d.LastSeenAt)
+		require.Equal(t, b.clk.Now().UnixMilli(), d.LastSeenAt.UnixMilli(), "the group touched its device")
 
 		// Another command on the device, and a failure in the middle.
 		_, err = b.s.Submit(b.ctx, newOp("op-2", "c-2"), nil)

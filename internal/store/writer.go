@@ -180,7 +180,10 @@ func (s *DB) applyBatch(batch []*job, res []applied) error {
 	}
 	defer sqlTx.Rollback()
 	s.trips.Add(2) // BEGIN and COMMIT (or ROLLBACK)
-	var wakes []string
+	var (
+		wakes  []string
+		events []eventRow
+	)
 	for i, j := range batch {
 		if err := j.ctx.Err(); err != nil {
 			res[i].err = err // the caller gave up before its turn: nothing written
@@ -193,7 +196,14 @@ func (s *DB) applyBatch(batch []*job, res []applied) error {
 		if t.err == nil {
 			wakes = append(wakes, t.wakes...)
 		}
+		events = append(events, t.events...)
 		res[i] = applied{err: t.err, notes: t.notes, refusals: t.refusals}
+	}
+	// The events of the whole batch in a few multi-row statements: a
+	// failure here is the transaction's, like a failed COMMIT, and every
+	// caller is told to try again.
+	if err := (&tx{Tx: sqlTx, s: s}).insertEvents(ctx, events); err != nil {
+		return err
 	}
 	sent, err := s.b.notify(ctx, sqlTx, wakes)
 	if sent {
@@ -229,7 +239,8 @@ func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun,
 	t := &tx{Tx: sqlTx, s: s, now: s.now().UTC(), instance: s.instance}
 	ferr, err := t.savepoint(ctx, "change", func() error { return runChange(ctx, j.fn, t) }, func() error {
 		// A refused transition is on record whether or not its change stood.
-		return insertRefusals(t, t.now, s.instance, t.refusals)
+		t.recordRefusals()
+		return nil
 	})
 	if err != nil {
 		return changeRun{}, err
@@ -248,7 +259,7 @@ func (t *tx) savepoint(ctx context.Context, name string, fn, release func() erro
 	if err := t.execFixed(ctx, `SAVEPOINT `+name); err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)
 	}
-	notes, wakes := len(t.notes), len(t.wakes)
+	notes, wakes, events := len(t.notes), len(t.wakes), len(t.events)
 	if ferr = fn(); ferr != nil {
 		if t.s.b.endsTransaction(ferr) || t.s.b.conflict(ferr) {
 			return ferr, ferr
@@ -256,7 +267,7 @@ func (t *tx) savepoint(ctx context.Context, name string, fn, release func() erro
 		if err := t.execFixed(ctx, `ROLLBACK TO SAVEPOINT `+name); err != nil {
 			return ferr, fmt.Errorf("rollback to savepoint: %w (after %v)", err, ferr)
 		}
-		t.notes, t.wakes = t.notes[:notes], t.wakes[:wakes]
+		t.notes, t.wakes, t.events = t.notes[:notes], t.wakes[:wakes], t.events[:events]
 	}
 	if release != nil {
 		if err := release(); err != nil {

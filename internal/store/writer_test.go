@@ -198,3 +198,58 @@ func TestStatementsArePreparedOnce(t *testing.T) {
 	}
 	require.NotZero(t, prepared(b.s.rq.c))
 }
+
+// A batch's events are written together at its end, across the chunk
+// sizes of the multi-row INSERT, in the order the changes made them: a
+// change that failed leaves only its refusals.
+func TestBatchEventsKeepTheirOrder(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		release := holdWriter(t, b.s)
+		const first, second = 300, 7 // 308 lines in one batch: 256, 16, 16, 16 and 4
+		emit := func(from, n int) func(context.Context, *tx) error {
+			return func(_ context.Context, t *tx) error {
+				for i := from; i < from+n; i++ {
+					if err := t.event("command", "c-order", fmt.Sprint(i), fmt.Sprint(i+1), "step", 0); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+		}
+		a := queued(t, b.s, func() error { return b.s.write(b.ctx, emit(0, first)) })
+		injected := errors.New("injected")
+		failing := queued(t, b.s, func() error {
+			return b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+				if err := emit(1000, 5)(ctx, t); err != nil {
+					return err
+				}
+				t.refuse("command", "c-order", "x", "y", ReasonStale, 0)
+				return injected
+			})
+		})
+		c := queued(t, b.s, func() error { return b.s.write(b.ctx, emit(first, second)) })
+		release()
+		require.NoError(t, <-a)
+		require.ErrorIs(t, <-failing, injected)
+		require.NoError(t, <-c)
+
+		events, err := b.s.Events(b.ctx, "c-order")
+		require.NoError(t, err)
+		require.Len(t, events, first+1+second)
+		var got []string
+		for _, e := range events {
+			got = append(got, fmt.Sprintf("%s>%s/%v", e.From, e.To, e.Refused))
+		}
+		var want []string
+		for i := 0; i < first; i++ {
+			want = append(want, fmt.Sprintf("%d>%d/false", i, i+1))
+		}
+		want = append(want, "x>y/true") // the failed change: its refusal, not its events
+		for i := first; i < first+second; i++ {
+			want = append(want, fmt.Sprintf("%d>%d/false", i, i+1))
+		}
+		require.Equal(t, want, got)
+	})
+}
