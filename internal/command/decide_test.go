@@ -208,3 +208,68 @@ func TestReconnectAsksDoNotUseTheBudget(t *testing.T) {
 	require.Equal(t, 0, c.Queries, "three reconnect asks, none counted")
 	require.Len(t, pub.topics(), 4, "one command and three queries were published")
 }
+
+// countingStore counts the dispatcher's reads of open commands.
+type countingStore struct {
+	store.Store
+	mu    sync.Mutex
+	reads int
+}
+
+func (s *countingStore) OpenCommand(ctx context.Context, id string) (store.OpenCommand, error) {
+	s.mu.Lock()
+	s.reads++
+	s.mu.Unlock()
+	return s.Store.OpenCommand(ctx, id)
+}
+
+// A new command handed on as its submit inserted it is sent without being
+// read; the copy is used once, and a copy out of date by then (the command
+// was cancelled meanwhile) is refused by the decision's conditional write:
+// nothing is published.
+func TestInsertedCommandIsSentWithoutARead(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewFake(t0)
+	st, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	_, err = st.ApplyPresence(ctx, "d1", wire.Presence{Online: true, Session: 1, Capabilities: &wire.Capabilities{Dedupe: true, Query: true}})
+	require.NoError(t, err)
+	pol := Policy{AckTimeout: time.Second, MaxAttempts: 2, TTL: time.Minute, Offline: OfflineWait, OnUnknown: UnknownNeedsAttention}
+	submit := func(op, cmd string) store.OpenCommand {
+		res, err := st.Submit(ctx, store.NewOperation{OperationID: op, Action: "restart", Target: "d1", Params: json.RawMessage(`{}`),
+			RequestHash: "h", CommandID: cmd, CommandTTL: pol.TTL, QoS: 1, Owner: "i1", LeaseTTL: time.Hour}, nil)
+		require.NoError(t, err)
+		require.True(t, res.Created)
+		return res.Inserted
+	}
+	cs := &countingStore{Store: st}
+	pub := &fakePublisher{}
+	d := New(Config{Store: cs, Publisher: pub, Instance: "i1", TopicRoot: "fleet", Policy: func(string) Policy { return pol },
+		Metrics: metrics.New(), Now: clk.Now})
+	stepKicked := func() {
+		id := <-d.work
+		d.step(ctx, id)
+		d.done(id)
+	}
+
+	d.KickInserted(submit("op-1", "c-1"))
+	stepKicked()
+	require.Equal(t, []string{"fleet/d1/commands"}, pub.topics())
+	require.Zero(t, cs.reads, "the inserted copy decided the send")
+	c, err := st.GetCommand(ctx, "c-1")
+	require.NoError(t, err)
+	require.Equal(t, fsm.CmdSent, c.Status)
+	d.step(ctx, "c-1") // the copy is gone: a later step reads
+	require.Equal(t, 1, cs.reads)
+
+	stale := submit("op-2", "c-2")
+	_, err = st.Cancel(ctx, "c-2", "someone")
+	require.NoError(t, err)
+	d.KickInserted(stale)
+	stepKicked()
+	require.Len(t, pub.topics(), 1, "a cancelled command is not published from an old copy")
+	c, err = st.GetCommand(ctx, "c-2")
+	require.NoError(t, err)
+	require.Equal(t, fsm.CmdCancelled, c.Status)
+}

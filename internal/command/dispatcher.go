@@ -50,6 +50,9 @@ type Dispatcher struct {
 	mu       sync.Mutex
 	inFlight map[string]bool
 	again    map[string]bool
+	// inserted holds new commands as their submit inserted them, for their
+	// first step (see KickInserted).
+	inserted map[string]store.OpenCommand
 	wg       sync.WaitGroup
 	// connected carries one pending reconcile after a broker (re)connect.
 	connected chan struct{}
@@ -77,7 +80,7 @@ func New(cfg Config) *Dispatcher {
 		cfg.Changed = func(string) {}
 	}
 	return &Dispatcher{cfg: cfg, work: make(chan string, 4096), inFlight: map[string]bool{}, again: map[string]bool{},
-		connected: make(chan struct{}, 1)}
+		inserted: map[string]store.OpenCommand{}, connected: make(chan struct{}, 1)}
 }
 
 // Kick asks for a command to be looked at soon (a new submit, an answer that
@@ -99,6 +102,17 @@ func (d *Dispatcher) Kick(commandID string) {
 	}
 }
 
+// KickInserted is Kick for a command its submit has just inserted, handed
+// on as inserted: its first step decides on it without reading it. That
+// copy may be out of date by then (a cancel, another kick's step); the
+// decision's conditional write refuses it if so, as it would a read one.
+func (d *Dispatcher) KickInserted(oc store.OpenCommand) {
+	d.mu.Lock()
+	d.inserted[oc.CommandID] = oc
+	d.mu.Unlock()
+	d.Kick(oc.CommandID)
+}
+
 func (d *Dispatcher) done(commandID string) (again bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -106,8 +120,22 @@ func (d *Dispatcher) done(commandID string) (again bool) {
 	delete(d.again, commandID)
 	if !again {
 		delete(d.inFlight, commandID)
+		delete(d.inserted, commandID) // a dropped kick's: the sweeper reads it
 	}
 	return again
+}
+
+// openCommand is the command for a step: as its submit inserted it, the
+// first time, else as stored now.
+func (d *Dispatcher) openCommand(ctx context.Context, commandID string) (store.OpenCommand, error) {
+	d.mu.Lock()
+	oc, ok := d.inserted[commandID]
+	delete(d.inserted, commandID)
+	d.mu.Unlock()
+	if ok {
+		return oc, nil
+	}
+	return d.cfg.Store.OpenCommand(ctx, commandID)
 }
 
 // Run starts the workers and the sweeper, and reconciles after every
@@ -205,7 +233,7 @@ func (d *Dispatcher) DeviceChanged(ctx context.Context, device string) {
 
 // step reads a command fresh and makes the one decision it needs now.
 func (d *Dispatcher) step(ctx context.Context, commandID string) {
-	oc, err := d.cfg.Store.OpenCommand(ctx, commandID)
+	oc, err := d.openCommand(ctx, commandID)
 	if errors.Is(err, store.ErrNotFound) {
 		d.retryStep(ctx, commandID) // terminal: maybe the last command of a retry
 		return

@@ -72,6 +72,10 @@ type Config struct {
 	// Submitted is told of each command that needs a first decision (a new
 	// operation, or a retry): the dispatcher's kick.
 	Submitted func(commandID string)
+	// Inserted, when set, is told of a new operation's first command
+	// instead of Submitted, with the command as inserted, so that the
+	// dispatcher's first decision needs no read.
+	Inserted func(store.OpenCommand)
 	// Changed is told of each operation a person's action changed.
 	Changed func(operationID string)
 }
@@ -258,7 +262,10 @@ func (s *Service) insert(ctx context.Context, n store.NewOperation) (store.Opera
 	if err != nil {
 		return store.Operation{}, false, err
 	}
-	if res.Created || res.Retried {
+	switch {
+	case res.Created && s.cfg.Inserted != nil:
+		s.cfg.Inserted(res.Inserted)
+	case res.Created || res.Retried:
 		s.cfg.Submitted(res.Operation.CommandID)
 	}
 	return res.Operation, res.Created, nil

@@ -263,3 +263,27 @@ func TestCommandSizeIsCheckedAtSubmit(t *testing.T) {
 	_, err = b.st.GetOperation(b.ctx, "op-2")
 	require.ErrorIs(t, err, store.ErrNotFound, "nothing was stored")
 }
+
+// With Inserted set, a new operation's first command goes there, as
+// inserted, and only there; a replay tells neither.
+func TestInsertedIsToldOfANewCommand(t *testing.T) {
+	b := setup(t, false)
+	var inserted []store.OpenCommand
+	cfg := b.svc.cfg
+	cfg.Inserted = func(oc store.OpenCommand) { inserted = append(inserted, oc) }
+	svc := New(cfg)
+	in := Intent{TaskID: "task-1", Step: "s", Target: "device-1", BusinessVersion: "v1", Action: "restart", Params: json.RawMessage(`{}`)}
+	op, created, err := svc.Submit(b.ctx, in, "", "alice")
+	require.NoError(t, err)
+	require.True(t, created)
+	require.Len(t, inserted, 1)
+	require.Equal(t, op.CommandID, inserted[0].CommandID)
+	require.Equal(t, fsm.CmdPending, inserted[0].Status)
+	require.Equal(t, store.Fence{Owner: "i1", Token: 1}, inserted[0].Fence)
+	require.Empty(t, b.submitted, "not told twice")
+
+	_, created, err = svc.Submit(b.ctx, in, "", "alice")
+	require.NoError(t, err)
+	require.False(t, created)
+	require.Len(t, inserted, 1, "a replay is no new command")
+}

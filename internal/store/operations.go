@@ -68,6 +68,9 @@ type SubmitResult struct {
 	Operation Operation
 	Created   bool // a new operation and command were inserted
 	Retried   bool // a failed_retryable operation was started again (its retry)
+	// Inserted is the new command as inserted, with its fence (Created
+	// only): what OpenCommand would read, so its first decision needs no read.
+	Inserted OpenCommand
 }
 
 // Submit inserts the operation and its first command in one transaction, or
@@ -109,13 +112,16 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	if rows, _ := r.RowsAffected(); rows == 0 {
 		return t.resubmit(ctx, n)
 	}
-	if err := insertCommand(t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS); err != nil {
+	c, err := insertCommand(t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS)
+	if err != nil {
 		return SubmitResult{}, err
 	}
 	if err := t.event("operation", n.OperationID, "", string(fsm.OpStarted), "submitted", 1); err != nil {
 		return SubmitResult{}, err
 	}
-	return SubmitResult{Operation: n.inserted(now, ms(t.now.Add(n.LeaseTTL))), Created: true}, nil
+	op := n.inserted(now, ms(t.now.Add(n.LeaseTTL)))
+	return SubmitResult{Operation: op, Created: true,
+		Inserted: OpenCommand{Command: c, Fence: Fence{Owner: op.Owner, Token: op.FencingToken}, LeaseExpiresAt: op.LeaseExpiresAt}}, nil
 }
 
 // inserted is the operation as submit inserted it, as getOperation would
@@ -156,16 +162,21 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 	return res, nil
 }
 
-func insertCommand(t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int) error {
-	now := ms(t.now)
+// insertCommand inserts a new pending command and returns it as a read
+// would find it.
+func insertCommand(t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int) (Command, error) {
+	now, expires := ms(t.now), ms(t.now.Add(ttl))
 	_, err := t.Exec(`INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
 			status, qos, version, next_check_at, created_at, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, 1, ?, ?, ?)`,
-		commandID, operationID, device, action, string(params), now, ms(t.now.Add(ttl)), qos, now, now, now)
+		commandID, operationID, device, action, string(params), now, expires, qos, now, now, now)
 	if err != nil {
-		return fmt.Errorf("insert command %s: %w", commandID, err)
+		return Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
 	}
-	return t.event("command", commandID, "", string(fsm.CmdPending), "submitted", 0)
+	c := Command{CommandID: commandID, OperationID: operationID, DeviceID: device, Action: action,
+		Params: json.RawMessage(string(params)), IssuedAt: fromMS(now), ExpiresAt: fromMS(expires),
+		Status: fsm.CmdPending, QoS: qos, Version: 1, NextCheckAt: fromMS(now), CreatedAt: fromMS(now), UpdatedAt: fromMS(now)}
+	return c, t.event("command", commandID, "", string(fsm.CmdPending), "submitted", 0)
 }
 
 // getOperationRow reads an operation's own row, without the lists of its

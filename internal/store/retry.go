@@ -97,7 +97,8 @@ func (s *DB) MintCommand(ctx context.Context, r Retrying, f Fence, commandID str
 			fmt.Sprintf("retry: new command %s (last %s answered %q)", commandID, r.Last.CommandID, r.Last.LastAnswer), f.Token); err != nil {
 			return err
 		}
-		return insertCommand(t, commandID, op.OperationID, op.Target, op.Action, op.Params, ttl, qos)
+		_, err := insertCommand(t, commandID, op.OperationID, op.Target, op.Action, op.Params, ttl, qos)
+		return err
 	})
 }
 

@@ -117,9 +117,10 @@ func TestSubmitIsIdempotent(t *testing.T) {
 	})
 }
 
-// A new operation's answer is built without reading it back: it must be
-// what a read finds, field for field, for a plain operation, a task's step
-// and a compensation; and a resubmission answers with the stored record.
+// A new operation's answer, and its command, are built without reading them
+// back: they must be what a read finds, field for field, for a plain
+// operation, a task's step and a compensation; and a resubmission answers
+// with the stored record.
 func TestSubmitAnswersWhatIsStored(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
@@ -137,6 +138,9 @@ func TestSubmitAnswersWhatIsStored(t *testing.T) {
 			got, err := b.s.GetOperation(b.ctx, n.OperationID)
 			require.NoError(t, err, i)
 			require.Equal(t, got, res.Operation, "submit %d answers what a read finds", i)
+			oc, err := b.s.OpenCommand(b.ctx, n.CommandID)
+			require.NoError(t, err, i)
+			require.Equal(t, oc, res.Inserted, "submit %d hands on its command as a read finds it", i)
 
 			again, err := b.s.Submit(b.ctx, n, nil)
 			require.NoError(t, err, i)
