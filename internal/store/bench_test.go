@@ -185,3 +185,26 @@ func BenchmarkOperationBatched(b *testing.B) {
 	b.ReportMetric(float64((cpuTime()-before).Microseconds())/float64(b.N), "cpu-µs/op")
 	b.ReportMetric(float64(s.RoundTrips()-trips)/float64(b.N), "statements/op")
 }
+
+// BenchmarkGetOperation measures one read of an operation with its lists
+// (what every ?wait= answer costs), from the read pool.
+func BenchmarkGetOperation(b *testing.B) {
+	ctx := context.Background()
+	s, err := Open(ctx, Config{Path: filepath.Join(b.TempDir(), "c.db"), Instance: "i1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	const ops = 1000
+	for i := 0; i < ops; i++ {
+		if _, err := s.Submit(ctx, newOp(fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i)), nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := s.GetOperation(ctx, fmt.Sprintf("op-%d", i%ops)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
@@ -202,15 +203,16 @@ const operationColumns = `operation_id, action, target, params, request_hash, st
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
 	COALESCE(compensates, ''), started_at, updated_at`
 
-func scanOperation(row interface{ Scan(...any) error }) (Operation, error) {
+// scanOperation scans operationColumns, then extra columns into more.
+func scanOperation(row interface{ Scan(...any) error }, more ...any) (Operation, error) {
 	var (
 		op             Operation
 		params, result sql.NullString
 		lease, st, up  int64
 	)
-	err := row.Scan(&op.OperationID, &op.Action, &op.Target, &params, &op.RequestHash, &op.Status, &result,
+	err := row.Scan(append([]any{&op.OperationID, &op.Action, &op.Target, &params, &op.RequestHash, &op.Status, &result,
 		&op.Reason, &op.Attempt, &op.CommandID, &op.Version, &op.Owner, &lease, &op.FencingToken,
-		&op.TaskID, &op.Step, &op.BusinessVersion, &op.Compensates, &st, &up)
+		&op.TaskID, &op.Step, &op.BusinessVersion, &op.Compensates, &st, &up}, more...)...)
 	if err != nil {
 		return Operation{}, err
 	}
@@ -222,36 +224,34 @@ func scanOperation(row interface{ Scan(...any) error }) (Operation, error) {
 	return op, nil
 }
 
+// getOperation reads an operation with the ids of its commands (by
+// creation) and of its compensations (by start, then id) in one round
+// trip: the lists come as comma-joined aggregates, which ids never contain
+// (their charset is [A-Za-z0-9._:-]).
 func getOperation(ctx context.Context, q queryer, id string) (Operation, error) {
-	op, err := getOperationRow(ctx, q, id)
+	var cmds, comps string
+	op, err := scanOperation(q.QueryRowContext(ctx, lockingRead(q, `SELECT `+operationColumns+`,
+		COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
+			FROM commands c WHERE c.operation_id = o.operation_id), ''),
+		COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
+			FROM operations k WHERE k.compensates = o.operation_id), '')
+		FROM operations o WHERE o.operation_id = ?`), id), &cmds, &comps)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Operation{}, fmt.Errorf("operation %s: %w", id, ErrNotFound)
+	}
 	if err != nil {
-		return Operation{}, err
+		return Operation{}, fmt.Errorf("get operation %s: %w", id, err)
 	}
-	// Its commands and its compensations in one round trip.
-	rows, err := q.QueryContext(ctx, `SELECT 0, command_id, created_at FROM commands WHERE operation_id = ?
-		UNION ALL SELECT 1, operation_id, started_at FROM operations WHERE compensates = ?
-		ORDER BY 1, 3, 2`, id, id)
-	if err != nil {
-		return Operation{}, err
+	op.CommandIDs, op.Compensations = splitIDs(cmds), splitIDs(comps)
+	return op, nil
+}
+
+// splitIDs splits a comma-joined list of ids; an empty one is no id.
+func splitIDs(s string) []string {
+	if s == "" {
+		return []string{}
 	}
-	defer rows.Close()
-	op.CommandIDs, op.Compensations = []string{}, []string{}
-	for rows.Next() {
-		var (
-			kind int
-			v    string
-			at   int64
-		)
-		if err := rows.Scan(&kind, &v, &at); err != nil {
-			return Operation{}, err
-		}
-		if kind == 0 {
-			op.CommandIDs = append(op.CommandIDs, v)
-		} else {
-			op.Compensations = append(op.Compensations, v)
-		}
-	}
-	return op, rows.Err()
+	return strings.Split(s, ",")
 }
 
 func queryStrings(ctx context.Context, q queryer, query string, args ...any) ([]string, error) {

@@ -125,8 +125,8 @@ func TestSubmitAnswersWhatIsStored(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
-		step := newOp("task-1:s1:device-2:v3", "c-2")
-		step.Target, step.TaskID, step.Step, step.BusinessVersion = "device-2", "task-1", "s1", "v3"
+		step := newOp("task_1:s.1:dev-2:v3", "c_2.x:y")
+		step.Target, step.TaskID, step.Step, step.BusinessVersion = "dev-2", "task_1", "s.1", "v3" // every character ids may hold
 		step.Params = json.RawMessage(`{"a":[1,2],"b":"x"}`)
 		comp := newOp("op-1:compensate:v2", "c-3")
 		comp.Compensates, comp.BusinessVersion = "op-1", "v2"
