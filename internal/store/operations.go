@@ -87,7 +87,7 @@ func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() err
 			return err
 		}
 		if beforeCommit != nil {
-			return beforeCommit()
+			return t.hook(beforeCommit)
 		}
 		return nil
 	})

@@ -154,7 +154,7 @@ func (t *tx) receipt(ctx context.Context, device string, r wire.Receipt, touch b
 		}
 	}
 	if beforeCommit != nil {
-		return out, beforeCommit()
+		return out, t.hook(beforeCommit)
 	}
 	return out, nil
 }

@@ -235,6 +235,7 @@ type tx struct {
 	notes    []func(Observer)
 	wakes    []string   // NOTIFY payloads for other instances
 	events   []eventRow // its lines of the events log, written at the batch's end
+	j        *job       // the change's job (its hooks' results)
 }
 
 // wake tells the other instances, once this change commits, that kind id

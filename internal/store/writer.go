@@ -10,10 +10,12 @@ import (
 
 // Group commit. Every change goes through one writer goroutine that owns the
 // writer connection. It takes what is waiting in its queue (up to
-// MaxBatch changes), applies each inside one IMMEDIATE transaction under a
-// savepoint of its own, commits once and only then answers every caller.
-// A change that fails or is refused rolls back to its savepoint and records
-// its refusals there, so its neighbours never see it; an error that ends
+// MaxBatch changes), applies each inside one IMMEDIATE transaction, commits
+// once and only then answers every caller. A change that fails or is
+// refused never takes its neighbours with it: the batch runs first without
+// savepoints and, at the first change that fails, again with a savepoint
+// for each (applyBatch), where a failing change rolls back to its savepoint
+// and records its refusals there; an error that ends
 // the whole transaction (the backend's endsTransaction: with SQLite FULL,
 // IOERR, BUSY, INTERRUPT, NOMEM, CORRUPT; with PostgreSQL a lost
 // connection or a server shutting down; or a failed COMMIT) fails every change of the batch with a
@@ -51,6 +53,12 @@ type job struct {
 	ctx  context.Context
 	fn   func(context.Context, *tx) error
 	done chan error // buffered: the writer never waits on a caller
+	// hooks are the results of the change's hooks (tx.hook), in the order
+	// it called them: a change run again (its batch fell back to
+	// savepoints, or lost a deadlock) gets them again without calling its
+	// hooks, failpoints among them, a second time.
+	hooks  []error
+	hookAt int
 }
 
 // applied is what one change of a committed batch returns and reports.
@@ -172,11 +180,38 @@ func (s *DB) commitBatch(batch []*job) {
 // applyBatch runs every change of the batch in one transaction and commits
 // it. It returns an error only when the transaction as a whole failed; each
 // change's own error is in res.
+//
+// A batch runs first without savepoints: most changes stand, and a
+// SAVEPOINT and a RELEASE each cost a statement. At the first change that
+// fails, that transaction is rolled back and the batch runs again with a
+// savepoint for each change, the failed one answered with the error it
+// met (and its refusals recorded) without running it again. The changes
+// before it run twice; their hooks are called once (tx.hook).
 func (s *DB) applyBatch(batch []*job, res []applied) error {
+	failed, err := s.runBatch(batch, res, nil)
+	if err != nil || failed == nil {
+		return err
+	}
+	clear(res)
+	_, err = s.runBatch(batch, res, failed)
+	return err
+}
+
+// failedChange is the change an optimistic run stopped at.
+type failedChange struct {
+	index int
+	run   changeRun
+}
+
+// runBatch runs the batch in one transaction and commits it. With failed
+// nil it runs the changes without savepoints and, at the first one that
+// fails, rolls back and returns it (nothing committed); with failed set it
+// runs each under a savepoint and answers the failed one from its run.
+func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*failedChange, error) {
 	ctx := context.Background()
 	sqlTx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer sqlTx.Rollback()
 	s.trips.Add(2) // BEGIN and COMMIT (or ROLLBACK)
@@ -189,9 +224,21 @@ func (s *DB) applyBatch(batch []*job, res []applied) error {
 			res[i].err = err // the caller gave up before its turn: nothing written
 			continue
 		}
-		t, err := s.applyChange(ctx, sqlTx, j)
+		var t changeRun
+		switch {
+		case failed == nil:
+			if t, err = s.runOptimistic(ctx, sqlTx, j); err == nil && t.err != nil {
+				return &failedChange{index: i, run: t}, nil
+			}
+		case i == failed.index:
+			t = failed.run
+			t.notes, t.wakes, t.events = nil, nil, nil // rolled back with its run
+			t.recordRefusals()
+		default:
+			t, err = s.applyChange(ctx, sqlTx, j)
+		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if t.err == nil {
 			wakes = append(wakes, t.wakes...)
@@ -203,19 +250,19 @@ func (s *DB) applyBatch(batch []*job, res []applied) error {
 	// failure here is the transaction's, like a failed COMMIT, and every
 	// caller is told to try again.
 	if err := (&tx{Tx: sqlTx, s: s}).insertEvents(ctx, events); err != nil {
-		return err
+		return nil, err
 	}
 	sent, err := s.b.notify(ctx, sqlTx, wakes)
 	if sent {
 		s.trips.Add(1)
 	}
 	if err != nil {
-		return fmt.Errorf("notify: %w", err)
+		return nil, fmt.Errorf("notify: %w", err)
 	}
 	if err := sqlTx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return nil, fmt.Errorf("commit: %w", err)
 	}
-	return nil
+	return nil, nil
 }
 
 // maxConflictRuns bounds how often a batch that lost a deadlock (or a
@@ -236,7 +283,7 @@ type changeRun struct {
 // earlier stay locked until it rolls back, so the change alone cannot win
 // by running again; the whole batch runs again instead).
 func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun, error) {
-	t := &tx{Tx: sqlTx, s: s, now: s.now().UTC(), instance: s.instance}
+	t := s.newTx(sqlTx, j)
 	ferr, err := t.savepoint(ctx, "change", func() error { return runChange(ctx, j.fn, t) }, func() error {
 		// A refused transition is on record whether or not its change stood.
 		t.recordRefusals()
@@ -246,6 +293,38 @@ func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun,
 		return changeRun{}, err
 	}
 	return changeRun{tx: t, err: ferr}, nil
+}
+
+// runOptimistic runs one change without a savepoint. Its own error is in
+// the changeRun; the error returned is one that ends the whole batch, as
+// for applyChange.
+func (s *DB) runOptimistic(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun, error) {
+	t := s.newTx(sqlTx, j)
+	ferr := runChange(ctx, j.fn, t)
+	if ferr != nil && (s.b.endsTransaction(ferr) || s.b.conflict(ferr)) {
+		return changeRun{}, ferr
+	}
+	return changeRun{tx: t, err: ferr}, nil
+}
+
+// newTx is a change's view of the batch's transaction, with its own "now".
+func (s *DB) newTx(sqlTx *sql.Tx, j *job) *tx {
+	j.hookAt = 0
+	return &tx{Tx: sqlTx, s: s, now: s.now().UTC(), instance: s.instance, j: j}
+}
+
+// hook calls h, a change's hook (a failpoint), once per change however
+// often the change runs: a run again gets the result of the first call.
+func (t *tx) hook(h func() error) error {
+	j := t.j
+	if j.hookAt < len(j.hooks) {
+		j.hookAt++
+		return j.hooks[j.hookAt-1]
+	}
+	err := h()
+	j.hooks = append(j.hooks, err)
+	j.hookAt++
+	return err
 }
 
 // savepoint runs fn under the savepoint name. When fn fails, the

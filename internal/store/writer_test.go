@@ -253,3 +253,49 @@ func TestBatchEventsKeepTheirOrder(t *testing.T) {
 		require.Equal(t, want, got)
 	})
 }
+
+// A batch runs without savepoints until a change fails; then it runs again
+// with them, the failed change answered from its first run. Every change's
+// hook (its failpoint) is called once all the same, and the changes before
+// and after the failed one commit.
+func TestFallbackToSavepointsCallsEachHookOnce(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		release := holdWriter(t, b.s)
+		var mu sync.Mutex
+		calls := map[string]int{}
+		hook := func(id string, err error) func() error {
+			return func() error {
+				mu.Lock()
+				defer mu.Unlock()
+				calls[id]++
+				return err
+			}
+		}
+		injected := errors.New("injected")
+		submit := func(id string, err error) <-chan error {
+			return queued(t, b.s, func() error {
+				_, serr := b.s.Submit(b.ctx, newOp(id, "c-"+id), hook(id, err))
+				return serr
+			})
+		}
+		first, failing, last := submit("op-1", nil), submit("op-2", injected), submit("op-3", nil)
+		release()
+		require.NoError(t, <-first)
+		require.ErrorIs(t, <-failing, injected)
+		require.NoError(t, <-last)
+		require.Equal(t, map[string]int{"op-1": 1, "op-2": 1, "op-3": 1}, calls, "each hook once, though op-1 ran twice")
+		for id, want := range map[string]error{"op-1": nil, "op-2": ErrNotFound, "op-3": nil} {
+			_, err := b.s.GetOperation(b.ctx, id)
+			if want == nil {
+				require.NoError(t, err, id)
+			} else {
+				require.ErrorIs(t, err, want, id)
+			}
+		}
+		events, err := b.s.Events(b.ctx, "op-1")
+		require.NoError(t, err)
+		require.Len(t, events, 1, "op-1's run that was rolled back left no event")
+	})
+}
