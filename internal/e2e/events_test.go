@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -195,14 +194,17 @@ func TestEventStreamOfTwoInstancesOnPostgres(t *testing.T) {
 	}
 }
 
-// counter is a dashboard-like reader of the stream. While operations run
-// it only keeps the bytes; it parses them when asked (after the measured
-// run), so that 50 of them in the test process take as little as they can
-// of the two cores the controller runs on: a real dashboard runs in a
-// browser elsewhere.
+// counter is a dashboard-like reader of the stream. It keeps only what it
+// counts (the events, the operations that succeeded) and the last line if
+// incomplete, parsing as cheaply as it can, so that 50 of them in the test
+// process take as little as they can of the two cores the controller runs
+// on: a real dashboard runs in a browser elsewhere. (Keeping every byte
+// to parse later cost the test process more than the stream cost the
+// controller: 0.4 ms of CPU per operation, its buffers growing to a
+// megabyte each.)
 type counter struct {
 	mu        sync.Mutex
-	raw       []byte // not parsed yet
+	tail      []byte // a line not complete yet
 	succeeded map[string]bool
 	events    int
 	err       error
@@ -212,31 +214,44 @@ var (
 	dataPrefix    = []byte("data: ")
 	dataOperation = []byte(`data: {"kind":"operation"`)
 	statusSuccess = []byte(`"status":"succeeded"`)
+	idField       = []byte(`"id":"`)
 )
 
-// seen parses what arrived and counts the successes of operations whose
-// id starts with prefix.
-func (c *counter) seen(prefix string) int {
+// feed takes what arrived: it counts the events and notes the operations
+// that succeeded as it goes.
+func (c *counter) feed(b []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(c.tail) > 0 {
+		b = append(c.tail, b...)
+	}
 	for {
-		i := bytes.IndexByte(c.raw, '\n')
+		i := bytes.IndexByte(b, '\n')
 		if i < 0 {
 			break
 		}
-		line := c.raw[:i]
-		c.raw = c.raw[i+1:]
+		line := b[:i]
+		b = b[i+1:]
 		if !bytes.HasPrefix(line, dataPrefix) {
 			continue
 		}
 		c.events++
-		var p events.Payload
-		if bytes.HasPrefix(line, dataOperation) && bytes.Contains(line, statusSuccess) &&
-			json.Unmarshal(line[len(dataPrefix):], &p) == nil {
-			c.succeeded[p.ID] = true
+		if bytes.HasPrefix(line, dataOperation) && bytes.Contains(line, statusSuccess) {
+			if j := bytes.Index(line, idField); j >= 0 {
+				id := line[j+len(idField):]
+				if k := bytes.IndexByte(id, '"'); k >= 0 {
+					c.succeeded[string(id[:k])] = true
+				}
+			}
 		}
 	}
-	c.raw = append([]byte(nil), c.raw...) // drop what was parsed
+	c.tail = append(c.tail[:0], b...)
+}
+
+// seen counts the successes of operations whose id starts with prefix.
+func (c *counter) seen(prefix string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	n := 0
 	for id := range c.succeeded {
 		if strings.HasPrefix(id, prefix) {
@@ -266,13 +281,11 @@ func count(ctx context.Context, url string, c *counter, done *sync.WaitGroup) er
 		buf := make([]byte, 64<<10)
 		for {
 			n, err := resp.Body.Read(buf)
-			c.mu.Lock()
-			c.raw = append(c.raw, buf[:n]...)
+			c.feed(buf[:n])
 			if err != nil {
+				c.mu.Lock()
 				c.err = err
-			}
-			c.mu.Unlock()
-			if err != nil {
+				c.mu.Unlock()
 				return
 			}
 		}
