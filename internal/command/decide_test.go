@@ -128,18 +128,26 @@ func (p *fakePublisher) topics() []string {
 	return append([]string(nil), p.sent...)
 }
 
+// storeWithDevice is a real SQLite store on an injected clock, with d1
+// online (it deduplicates and answers queries).
+func storeWithDevice(t *testing.T) (*store.DB, *clock.Fake) {
+	t.Helper()
+	clk := clock.NewFake(t0)
+	st, err := store.Open(context.Background(), store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	_, err = st.ApplyPresence(context.Background(), "d1", wire.Presence{Online: true, Session: 1,
+		Capabilities: &wire.Capabilities{Dedupe: true, Query: true}})
+	require.NoError(t, err)
+	return st, clk
+}
+
 // The dispatcher carries the table out against a real SQLite store, with a
 // fake publisher and an injected clock: send, then after the ack timeout ask,
 // then re-send the same command_id, then time out at expires_at.
 func TestDispatcherStepsThroughTheTable(t *testing.T) {
 	ctx := context.Background()
-	clk := clock.NewFake(t0)
-	st, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
-	require.NoError(t, err)
-	t.Cleanup(func() { st.Close() })
-	_, err = st.ApplyPresence(ctx, "d1", wire.Presence{Online: true, Session: 1,
-		Capabilities: &wire.Capabilities{Dedupe: true, Query: true}})
-	require.NoError(t, err)
+	st, clk := storeWithDevice(t)
 	pol := Policy{AckTimeout: time.Second, MaxAttempts: 2, TTL: 10 * time.Second, Offline: OfflineWait, OnUnknown: UnknownNeedsAttention}
 	res, err := st.Submit(ctx, store.NewOperation{OperationID: "t:s:d1:v1", Action: "restart", Target: "d1",
 		Params: json.RawMessage(`{}`), RequestHash: "h", CommandID: "c-1", CommandTTL: pol.TTL, QoS: 1,
@@ -186,14 +194,9 @@ func TestDispatcherStepsThroughTheTable(t *testing.T) {
 // The asks after a reconnect are not counted against max_attempts.
 func TestReconnectAsksDoNotUseTheBudget(t *testing.T) {
 	ctx := context.Background()
-	clk := clock.NewFake(t0)
-	st, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
-	require.NoError(t, err)
-	t.Cleanup(func() { st.Close() })
-	_, err = st.ApplyPresence(ctx, "d1", wire.Presence{Online: true, Session: 1, Capabilities: &wire.Capabilities{Dedupe: true, Query: true}})
-	require.NoError(t, err)
+	st, clk := storeWithDevice(t)
 	pol := Policy{AckTimeout: time.Second, MaxAttempts: 2, TTL: time.Minute, Offline: OfflineWait, OnUnknown: UnknownNeedsAttention}
-	_, err = st.Submit(ctx, store.NewOperation{OperationID: "op", Action: "restart", Target: "d1", Params: json.RawMessage(`{}`),
+	_, err := st.Submit(ctx, store.NewOperation{OperationID: "op", Action: "restart", Target: "d1", Params: json.RawMessage(`{}`),
 		RequestHash: "h", CommandID: "c-1", CommandTTL: pol.TTL, QoS: 1, Owner: "i1", LeaseTTL: time.Hour}, nil)
 	require.NoError(t, err)
 	pub := &fakePublisher{}
@@ -229,12 +232,7 @@ func (s *countingStore) OpenCommand(ctx context.Context, id string) (store.OpenC
 // nothing is published.
 func TestInsertedCommandIsSentWithoutARead(t *testing.T) {
 	ctx := context.Background()
-	clk := clock.NewFake(t0)
-	st, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
-	require.NoError(t, err)
-	t.Cleanup(func() { st.Close() })
-	_, err = st.ApplyPresence(ctx, "d1", wire.Presence{Online: true, Session: 1, Capabilities: &wire.Capabilities{Dedupe: true, Query: true}})
-	require.NoError(t, err)
+	st, clk := storeWithDevice(t)
 	pol := Policy{AckTimeout: time.Second, MaxAttempts: 2, TTL: time.Minute, Offline: OfflineWait, OnUnknown: UnknownNeedsAttention}
 	submit := func(op, cmd string) store.OpenCommand {
 		res, err := st.Submit(ctx, store.NewOperation{OperationID: op, Action: "restart", Target: "d1", Params: json.RawMessage(`{}`),

@@ -13,14 +13,20 @@ import (
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
-// BenchmarkSubmit measures one submit transaction (operation, command,
-// event) on a real SQLite file with synchronous=FULL.
-func BenchmarkSubmit(b *testing.B) {
+// benchStore is a store on a new SQLite file, closed when b ends.
+func benchStore(b *testing.B) *DB {
 	s, err := Open(context.Background(), Config{Path: filepath.Join(b.TempDir(), "c.db"), Instance: "i1"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer s.Close()
+	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// BenchmarkSubmit measures one submit transaction (operation, command,
+// event) on a real SQLite file with synchronous=FULL.
+func BenchmarkSubmit(b *testing.B) {
+	s := benchStore(b)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		n := newOp(fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i))
@@ -32,11 +38,7 @@ func BenchmarkSubmit(b *testing.B) {
 
 // BenchmarkClaimSend measures one fenced pending → sent decision.
 func BenchmarkClaimSend(b *testing.B) {
-	s, err := Open(context.Background(), Config{Path: filepath.Join(b.TempDir(), "c.db"), Instance: "i1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	s := benchStore(b)
 	for i := 0; i < b.N; i++ {
 		if _, err := s.Submit(context.Background(), newOp(fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i)), nil); err != nil {
 			b.Fatal(err)
@@ -55,12 +57,7 @@ func BenchmarkClaimSend(b *testing.B) {
 // executing, succeeded) at once, so that batches form as they do at
 // saturation. It reports the CPU time of the whole process per receipt.
 func BenchmarkApplyReceiptsBatched(b *testing.B) {
-	ctx := context.Background()
-	s, err := Open(ctx, Config{Path: filepath.Join(b.TempDir(), "c.db"), Instance: "i1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	ctx, s := context.Background(), benchStore(b)
 	const callers = 256
 	cmds := (b.N + 2) / 3
 	var wg sync.WaitGroup
@@ -131,12 +128,7 @@ func cpuTime() time.Duration {
 // receipts applied together (ApplyReceipts). It reports the CPU time of the
 // whole process and the database statements per operation.
 func BenchmarkOperationBatched(b *testing.B) {
-	ctx := context.Background()
-	s, err := Open(ctx, Config{Path: filepath.Join(b.TempDir(), "c.db"), Instance: "i1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	ctx, s := context.Background(), benchStore(b)
 	const callers = 256
 	next := make(chan int)
 	go func() {
@@ -189,12 +181,7 @@ func BenchmarkOperationBatched(b *testing.B) {
 // BenchmarkGetOperation measures one read of an operation with its lists
 // (what every ?wait= answer costs), from the read pool.
 func BenchmarkGetOperation(b *testing.B) {
-	ctx := context.Background()
-	s, err := Open(ctx, Config{Path: filepath.Join(b.TempDir(), "c.db"), Instance: "i1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
+	ctx, s := context.Background(), benchStore(b)
 	const ops = 1000
 	for i := 0; i < ops; i++ {
 		if _, err := s.Submit(ctx, newOp(fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i)), nil); err != nil {
