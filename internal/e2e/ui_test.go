@@ -334,7 +334,7 @@ func (feed) Transition(string, string, string) {}
 func (feed) Refused(string, string)            {}
 func (feed) Receipt(string)                    {}
 func (feed) Fenced()                           {}
-func (feed) Batch(int, time.Duration)          {}
+func (feed) Batch(int, time.Duration, bool)    {}
 func (f feed) Changed(c store.Change)          { f.bus.Changed(c) }
 
 // fakeRollout answers GET /v1/rollouts and /v1/rollouts/{id} with one

@@ -28,6 +28,9 @@ type Metrics struct {
 	Takeovers          prometheus.Counter
 	BatchChanges       prometheus.Histogram
 	BatchSeconds       prometheus.Histogram
+	// BatchFallbacks counts the batches that ran again with a savepoint
+	// per change because one of their changes failed.
+	BatchFallbacks prometheus.Counter
 	// InputsRefused counts inputs refused whole by a limit or a rule, by
 	// source (SourceHTTP, SourceReceipts, SourcePresence, SourceMQTT) and
 	// reason (the wire.Reason* constants: too_large, invalid_json, too_deep,
@@ -89,12 +92,16 @@ func New() *Metrics {
 			Name: "controller_store_batch_seconds", Help: "Time to apply and commit one batch of changes.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		BatchFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "controller_store_batch_fallbacks_total",
+			Help: "Batches run again with a savepoint per change because one of their changes failed or was refused.",
+		}),
 		InputsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "controller_inputs_refused_total",
 			Help: "Inputs refused whole by a limit or rule, changing nothing, by source (http, receipts, presence, mqtt) and reason.",
 		}, []string{"source", "reason"}),
 	}
-	r.MustRegister(m.BatchChanges, m.BatchSeconds, m.InputsRefused)
+	r.MustRegister(m.BatchChanges, m.BatchSeconds, m.BatchFallbacks, m.InputsRefused)
 	r.MustRegister(m.Transitions, m.TransitionsRefused, m.Receipts, m.Publishes, m.PublishFailures,
 		m.FencingRefused, m.FailpointHits, m.LateOutcomes, m.Presence, m.Reconciles, m.Takeovers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -151,7 +158,10 @@ func (m *Metrics) CountRoundTrips(read func() int64) {
 }
 
 // Batch implements store.Observer.
-func (m *Metrics) Batch(changes int, took time.Duration) {
+func (m *Metrics) Batch(changes int, took time.Duration, fellBack bool) {
 	m.BatchChanges.Observe(float64(changes))
 	m.BatchSeconds.Observe(took.Seconds())
+	if fellBack {
+		m.BatchFallbacks.Inc()
+	}
 }

@@ -58,8 +58,10 @@ type Observer interface {
 	Refused(machine, reason string)
 	Receipt(effect string)
 	Fenced()
-	// Batch is told of each committed group of changes: how many, how long.
-	Batch(changes int, took time.Duration)
+	// Batch is told of each committed group of changes: how many, how
+	// long, and whether it fell back to a savepoint per change (one of its
+	// changes failed, see applyBatch).
+	Batch(changes int, took time.Duration, fellBack bool)
 }
 
 // Change is one committed change of an entity: a row of its events log, or
@@ -87,7 +89,7 @@ func (nopObserver) Transition(string, string, string) {}
 func (nopObserver) Refused(string, string)            {}
 func (nopObserver) Receipt(string)                    {}
 func (nopObserver) Fenced()                           {}
-func (nopObserver) Batch(int, time.Duration)          {}
+func (nopObserver) Batch(int, time.Duration, bool)    {}
 
 // Config configures a Store.
 type Config struct {

@@ -25,6 +25,7 @@ type countingObserver struct {
 	receipts             map[string]int
 	fenced               int
 	batches, changes     int
+	fallbacks            int
 }
 
 func newObserver() *countingObserver {
@@ -38,10 +39,13 @@ func (o *countingObserver) Transition(m, f, t string) {
 func (o *countingObserver) Refused(m, r string) { o.mu.Lock(); o.refused[m+":"+r]++; o.mu.Unlock() }
 func (o *countingObserver) Receipt(e string)    { o.mu.Lock(); o.receipts[e]++; o.mu.Unlock() }
 func (o *countingObserver) Fenced()             { o.mu.Lock(); o.fenced++; o.mu.Unlock() }
-func (o *countingObserver) Batch(n int, _ time.Duration) {
+func (o *countingObserver) Batch(n int, _ time.Duration, fellBack bool) {
 	o.mu.Lock()
 	o.batches++
 	o.changes += n
+	if fellBack {
+		o.fallbacks++
+	}
 	o.mu.Unlock()
 }
 

@@ -156,12 +156,12 @@ func (s *DB) runWriter() {
 func (s *DB) commitBatch(batch []*job) {
 	start := time.Now()
 	res := make([]applied, len(batch))
-	err := s.applyBatch(batch, res)
+	fellBack, err := s.applyBatch(batch, res)
 	for run := 1; err != nil && s.b.conflict(err) && run < maxConflictRuns; run++ {
 		// Nothing of it committed and no caller was answered: run it again,
 		// after the other instance's batch that won.
 		clear(res)
-		err = s.applyBatch(batch, res)
+		fellBack, err = s.applyBatch(batch, res)
 	}
 	if err != nil {
 		berr := &BatchError{Err: err}
@@ -170,7 +170,7 @@ func (s *DB) commitBatch(batch []*job) {
 		}
 		return
 	}
-	s.obs.Batch(len(batch), time.Since(start))
+	s.obs.Batch(len(batch), time.Since(start), fellBack)
 	for i, j := range batch {
 		s.report(res[i].notes, res[i].refusals)
 		j.done <- res[i].err
@@ -179,7 +179,7 @@ func (s *DB) commitBatch(batch []*job) {
 
 // applyBatch runs every change of the batch in one transaction and commits
 // it. It returns an error only when the transaction as a whole failed; each
-// change's own error is in res.
+// change's own error is in res; fellBack says it ran a second time.
 //
 // A batch runs first without savepoints: most changes stand, and a
 // SAVEPOINT and a RELEASE each cost a statement. At the first change that
@@ -187,14 +187,14 @@ func (s *DB) commitBatch(batch []*job) {
 // savepoint for each change, the failed one answered with the error it
 // met (and its refusals recorded) without running it again. The changes
 // before it run twice; their hooks are called once (tx.hook).
-func (s *DB) applyBatch(batch []*job, res []applied) error {
+func (s *DB) applyBatch(batch []*job, res []applied) (fellBack bool, err error) {
 	failed, err := s.runBatch(batch, res, nil)
 	if err != nil || failed == nil {
-		return err
+		return false, err
 	}
 	clear(res)
 	_, err = s.runBatch(batch, res, failed)
-	return err
+	return true, err
 }
 
 // failedChange is the change an optimistic run stopped at.

@@ -297,5 +297,8 @@ func TestFallbackToSavepointsCallsEachHookOnce(t *testing.T) {
 		events, err := b.s.Events(b.ctx, "op-1")
 		require.NoError(t, err)
 		require.Len(t, events, 1, "op-1's run that was rolled back left no event")
+		b.obs.mu.Lock()
+		defer b.obs.mu.Unlock()
+		require.Equal(t, 1, b.obs.fallbacks, "one batch fell back (the held change's did not)")
 	})
 }
