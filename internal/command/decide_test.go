@@ -251,7 +251,8 @@ func TestInsertedCommandIsSentWithoutARead(t *testing.T) {
 		d.done(id)
 	}
 
-	d.KickInserted(submit("op-1", "c-1"))
+	first := submit("op-1", "c-1")
+	d.Submitted(first.CommandID, &first)
 	stepKicked()
 	require.Equal(t, []string{"fleet/d1/commands"}, pub.topics())
 	require.Zero(t, cs.reads, "the inserted copy decided the send")
@@ -264,7 +265,7 @@ func TestInsertedCommandIsSentWithoutARead(t *testing.T) {
 	stale := submit("op-2", "c-2")
 	_, err = st.Cancel(ctx, "c-2", "someone")
 	require.NoError(t, err)
-	d.KickInserted(stale)
+	d.Submitted(stale.CommandID, &stale)
 	stepKicked()
 	require.Len(t, pub.topics(), 1, "a cancelled command is not published from an old copy")
 	c, err = st.GetCommand(ctx, "c-2")

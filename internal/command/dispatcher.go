@@ -51,7 +51,7 @@ type Dispatcher struct {
 	inFlight map[string]bool
 	again    map[string]bool
 	// inserted holds new commands as their submit inserted them, for their
-	// first step (see KickInserted).
+	// first step (see Submitted).
 	inserted map[string]store.OpenCommand
 	wg       sync.WaitGroup
 	// connected carries one pending reconcile after a broker (re)connect.
@@ -102,15 +102,18 @@ func (d *Dispatcher) Kick(commandID string) {
 	}
 }
 
-// KickInserted is Kick for a command its submit has just inserted, handed
-// on as inserted: its first step decides on it without reading it. That
-// copy may be out of date by then (a cancel, another kick's step); the
-// decision's conditional write refuses it if so, as it would a read one.
-func (d *Dispatcher) KickInserted(oc store.OpenCommand) {
-	d.mu.Lock()
-	d.inserted[oc.CommandID] = oc
-	d.mu.Unlock()
-	d.Kick(oc.CommandID)
+// Submitted is Kick for a command that needs its first decision. A new
+// one comes as its submit inserted it (nil otherwise), and its first step
+// decides on that copy without reading it. The copy may be out of date by
+// then (a cancel, another kick's step); the decision's conditional write
+// refuses it if so, as it would a read one.
+func (d *Dispatcher) Submitted(commandID string, inserted *store.OpenCommand) {
+	if inserted != nil {
+		d.mu.Lock()
+		d.inserted[commandID] = *inserted
+		d.mu.Unlock()
+	}
+	d.Kick(commandID)
 }
 
 func (d *Dispatcher) done(commandID string) (again bool) {

@@ -277,7 +277,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	svc := ops.New(ops.Config{
 		Store: c.store, Instance: cfg.InstanceID, LeaseTTL: cfg.LeaseTTL, Policy: policy, Failpoints: fp,
 		EnforceGrants: auth.Enabled(), FourEyes: cfg.FourEyes && auth.Enabled(), MaxCommandBytes: cfg.MaxCommandBytes,
-		Submitted: c.disp.Kick, Inserted: c.disp.KickInserted, Changed: changed,
+		Submitted: c.disp.Submitted, Changed: changed,
 	})
 	if c.httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.HTTP, err)

@@ -70,12 +70,10 @@ type Config struct {
 	MaxCommandBytes int
 	Now             func() time.Time
 	// Submitted is told of each command that needs a first decision (a new
-	// operation, or a retry): the dispatcher's kick.
-	Submitted func(commandID string)
-	// Inserted, when set, is told of a new operation's first command
-	// instead of Submitted, with the command as inserted, so that the
-	// dispatcher's first decision needs no read.
-	Inserted func(store.OpenCommand)
+	// operation, or a retry): the dispatcher's kick. A new operation's
+	// first command comes with its copy as inserted (nil for a retry's), so
+	// that the first decision needs no read.
+	Submitted func(commandID string, inserted *store.OpenCommand)
 	// Changed is told of each operation a person's action changed.
 	Changed func(operationID string)
 }
@@ -92,7 +90,7 @@ func New(cfg Config) *Service {
 		cfg.MaxCommandBytes = DefaultMaxCommandBytes
 	}
 	if cfg.Submitted == nil {
-		cfg.Submitted = func(string) {}
+		cfg.Submitted = func(string, *store.OpenCommand) {}
 	}
 	if cfg.Changed == nil {
 		cfg.Changed = func(string) {}
@@ -263,10 +261,10 @@ func (s *Service) insert(ctx context.Context, n store.NewOperation) (store.Opera
 		return store.Operation{}, false, err
 	}
 	switch {
-	case res.Created && s.cfg.Inserted != nil:
-		s.cfg.Inserted(res.Inserted)
-	case res.Created || res.Retried:
-		s.cfg.Submitted(res.Operation.CommandID)
+	case res.Created:
+		s.cfg.Submitted(res.Operation.CommandID, &res.Inserted)
+	case res.Retried:
+		s.cfg.Submitted(res.Operation.CommandID, nil)
 	}
 	return res.Operation, res.Created, nil
 }

@@ -23,6 +23,7 @@ type testBundle struct {
 	st        *store.DB
 	svc       *Service
 	submitted []string
+	inserted  []store.OpenCommand // the copies that came with them
 }
 
 func setup(t *testing.T, enforceGrants bool) *testBundle {
@@ -40,7 +41,12 @@ func setup(t *testing.T, enforceGrants bool) *testBundle {
 			}
 			return p
 		},
-		Submitted: func(id string) { b.submitted = append(b.submitted, id) },
+		Submitted: func(id string, inserted *store.OpenCommand) {
+			b.submitted = append(b.submitted, id)
+			if inserted != nil {
+				b.inserted = append(b.inserted, *inserted)
+			}
+		},
 	})
 	return b
 }
@@ -264,26 +270,22 @@ func TestCommandSizeIsCheckedAtSubmit(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrNotFound, "nothing was stored")
 }
 
-// With Inserted set, a new operation's first command goes there, as
-// inserted, and only there; a replay tells neither.
-func TestInsertedIsToldOfANewCommand(t *testing.T) {
+// A new operation's first command is told with its copy as inserted; a
+// replay tells nothing.
+func TestSubmittedGetsTheInsertedCommand(t *testing.T) {
 	b := setup(t, false)
-	var inserted []store.OpenCommand
-	cfg := b.svc.cfg
-	cfg.Inserted = func(oc store.OpenCommand) { inserted = append(inserted, oc) }
-	svc := New(cfg)
 	in := Intent{TaskID: "task-1", Step: "s", Target: "device-1", BusinessVersion: "v1", Action: "restart", Params: json.RawMessage(`{}`)}
-	op, created, err := svc.Submit(b.ctx, in, "", "alice")
+	op, created, err := b.svc.Submit(b.ctx, in, "", "alice")
 	require.NoError(t, err)
 	require.True(t, created)
-	require.Len(t, inserted, 1)
-	require.Equal(t, op.CommandID, inserted[0].CommandID)
-	require.Equal(t, fsm.CmdPending, inserted[0].Status)
-	require.Equal(t, store.Fence{Owner: "i1", Token: 1}, inserted[0].Fence)
-	require.Empty(t, b.submitted, "not told twice")
+	require.Equal(t, []string{op.CommandID}, b.submitted)
+	require.Len(t, b.inserted, 1)
+	require.Equal(t, op.CommandID, b.inserted[0].CommandID)
+	require.Equal(t, fsm.CmdPending, b.inserted[0].Status)
+	require.Equal(t, store.Fence{Owner: "i1", Token: 1}, b.inserted[0].Fence)
 
-	_, created, err = svc.Submit(b.ctx, in, "", "alice")
+	_, created, err = b.svc.Submit(b.ctx, in, "", "alice")
 	require.NoError(t, err)
 	require.False(t, created)
-	require.Len(t, inserted, 1, "a replay is no new command")
+	require.Len(t, b.submitted, 1, "a replay is no new command")
 }

@@ -309,7 +309,7 @@ func (in *Ingestor) handleDevice(ctx context.Context, device string, ms []mqttx.
 		var run []mqttx.Message // the receipts that come next
 		var rs []wire.Receipt
 		for _, m := range ms {
-			r, ok := in.decodeReceipt(m)
+			r, ok := in.isReceipt(m)
 			if !ok {
 				break
 			}
@@ -320,9 +320,7 @@ func (in *Ingestor) handleDevice(ctx context.Context, device string, ms []mqttx.
 			ms = ms[1:]
 			continue
 		}
-		res, err := in.cfg.Store.ApplyReceipts(ctx, device, rs, func() error {
-			return in.cfg.Failpoints.HitContext(ctx, failpoint.BeforeReceiptCommit)
-		})
+		res, err := in.cfg.Store.ApplyReceipts(ctx, device, rs, in.beforeCommit(ctx))
 		if err != nil {
 			if !errors.Is(err, context.Canceled) {
 				in.cfg.Logger.Warn("receipts not recorded; applied one at a time", "device", device, "receipts", len(rs), "err", err)
@@ -336,8 +334,7 @@ func (in *Ingestor) handleDevice(ctx context.Context, device string, ms []mqttx.
 				break // it, and what follows it, go through Handle
 			}
 			if r.Err == nil {
-				in.cfg.Logger.Debug("receipt", "device", device, "command_id", r.Out.CommandID, "status", rs[k].Status, "effect", r.Out.Effect)
-				in.cfg.OnReceipt(r.Out)
+				in.applied(device, rs[k], r.Out)
 			}
 			run[k].Ack()
 			n++
@@ -352,18 +349,41 @@ func (in *Ingestor) handleDevice(ctx context.Context, device string, ms []mqttx.
 	}
 }
 
-// decodeReceipt decodes a message that is a receipt and passes its checks;
+// isReceipt decodes a message that is a receipt and passes its checks;
 // anything else (presence, or a receipt that apply would refuse) is left
 // to Handle.
-func (in *Ingestor) decodeReceipt(m mqttx.Message) (wire.Receipt, bool) {
-	var r wire.Receipt
+func (in *Ingestor) isReceipt(m mqttx.Message) (wire.Receipt, bool) {
 	if _, kind, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic); err != nil || kind != wire.KindReceipts {
-		return r, false
+		return wire.Receipt{}, false
 	}
-	if wire.DecodeDevice(m.Payload, &r) != nil || r.Validate() != nil {
-		return r, false
+	r, _, err := decodeReceipt(m)
+	return r, err == nil
+}
+
+// decodeReceipt decodes and checks a receipt's payload; an error comes with
+// the reason it is refused for.
+func decodeReceipt(m mqttx.Message) (wire.Receipt, string, error) {
+	var r wire.Receipt
+	if err := wire.DecodeDevice(m.Payload, &r); err != nil {
+		return r, wire.Reason(err, wire.ReasonInvalidJSON), err
 	}
-	return r, true
+	if err := r.Validate(); err != nil {
+		return r, wire.Reason(err, wire.ReasonInvalidValue), err
+	}
+	return r, "", nil
+}
+
+// beforeCommit is a receipt's hook inside its transaction: the
+// before-receipt-commit failpoint.
+func (in *Ingestor) beforeCommit(ctx context.Context) func() error {
+	return func() error { return in.cfg.Failpoints.HitContext(ctx, failpoint.BeforeReceiptCommit) }
+}
+
+// applied reports a receipt the store applied (or found a duplicate, stale,
+// late...: its effect) to OnReceipt.
+func (in *Ingestor) applied(device string, r wire.Receipt, out store.ReceiptOutcome) {
+	in.cfg.Logger.Debug("receipt", "device", device, "command_id", out.CommandID, "status", r.Status, "effect", out.Effect)
+	in.cfg.OnReceipt(out)
 }
 
 // applyAttempts bounds the tries of one message against store errors (about
@@ -381,18 +401,12 @@ func (in *Ingestor) apply(ctx context.Context, m mqttx.Message) error {
 	}
 	switch kind {
 	case wire.KindReceipts:
-		var r wire.Receipt
-		if err := wire.DecodeDevice(m.Payload, &r); err != nil {
-			in.refuse(m, metrics.SourceReceipts, wire.Reason(err, wire.ReasonInvalidJSON), err)
+		r, reason, err := decodeReceipt(m)
+		if err != nil {
+			in.refuse(m, metrics.SourceReceipts, reason, err)
 			return nil
 		}
-		if err := r.Validate(); err != nil {
-			in.refuse(m, metrics.SourceReceipts, wire.Reason(err, wire.ReasonInvalidValue), err)
-			return nil
-		}
-		out, err := in.cfg.Store.ApplyReceipt(ctx, device, r, func() error {
-			return in.cfg.Failpoints.HitContext(ctx, failpoint.BeforeReceiptCommit)
-		})
+		out, err := in.cfg.Store.ApplyReceipt(ctx, device, r, in.beforeCommit(ctx))
 		if errors.Is(err, store.ErrRefused) {
 			return nil // recorded as refused; nothing more to do
 		}
@@ -402,8 +416,7 @@ func (in *Ingestor) apply(ctx context.Context, m mqttx.Message) error {
 			}
 			return err
 		}
-		in.cfg.Logger.Debug("receipt", "device", device, "command_id", out.CommandID, "status", r.Status, "effect", out.Effect)
-		in.cfg.OnReceipt(out)
+		in.applied(device, r, out)
 	case wire.KindPresence:
 		var p wire.Presence
 		if err := wire.DecodeDevice(m.Payload, &p); err != nil {
