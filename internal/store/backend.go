@@ -37,6 +37,10 @@ type backend interface {
 	// (or deciding about it) waits for this change's commit, then reads
 	// what it committed. Empty with SQLite, whose one writer is the lock.
 	forUpdate() string
+	// forShare is the clause that holds a row a change only reads (the
+	// operation a decision's fence checks) against other instances'
+	// writes until the commit. Empty with SQLite.
+	forShare() string
 	// skipLocked is the clause of a bulk change's row selection that passes
 	// over rows another instance's transaction holds (a heartbeat, a
 	// takeover sweep, an unconfirm): they are taken at the next round

@@ -194,7 +194,7 @@ type Decision struct {
 // decision is the change of a fenced decision about a command.
 func (t *tx) decision(ctx context.Context, commandID string, from, to fsm.CommandState, f Fence) change {
 	return change{machine: "command", id: commandID, from: string(from), to: string(to), token: f.Token,
-		explain: t.fenceExplainer(ctx, `SELECT 1 FROM commands WHERE command_id = ? AND `+commandFenced, commandID, f)}
+		explain: t.fenceExplainer(ctx, `SELECT 1 FROM commands WHERE command_id = ? AND `+commandFenced(""), commandID, f)}
 }
 
 // scanInto reads a RETURNING row of commandColumns into c.
@@ -243,7 +243,7 @@ func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.Command
 		err := t.cas(ctx, t.decision(ctx, commandID, expect, to, f), t.decided(ctx, &d),
 			`UPDATE commands SET status = ?, attempt = attempt + 1, version = version + 1, qos = ?,
 				next_check_at = ?, last_sent_at = ?, last_query_id = '', last_answer = '', updated_at = ?
-			WHERE command_id = ? AND status = ? AND attempt = ? AND `+commandFenced+` RETURNING `+commandColumns,
+			WHERE `+t.fencedCommand(`status = ? AND attempt = ?`)+` RETURNING `+commandColumns,
 			append([]any{to, qos, ms(nextCheck), now, now, commandID, expect, expectAttempt}, f.args(t.now)...)...)
 		if err != nil {
 			return err
@@ -264,7 +264,7 @@ func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect f
 		now := ms(t.now)
 		err := t.cas(ctx, t.decision(ctx, commandID, expect, expect, f), t.decided(ctx, &d),
 			`UPDATE commands SET queries = queries + ?, last_query_id = ?, last_answer = '', next_check_at = ?, updated_at = ?
-			WHERE command_id = ? AND status = ? AND queries = ? AND `+commandFenced+` RETURNING `+commandColumns,
+			WHERE `+t.fencedCommand(`status = ? AND queries = ?`)+` RETURNING `+commandColumns,
 			append([]any{counted, queryID, ms(nextCheck), now, commandID, expect, expectQueries}, f.args(t.now)...)...)
 		if err != nil {
 			return err
@@ -283,7 +283,7 @@ func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect f
 // was decided), only returned.
 func (s *DB) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
-		r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ? AND version = ? AND `+commandFenced,
+		r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE `+t.fencedCommand(`version = ?`),
 			append([]any{ms(next), commandID, expectVersion}, f.args(t.now)...)...)
 		if err != nil {
 			return fmt.Errorf("postpone %s: %w", commandID, err)
@@ -315,7 +315,7 @@ func (s *DB) Move(ctx context.Context, commandID string, from fsm.CommandState, 
 			`UPDATE commands SET status = ?, reason = ?, version = version + 1, next_check_at = ?, updated_at = ?,
 				last_query_id = CASE WHEN ? = 1 THEN '' ELSE last_query_id END,
 				last_answer = CASE WHEN ? = 1 THEN '' ELSE last_answer END
-			WHERE command_id = ? AND status = ? AND version = ? AND `+commandFenced+` RETURNING `+commandColumns,
+			WHERE `+t.fencedCommand(`status = ? AND version = ?`)+` RETURNING `+commandColumns,
 			append([]any{to, reason, ms(nextCheck), ms(t.now), forget, forget, commandID, from, expectVersion}, f.args(t.now)...)...)
 		if err != nil {
 			return err

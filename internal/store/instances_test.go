@@ -279,3 +279,117 @@ func TestReceiptsOfOneCommandAppliedByTwoInstances(t *testing.T) {
 		}
 	})
 }
+
+// A decision holds its fence until it commits: while an instance's fenced
+// write about a command is open, a peer whose clock says the lease ran out
+// does not take the operation over (its sweep passes over the held row and
+// takes it at the next round), and a peer's receipt of the same command
+// waits for the commit rather than deadlocking with it. Once the decision
+// commits, the takeover goes through, the old holder's next decision is
+// fenced, and the events log shows the decision before the takeover (what
+// invariant 6 reads). Without the lock the takeover committed first and the
+// decision after it, under the old token: the order the three-instance kill
+// test caught. PostgreSQL only: SQLite's writers take turns on the whole
+// file.
+func TestADecisionHoldsItsFenceUntilItCommits(t *testing.T) {
+	t.Parallel()
+	dsn := testDSN(t, "postgres")
+	start := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	open := func(id string, clk *clock.Fake) *DB {
+		s, err := Open(context.Background(), Config{Path: dsn, Instance: id, Now: clk.Now})
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	clk1, clk2 := clock.NewFake(start), clock.NewFake(start.Add(11*time.Second)) // i2: the 10 s lease ran out
+	i1, i2 := open("i1", clk1), open("i2", clk2)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := i1.Submit(ctx, newOp("op-1", "c-1"), nil)
+	require.NoError(t, err)
+	c, err := i1.ClaimSend(ctx, "c-1", fsm.CmdPending, 0, 1, fence, start.Add(time.Second))
+	require.NoError(t, err)
+
+	inside, release, decided := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	defer letGo() // a failed check must not leave the writer waiting
+	go func() {
+		decided <- i1.write(ctx, func(ctx context.Context, t *tx) error {
+			r, err := t.Exec(`UPDATE commands SET next_check_at = ?, version = version + 1 WHERE `+t.fencedCommand(`version = ?`),
+				append([]any{ms(start.Add(2 * time.Second)), "c-1", c.Command.Version}, fence.args(t.now)...)...)
+			if err != nil {
+				return err
+			}
+			if n, _ := r.RowsAffected(); n != 1 {
+				return fmt.Errorf("the decision was refused (%d rows)", n)
+			}
+			if err := t.event("command", "c-1", "sent", "sent", "the held decision", fence.Token); err != nil {
+				return err
+			}
+			close(inside)
+			<-release
+			return nil
+		})
+	}()
+	select {
+	case <-inside:
+	case err := <-decided:
+		t.Fatalf("the decision ended before it was held: %v", err)
+	}
+
+	// The sweep returns at once having taken nothing. Without the lock it
+	// takes the operation, then waits for the command's row (its questions
+	// are forgotten next): the owner read back says so.
+	type sweep struct {
+		ids []string
+		err error
+	}
+	swept := make(chan sweep, 1)
+	go func() {
+		ids, err := i2.TakeOver(ctx, "i2", 10*time.Second, 100)
+		swept <- sweep{ids, err}
+	}()
+	for done := false; !done; {
+		select {
+		case r := <-swept:
+			require.NoError(t, r.err)
+			require.Empty(t, r.ids, "no takeover while a decision under the current token is open")
+			done = true
+		case <-time.After(10 * time.Millisecond):
+			op, err := i2.GetOperation(ctx, "op-1")
+			require.NoError(t, err)
+			if op.Owner != "i1" {
+				letGo()
+				<-swept
+				t.Fatalf("taken over by %s (token %d) while i1's decision under token %d was open", op.Owner, op.FencingToken, fence.Token)
+			}
+		case <-ctx.Done():
+			t.Fatal("the sweep neither returned nor took the operation")
+		}
+	}
+	receipt := make(chan error, 1)
+	go func() {
+		_, err := i2.ApplyReceipt(ctx, "device-1", wire.Receipt{CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptReceived, Seq: 1}, nil)
+		receipt <- err
+	}()
+	letGo()
+	require.NoError(t, <-decided)
+	require.NoError(t, <-receipt, "the receipt waited for the decision's commit, no deadlock")
+
+	taken, err := i2.TakeOver(ctx, "i2", 10*time.Second, 100)
+	require.NoError(t, err)
+	require.Equal(t, []string{"op-1"}, taken, "taken over once the decision committed")
+	_, err = i1.ClaimQuery(ctx, "c-1", "q-1", fsm.CmdReceived, 0, true, fence, start.Add(3*time.Second))
+	require.ErrorIs(t, err, ErrFenced, "the old holder's next decision")
+
+	var order []string
+	evs, err := i2.AllEvents(ctx)
+	require.NoError(t, err)
+	for _, e := range evs {
+		if e.Reason == "the held decision" || (e.Machine == "lease" && e.EntityID == "op-1") {
+			order = append(order, fmt.Sprintf("%s token %d", e.Machine, e.FencingToken))
+		}
+	}
+	require.Equal(t, []string{"command token 1", "lease token 2"}, order, "the events log: the decision, then the takeover")
+}

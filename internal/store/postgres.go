@@ -39,6 +39,7 @@ func (*postgresBackend) prepares() bool           { return false }
 func (b *postgresBackend) rebind(q string) string { return b.rb.dollar(q) }
 
 func (*postgresBackend) forUpdate() string  { return " FOR UPDATE" }
+func (*postgresBackend) forShare() string   { return " FOR SHARE" }
 func (*postgresBackend) skipLocked() string { return " FOR UPDATE SKIP LOCKED" }
 
 // arg stores flags as 0/1 and JSON as text, as the SQLite schema does.

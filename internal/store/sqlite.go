@@ -45,6 +45,7 @@ func (sqliteBackend) rebind(q string) string {
 func (sqliteBackend) arg(v any) any { return v }
 
 func (sqliteBackend) forUpdate() string  { return "" }
+func (sqliteBackend) forShare() string   { return "" }
 func (sqliteBackend) skipLocked() string { return "" }
 
 func (sqliteBackend) open(_ context.Context, path string, readers int) (w, r *sql.DB, err error) {

@@ -429,8 +429,36 @@ type rowScanner interface{ Scan(dest ...any) error }
 // clock. Its arguments are Fence.args.
 const leaseHeld = `owner = ? AND fencing_token = ? AND lease_expires_at > ?`
 
-// commandFenced is leaseHeld applied to a command's operation.
-const commandFenced = `EXISTS (SELECT 1 FROM operations WHERE operations.operation_id = commands.operation_id AND ` + leaseHeld + `)`
+// commandFenced is leaseHeld applied to a command's operation, with lock
+// added to its read of the operations row.
+func commandFenced(lock string) string {
+	return `EXISTS (SELECT 1 FROM operations WHERE operations.operation_id = commands.operation_id AND ` + leaseHeld + lock + `)`
+}
+
+// fencedCommand is the condition of a fenced decision about one command:
+// its command_id (the first argument), the caller's other conditions
+// (more, with their arguments next), then the fence (Fence.args last).
+//
+// With row locks (PostgreSQL) the fence holds a share lock on the
+// operation's row until the commit. A takeover passes over locked rows, so
+// it commits after the decision or not at all: a decision whose token was
+// current when its statement ran is never committed after its lease was
+// taken over, the events log shows the two in that order (invariant 6), and
+// the lease the decision reads back (the trust window) is its own, not its
+// successor's. The command's row is locked first, by an InitPlan that runs
+// before the fence: the order in which a receipt locks the two (the
+// command, then its operation), so that a decision and a receipt of the
+// same command wait for each other instead of deadlocking.
+func (t *tx) fencedCommand(more string) string {
+	row := `command_id = ?`
+	if lock := t.s.b.forUpdate(); lock != "" {
+		row = `command_id = (SELECT command_id FROM commands WHERE command_id = ?` + lock + `)`
+	}
+	if more != "" {
+		row += ` AND ` + more
+	}
+	return row + ` AND ` + commandFenced(t.s.b.forShare())
+}
 
 func (f Fence) args(now time.Time) []any { return []any{f.Owner, f.Token, ms(now)} }
 

@@ -239,7 +239,9 @@ func (r *run) fencing() Verdict {
 		opOf[c.CommandID] = c.OperationID
 	}
 	maxTok := map[string]int64{}
+	newest := map[string]store.Event{} // the event that set maxTok
 	applied, stale, refused := 0, 0, 0
+	first := ""
 	for _, e := range r.events {
 		if e.Refused {
 			if e.Reason == store.ReasonFenced {
@@ -256,14 +258,24 @@ func (r *run) fencing() Verdict {
 		}
 		applied++
 		if e.FencingToken < maxTok[op] {
+			if stale == 0 {
+				first = fmt.Sprintf("; the first: %s, %s (event %d, %s %s %s→%s, instance %s) after %s (event %d, %s %s %s→%s, instance %s)",
+					op, tokenAt(e), e.ID, e.Machine, e.EntityID, e.From, e.To, e.Instance,
+					tokenAt(newest[op]), newest[op].ID, newest[op].Machine, newest[op].EntityID, newest[op].From, newest[op].To, newest[op].Instance)
+			}
 			stale++
 		}
 		if e.FencingToken > maxTok[op] {
-			maxTok[op] = e.FencingToken
+			maxTok[op], newest[op] = e.FencingToken, e
 		}
 	}
 	return Verdict{6, "no decision with a stale fencing token applied", stale == 0,
-		fmt.Sprintf("%d fenced decisions applied, %d with a token older than one already used, %d refused as fenced", applied, stale, refused)}
+		fmt.Sprintf("%d fenced decisions applied, %d with a token older than one already used, %d refused as fenced%s", applied, stale, refused, first)}
+}
+
+// tokenAt names an event's token and time, for a verdict's detail.
+func tokenAt(e store.Event) string {
+	return fmt.Sprintf("token %d at %s", e.FencingToken, e.At.UTC().Format("15:04:05.000"))
 }
 
 // 7. Nothing reported succeeded is lost: every operation the log shows
