@@ -334,6 +334,7 @@ func (feed) Transition(string, string, string) {}
 func (feed) Refused(string, string)            {}
 func (feed) Receipt(string)                    {}
 func (feed) Fenced()                           {}
+func (feed) Deadlock()                         {}
 func (feed) Batch(int, time.Duration, bool)    {}
 func (f feed) Changed(c store.Change)          { f.bus.Changed(c) }
 

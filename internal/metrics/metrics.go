@@ -31,6 +31,9 @@ type Metrics struct {
 	// BatchFallbacks counts the batches that ran again with a savepoint
 	// per change because one of their changes failed.
 	BatchFallbacks prometheus.Counter
+	// BatchDeadlocks counts the batches that lost a deadlock to another
+	// instance's transaction.
+	BatchDeadlocks prometheus.Counter
 	// InputsRefused counts inputs refused whole by a limit or a rule, by
 	// source (SourceHTTP, SourceReceipts, SourcePresence, SourceMQTT) and
 	// reason (the wire.Reason* constants: too_large, invalid_json, too_deep,
@@ -96,12 +99,16 @@ func New() *Metrics {
 			Name: "controller_store_batch_fallbacks_total",
 			Help: "Batches run again with a savepoint per change because one of their changes failed or was refused.",
 		}),
+		BatchDeadlocks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "controller_store_batch_deadlocks_total",
+			Help: "Batches that lost a deadlock to another instance's transaction (PostgreSQL), each run again whole or, after the last try, failed.",
+		}),
 		InputsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "controller_inputs_refused_total",
 			Help: "Inputs refused whole by a limit or rule, changing nothing, by source (http, receipts, presence, mqtt) and reason.",
 		}, []string{"source", "reason"}),
 	}
-	r.MustRegister(m.BatchChanges, m.BatchSeconds, m.BatchFallbacks, m.InputsRefused)
+	r.MustRegister(m.BatchChanges, m.BatchSeconds, m.BatchFallbacks, m.BatchDeadlocks, m.InputsRefused)
 	r.MustRegister(m.Transitions, m.TransitionsRefused, m.Receipts, m.Publishes, m.PublishFailures,
 		m.FencingRefused, m.FailpointHits, m.LateOutcomes, m.Presence, m.Reconciles, m.Takeovers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -156,6 +163,9 @@ func (m *Metrics) CountRoundTrips(read func() int64) {
 		Help: "Statements sent to the database (reads, writes, BEGIN, SAVEPOINT, RELEASE, COMMIT).",
 	}, func() float64 { return float64(read()) }))
 }
+
+// Deadlock implements store.Observer.
+func (m *Metrics) Deadlock() { m.BatchDeadlocks.Inc() }
 
 // Batch implements store.Observer.
 func (m *Metrics) Batch(changes int, took time.Duration, fellBack bool) {

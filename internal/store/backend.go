@@ -35,16 +35,27 @@ type backend interface {
 	// forUpdate is the clause that locks the rows a change reads before it
 	// writes them: another instance applying a fact about the same command
 	// (or deciding about it) waits for this change's commit, then reads
-	// what it committed. Empty with SQLite, whose one writer is the lock.
+	// what it committed. On PostgreSQL it is FOR NO KEY UPDATE, the lock a
+	// plain UPDATE takes: it excludes the other writers of the row but not
+	// a fence (fenceLock) or a foreign key's check. Empty with SQLite, whose
+	// one writer is the lock.
 	forUpdate() string
-	// forShare is the clause that holds a row a change only reads (the
-	// operation a decision's fence checks) against other instances'
-	// writes until the commit. Empty with SQLite.
-	forShare() string
+	// fenceLock is the clause with which a decision's fence reads its
+	// operation's row: held until the commit, it keeps out the writes that
+	// change an operation's owner or token (tokenLock: a takeover, a
+	// reclaim, a retry by another instance) and nothing else, so the facts
+	// that finish an operation never wait for it. Empty with SQLite.
+	fenceLock() string
+	// tokenLock is the clause with which a change that moves an
+	// operation's lease to a new token reads the row first: it waits for
+	// (or, with skipLocked, passes over) the decisions whose fence holds
+	// the row. Empty with SQLite.
+	tokenLock() string
 	// skipLocked is the clause of a bulk change's row selection that passes
 	// over rows another instance's transaction holds (a heartbeat, a
-	// takeover sweep, an unconfirm): they are taken at the next round
-	// instead of deadlocking with that transaction. Empty with SQLite.
+	// takeover sweep, an unconfirm), a fence included: they are taken at
+	// the next round instead of deadlocking with that transaction, or
+	// being taken from under a decision. Empty with SQLite.
 	skipLocked() string
 	// prepares says whether the store keeps its own prepared statements
 	// (pgx caches them per connection by itself).

@@ -229,7 +229,7 @@ func (t *tx) decided(ctx context.Context, d *Decision) func(rowScanner) error {
 // looks at the command again if no final receipt arrives.
 func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		to := expect
 		if expect == fsm.CmdPending || expect == fsm.CmdWaitingDevice {
 			to = fsm.CmdSent
@@ -260,7 +260,7 @@ func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.Command
 // count the caller saw.
 func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, counted bool, f Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		now := ms(t.now)
 		err := t.cas(ctx, t.decision(ctx, commandID, expect, expect, f), t.decided(ctx, &d),
 			`UPDATE commands SET queries = queries + ?, last_query_id = ?, last_answer = '', next_check_at = ?, updated_at = ?
@@ -282,7 +282,7 @@ func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect f
 // do yet). It is fenced like a decision; a refusal is not recorded (nothing
 // was decided), only returned.
 func (s *DB) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
-	return s.write(ctx, func(ctx context.Context, t *tx) error {
+	return s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE `+t.fencedCommand(`version = ?`),
 			append([]any{ms(next), commandID, expectVersion}, f.args(t.now)...)...)
 		if err != nil {
@@ -303,7 +303,7 @@ func (s *DB) Postpone(ctx context.Context, commandID string, expectVersion int64
 // sweeper looks again (ignored for terminal states).
 func (s *DB) Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error) {
 	var out Command
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		if err := fsm.Command.Transition(from, to); err != nil {
 			return t.refuse("command", commandID, string(from), string(to), ReasonIllegal, f.Token)
 		}
@@ -335,7 +335,7 @@ func (s *DB) Move(ctx context.Context, commandID string, from fsm.CommandState, 
 // condition and is taken again with the new presence. No state changes.
 func (s *DB) Wake(ctx context.Context, device string) ([]string, error) {
 	var ids []string
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+	err := s.writeLocking(ctx, rowLocks{devices: []string{device}}, func(ctx context.Context, t *tx) error {
 		var err error
 		ids, err = queryStrings(ctx, t, `UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
 			AND status NOT IN `+terminalCommands+` RETURNING command_id`, ms(t.now), device)

@@ -393,3 +393,81 @@ func TestADecisionHoldsItsFenceUntilItCommits(t *testing.T) {
 	}
 	require.Equal(t, []string{"command token 1", "lease token 2"}, order, "the events log: the decision, then the takeover")
 }
+
+// Two instances whose batches each apply receipts of the same two commands,
+// in opposite orders: each batch locks the commands its changes named, in
+// one order, before any change runs (preLock), so the second waits for the
+// first instead of both losing a second to a deadlock. The first holds its
+// first command until the second is seen waiting on a lock (the server's
+// own view, pg_stat_activity); without the pre-lock the second then holds
+// the other command, and the server finds a deadlock. PostgreSQL only.
+func TestBatchesLockTheirCommandsInOneOrder(t *testing.T) {
+	t.Parallel()
+	dsn := testDSN(t, "postgres")
+	clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
+	obs := []*countingObserver{newObserver(), newObserver()}
+	var ss []*DB
+	for i, o := range obs {
+		s, err := Open(context.Background(), Config{Path: dsn, Instance: fmt.Sprintf("i%d", i+1), Now: clk.Now, Observer: o})
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Close() })
+		ss = append(ss, s)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, n := range []string{"1", "2"} {
+		_, err := ss[0].Submit(ctx, newOp("op-"+n, "c-"+n), nil)
+		require.NoError(t, err)
+		_, err = ss[0].ClaimSend(ctx, "c-"+n, fsm.CmdPending, 0, 1, fence, clk.Now().Add(time.Minute))
+		require.NoError(t, err)
+	}
+	apply := func(t *tx, cmd, op string, st wire.ReceiptStatus, seq int) error {
+		_, err := t.receipt(ctx, "device-1", wire.Receipt{CommandID: cmd, OperationID: op, Status: st, Seq: seq}, false, nil)
+		return err
+	}
+	waiting := func() int {
+		var n int
+		require.NoError(t, ss[0].rq.QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+		return n
+	}
+
+	firstHolds, done := make(chan struct{}), make(chan error, 2)
+	firstRun := true // a batch that lost a deadlock runs again: wait once
+	go func() {
+		done <- ss[0].writeLocking(ctx, lockCommands("c-1", "c-2"), func(ctx context.Context, t *tx) error {
+			if err := apply(t, "c-1", "op-1", wire.ReceiptReceived, 1); err != nil {
+				return err
+			}
+			if firstRun { // hold c-1 until the other batch waits for a lock
+				firstRun = false
+				close(firstHolds)
+				for waiting() == 0 {
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(5 * time.Millisecond):
+					}
+				}
+			}
+			return apply(t, "c-2", "op-2", wire.ReceiptReceived, 1)
+		})
+	}()
+	<-firstHolds
+	go func() {
+		done <- ss[1].writeLocking(ctx, lockCommands("c-2", "c-1"), func(ctx context.Context, t *tx) error {
+			if err := apply(t, "c-2", "op-2", wire.ReceiptExecuting, 2); err != nil {
+				return err
+			}
+			return apply(t, "c-1", "op-1", wire.ReceiptExecuting, 2)
+		})
+	}()
+	require.NoError(t, <-done)
+	require.NoError(t, <-done)
+	require.Zero(t, obs[0].deadlocks+obs[1].deadlocks, "no batch lost a deadlock")
+	for _, c := range []string{"c-1", "c-2"} {
+		got, err := ss[0].GetCommand(ctx, c)
+		require.NoError(t, err)
+		require.Equal(t, fsm.CmdExecuting, got.Status, c)
+	}
+}

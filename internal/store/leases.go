@@ -160,7 +160,7 @@ func (s *DB) forgetQuestionsOf(ctx context.Context, operationIDs []string) error
 	if len(operationIDs) == 0 {
 		return nil
 	}
-	return s.write(ctx, func(ctx context.Context, t *tx) error {
+	return s.writeLocking(ctx, rowLocks{operations: operationIDs}, func(ctx context.Context, t *tx) error {
 		for _, id := range operationIDs {
 			if err := t.forgetQuestions(id); err != nil {
 				return err
@@ -178,6 +178,7 @@ func (s *DB) forgetQuestionsOf(ctx context.Context, operationIDs []string) error
 func (s *DB) TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error) {
 	var ids []string
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		ids = ids[:0] // a change may run twice (its batch fell back, or lost a deadlock)
 		rows, err := t.QueryContext(ctx, `UPDATE operations SET owner = ?, fencing_token = fencing_token + 1,
 				lease_expires_at = ?, updated_at = ?
 			WHERE operation_id IN (SELECT operation_id FROM operations

@@ -38,8 +38,9 @@ func (*postgresBackend) migrations() string       { return "migrations/postgres"
 func (*postgresBackend) prepares() bool           { return false }
 func (b *postgresBackend) rebind(q string) string { return b.rb.dollar(q) }
 
-func (*postgresBackend) forUpdate() string  { return " FOR UPDATE" }
-func (*postgresBackend) forShare() string   { return " FOR SHARE" }
+func (*postgresBackend) forUpdate() string  { return " FOR NO KEY UPDATE" }
+func (*postgresBackend) fenceLock() string  { return " FOR KEY SHARE" }
+func (*postgresBackend) tokenLock() string  { return " FOR UPDATE" }
 func (*postgresBackend) skipLocked() string { return " FOR UPDATE SKIP LOCKED" }
 
 // arg stores flags as 0/1 and JSON as text, as the SQLite schema does.

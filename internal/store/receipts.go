@@ -65,7 +65,7 @@ func (o ReceiptOutcome) OperationMayChange() bool {
 // failpoint); an error from it records nothing.
 func (s *DB) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
 	var out ReceiptOutcome
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+	err := s.writeLocking(ctx, lockCommands(r.CommandID), func(ctx context.Context, t *tx) error {
 		var err error
 		out, err = t.receipt(ctx, device, r, true, beforeCommit)
 		return err
@@ -102,7 +102,11 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 		return []ReceiptResult{{Out: out, Err: err}}, nil
 	}
 	var res []ReceiptResult
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+	ids := make([]string, len(rs))
+	for i, r := range rs {
+		ids[i] = r.CommandID
+	}
+	err := s.writeLocking(ctx, lockCommands(ids...), func(ctx context.Context, t *tx) error {
 		res = res[:0] // a batch that lost a deadlock runs again whole
 		touch := false
 		for _, r := range rs {

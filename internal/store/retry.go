@@ -23,9 +23,11 @@ var ErrIllegalState = errors.New("illegal state")
 func (t *tx) startRetry(ctx context.Context, op Operation, owner string, leaseTTL, retryFor time.Duration) error {
 	now := ms(t.now)
 	ch := change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(fsm.OpStarted), token: op.FencingToken}
+	// A new token: the row is locked as a takeover locks it (tokenLock),
+	// after any decision whose fence holds it (see fencedCommand).
 	if err := t.cas(ctx, ch, nil, `UPDATE operations SET status = ?, reason = '', owner = ?, fencing_token = fencing_token + 1,
 			lease_expires_at = ?, retry_until = ?, version = version + 1, updated_at = ?
-		WHERE operation_id = ? AND status = ? AND version = ?`,
+		WHERE `+lockedKey("operations", "operation_id", t.s.b.tokenLock())+` AND status = ? AND version = ?`,
 		fsm.OpStarted, owner, ms(t.now.Add(leaseTTL)), ms(t.now.Add(retryFor)), now, op.OperationID, fsm.OpFailedRetryable, op.Version); err != nil {
 		return err
 	}
@@ -124,7 +126,7 @@ func (s *DB) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason strin
 // decided by the same conditional write the publisher's claim races.
 func (s *DB) Cancel(ctx context.Context, commandID, who string) (Command, error) {
 	var out Command
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		var err error
 		out, err = t.cancel(ctx, commandID, who)
 		return err
@@ -178,7 +180,7 @@ func (s *DB) Resolve(ctx context.Context, commandID string, outcome fsm.CommandS
 	if outcome != fsm.CmdSucceeded && outcome != fsm.CmdFailed {
 		return out, fmt.Errorf("resolve outcome %q: want succeeded or failed: %w", outcome, ErrIllegalState)
 	}
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		c, err := getCommand(ctx, t, commandID)
 		if err != nil {
 			return err

@@ -45,7 +45,8 @@ func (sqliteBackend) rebind(q string) string {
 func (sqliteBackend) arg(v any) any { return v }
 
 func (sqliteBackend) forUpdate() string  { return "" }
-func (sqliteBackend) forShare() string   { return "" }
+func (sqliteBackend) fenceLock() string  { return "" }
+func (sqliteBackend) tokenLock() string  { return "" }
 func (sqliteBackend) skipLocked() string { return "" }
 
 func (sqliteBackend) open(_ context.Context, path string, readers int) (w, r *sql.DB, err error) {

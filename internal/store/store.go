@@ -62,6 +62,9 @@ type Observer interface {
 	// long, and whether it fell back to a savepoint per change (one of its
 	// changes failed, see applyBatch).
 	Batch(changes int, took time.Duration, fellBack bool)
+	// Deadlock is told of each batch that lost a deadlock to another
+	// instance's transaction (PostgreSQL) and is run again, or failed.
+	Deadlock()
 }
 
 // Change is one committed change of an entity: a row of its events log, or
@@ -90,6 +93,7 @@ func (nopObserver) Refused(string, string)            {}
 func (nopObserver) Receipt(string)                    {}
 func (nopObserver) Fenced()                           {}
 func (nopObserver) Batch(int, time.Duration, bool)    {}
+func (nopObserver) Deadlock()                         {}
 
 // Config configures a Store.
 type Config struct {
@@ -439,25 +443,32 @@ func commandFenced(lock string) string {
 // its command_id (the first argument), the caller's other conditions
 // (more, with their arguments next), then the fence (Fence.args last).
 //
-// With row locks (PostgreSQL) the fence holds a share lock on the
-// operation's row until the commit. A takeover passes over locked rows, so
-// it commits after the decision or not at all: a decision whose token was
-// current when its statement ran is never committed after its lease was
-// taken over, the events log shows the two in that order (invariant 6), and
-// the lease the decision reads back (the trust window) is its own, not its
-// successor's. The command's row is locked first, by an InitPlan that runs
-// before the fence: the order in which a receipt locks the two (the
-// command, then its operation), so that a decision and a receipt of the
-// same command wait for each other instead of deadlocking.
+// With row locks (PostgreSQL) the fence holds its operation's row
+// (fenceLock) until the commit. A takeover passes over held rows and a
+// retry by another instance waits, so neither commits between the
+// decision's statement and its commit: a decision made under the current
+// token is committed before the token changes, the events log shows the
+// two in that order (invariant 6), and the lease the decision reads back
+// for its trust window is its own, not its successor's. The command's row
+// is locked first, by an InitPlan that runs before the fence: the order in
+// which a receipt locks the two (the command, then its operation).
 func (t *tx) fencedCommand(more string) string {
-	row := `command_id = ?`
-	if lock := t.s.b.forUpdate(); lock != "" {
-		row = `command_id = (SELECT command_id FROM commands WHERE command_id = ?` + lock + `)`
-	}
+	row := lockedKey("commands", "command_id", t.s.b.forUpdate())
 	if more != "" {
 		row += ` AND ` + more
 	}
-	return row + ` AND ` + commandFenced(t.s.b.forShare())
+	return row + ` AND ` + commandFenced(t.s.b.fenceLock())
+}
+
+// lockedKey is the condition "key = ?" on a table's primary key, which
+// with a lock first locks that row, in an InitPlan: before anything else
+// the statement's conditions read, and in the lock's mode rather than the
+// one its UPDATE would take.
+func lockedKey(table, key, lock string) string {
+	if lock == "" {
+		return key + ` = ?`
+	}
+	return key + ` = (SELECT ` + key + ` FROM ` + table + ` WHERE ` + key + ` = ?` + lock + `)`
 }
 
 func (f Fence) args(now time.Time) []any { return []any{f.Owner, f.Token, ms(now)} }

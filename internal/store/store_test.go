@@ -26,6 +26,7 @@ type countingObserver struct {
 	fenced               int
 	batches, changes     int
 	fallbacks            int
+	deadlocks            int
 }
 
 func newObserver() *countingObserver {
@@ -39,6 +40,7 @@ func (o *countingObserver) Transition(m, f, t string) {
 func (o *countingObserver) Refused(m, r string) { o.mu.Lock(); o.refused[m+":"+r]++; o.mu.Unlock() }
 func (o *countingObserver) Receipt(e string)    { o.mu.Lock(); o.receipts[e]++; o.mu.Unlock() }
 func (o *countingObserver) Fenced()             { o.mu.Lock(); o.fenced++; o.mu.Unlock() }
+func (o *countingObserver) Deadlock()           { o.mu.Lock(); o.deadlocks++; o.mu.Unlock() }
 func (o *countingObserver) Batch(n int, _ time.Duration, fellBack bool) {
 	o.mu.Lock()
 	o.batches++

@@ -50,9 +50,10 @@ const (
 
 // job is one change waiting for the writer.
 type job struct {
-	ctx  context.Context
-	fn   func(context.Context, *tx) error
-	done chan error // buffered: the writer never waits on a caller
+	ctx   context.Context
+	fn    func(context.Context, *tx) error
+	locks rowLocks   // the command rows it will lock, locked first (preLock)
+	done  chan error // buffered: the writer never waits on a caller
 	// hooks are the results of the change's hooks (tx.hook), in the order
 	// it called them: a change run again (its batch fell back to
 	// savepoints, or lost a deadlock) gets them again without calling its
@@ -76,20 +77,27 @@ type applied struct {
 // and nothing is written; once taken, the change's outcome is always
 // returned, so a caller never has to guess whether it committed.
 func (s *DB) write(ctx context.Context, fn func(context.Context, *tx) error) error {
-	return s.enqueue(ctx, fn, false)
+	return s.enqueue(ctx, rowLocks{}, fn, false)
+}
+
+// writeLocking is write for a change that locks the command rows named in
+// locks: the batch locks them, with every other change's, in one order
+// before any change runs (see preLock).
+func (s *DB) writeLocking(ctx context.Context, locks rowLocks, fn func(context.Context, *tx) error) error {
+	return s.enqueue(ctx, locks, fn, false)
 }
 
 // writeOrShed is write that returns ErrOverloaded at once when the queue is
 // full.
 func (s *DB) writeOrShed(ctx context.Context, fn func(context.Context, *tx) error) error {
-	return s.enqueue(ctx, fn, true)
+	return s.enqueue(ctx, rowLocks{}, fn, true)
 }
 
-func (s *DB) enqueue(ctx context.Context, fn func(context.Context, *tx) error, shed bool) error {
+func (s *DB) enqueue(ctx context.Context, locks rowLocks, fn func(context.Context, *tx) error, shed bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	j := &job{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	j := &job{ctx: ctx, fn: fn, locks: locks, done: make(chan error, 1)}
 	if shed {
 		select {
 		case s.queue <- j:
@@ -157,7 +165,11 @@ func (s *DB) commitBatch(batch []*job) {
 	start := time.Now()
 	res := make([]applied, len(batch))
 	fellBack, err := s.applyBatch(batch, res)
-	for run := 1; err != nil && s.b.conflict(err) && run < maxConflictRuns; run++ {
+	for run := 1; err != nil && s.b.conflict(err); run++ {
+		s.obs.Deadlock()
+		if run == maxConflictRuns {
+			break
+		}
 		// Nothing of it committed and no caller was answered: run it again,
 		// after the other instance's batch that won.
 		clear(res)
@@ -215,6 +227,9 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 	}
 	defer sqlTx.Rollback()
 	s.trips.Add(2) // BEGIN and COMMIT (or ROLLBACK)
+	if err := s.preLock(ctx, sqlTx, batch); err != nil {
+		return nil, err
+	}
 	var (
 		wakes  []string
 		events []eventRow
@@ -263,6 +278,53 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	return nil, nil
+}
+
+// rowLocks names the command rows a change will lock: by command_id, and
+// the open commands of operations and of devices.
+type rowLocks struct {
+	commands, operations, devices []string
+}
+
+// lockCommands is rowLocks of command ids.
+func lockCommands(ids ...string) rowLocks { return rowLocks{commands: ids} }
+
+// preLock locks, before any change of the batch runs, the command rows its
+// changes said they would lock, all of them in command_id order
+// (PostgreSQL; SQLite's one writer needs no row locks). Batches of several
+// instances lock the rows they share in the same order, so they wait for
+// each other instead of deadlocking: without it, two batches that each held
+// a receipt for the other's command (the shared subscription spreads one
+// command's receipts over the instances) each locked one, waited for the
+// other, and one of them lost a deadlock, a second of waiting each time
+// (the server's deadlock_timeout) before it ran again.
+func (s *DB) preLock(ctx context.Context, sqlTx *sql.Tx, batch []*job) error {
+	if s.b.forUpdate() == "" {
+		return nil
+	}
+	var cmds, ops, devs []string
+	for _, j := range batch {
+		cmds = append(cmds, j.locks.commands...)
+		ops = append(ops, j.locks.operations...)
+		devs = append(devs, j.locks.devices...)
+	}
+	if len(cmds) == 0 && len(ops) == 0 && len(devs) == 0 {
+		return nil
+	}
+	t := &tx{Tx: sqlTx, s: s}
+	rows, err := t.QueryContext(ctx, `SELECT command_id FROM commands
+		WHERE command_id = ANY(?) OR ((operation_id = ANY(?) OR device_id = ANY(?)) AND status NOT IN `+terminalCommands+`)
+		ORDER BY command_id`+s.b.forUpdate(), cmds, ops, devs)
+	if err != nil {
+		return fmt.Errorf("lock the batch's commands: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("lock the batch's commands: %w", err)
+	}
+	return nil
 }
 
 // maxConflictRuns bounds how often a batch that lost a deadlock (or a
