@@ -96,62 +96,70 @@ type PresenceOutcome struct {
 // of an old connection, or a stale retained birth, changes nothing).
 func (s *DB) ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error) {
 	var out PresenceOutcome
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
-		now := ms(t.now)
-		if _, err := t.Exec(`INSERT INTO devices (device_id, updated_at) VALUES (?, ?) ON CONFLICT (device_id) DO NOTHING`,
-			device, now); err != nil {
-			return fmt.Errorf("insert device %s: %w", device, err)
-		}
-		// No row lock: the rank is the guard. Most presence messages are
-		// retained ones re-delivered to every instance, and change nothing.
-		before, err := scanDevice(t.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, device))
-		if err != nil {
-			return fmt.Errorf("read device %s: %w", device, err)
-		}
-		rank := p.Rank()
-		if rank <= before.PresenceRank {
-			// Equal: the same message again (a retained one re-delivered).
-			// Lower: stale, counted so a device whose births are ignored shows.
-			if rank < before.PresenceRank {
-				out.Stale = true
-				if _, err := t.Exec(`UPDATE devices SET stale_presence = stale_presence + 1, last_stale_session = ?
-					WHERE device_id = ?`, p.Session, device); err != nil {
-					return fmt.Errorf("count stale presence of %s: %w", device, err)
-				}
-			}
-			out.Device = before
-			return nil
-		}
-		caps, seen, skew := before.Capabilities, before.Seen, before.ClockSkew.Milliseconds()
-		if p.Online {
-			seen = true
-			if p.Capabilities != nil {
-				caps = *p.Capabilities
-			}
-			if p.At != nil {
-				skew = p.At.Sub(t.now).Milliseconds()
-			}
-		}
-		r, err := t.Exec(`UPDATE devices SET online = ?, confirmed = 1, seen = ?, session = ?, presence_rank = ?,
-				dedupe = ?, query = ?, clock_skew_ms = ?, last_seen_at = ?, updated_at = ?
-			WHERE device_id = ? AND presence_rank < ?`,
-			p.Online, seen, p.Session, rank, caps.Dedupe, caps.Query, skew, now, now, device, rank)
-		if err != nil {
-			return fmt.Errorf("apply presence of %s: %w", device, err)
-		}
-		if n, err := r.RowsAffected(); err != nil || n == 0 {
-			// Another instance applied this rank, or a higher one, first.
-			out.Device = before
-			return err
-		}
-		from, to := onlineWord(before.Online), onlineWord(p.Online)
-		if err := t.event("device", device, from, to, fmt.Sprintf("presence session %d", p.Session), 0); err != nil {
-			return err
-		}
-		out.Applied, out.WentOnline = true, p.Online && !before.Online
-		out.Device, err = scanDevice(t.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, device))
+	err := s.writeLocking(ctx, rowLocks{deviceRows: []string{device}}, func(ctx context.Context, t *tx) error {
+		var err error
+		out, err = t.presence(ctx, device, p)
 		return err
 	})
+	return out, err
+}
+
+// presence is the change of one presence message.
+func (t *tx) presence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error) {
+	var out PresenceOutcome
+	now := ms(t.now)
+	if _, err := t.Exec(`INSERT INTO devices (device_id, updated_at) VALUES (?, ?) ON CONFLICT (device_id) DO NOTHING`,
+		device, now); err != nil {
+		return out, fmt.Errorf("insert device %s: %w", device, err)
+	}
+	// No row lock: the rank is the guard. Most presence messages are
+	// retained ones re-delivered to every instance, and change nothing.
+	before, err := scanDevice(t.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, device))
+	if err != nil {
+		return out, fmt.Errorf("read device %s: %w", device, err)
+	}
+	rank := p.Rank()
+	if rank <= before.PresenceRank {
+		// Equal: the same message again (a retained one re-delivered).
+		// Lower: stale, counted so a device whose births are ignored shows.
+		if rank < before.PresenceRank {
+			out.Stale = true
+			if _, err := t.Exec(`UPDATE devices SET stale_presence = stale_presence + 1, last_stale_session = ?
+				WHERE device_id = ?`, p.Session, device); err != nil {
+				return out, fmt.Errorf("count stale presence of %s: %w", device, err)
+			}
+		}
+		out.Device = before
+		return out, nil
+	}
+	caps, seen, skew := before.Capabilities, before.Seen, before.ClockSkew.Milliseconds()
+	if p.Online {
+		seen = true
+		if p.Capabilities != nil {
+			caps = *p.Capabilities
+		}
+		if p.At != nil {
+			skew = p.At.Sub(t.now).Milliseconds()
+		}
+	}
+	r, err := t.Exec(`UPDATE devices SET online = ?, confirmed = 1, seen = ?, session = ?, presence_rank = ?,
+			dedupe = ?, query = ?, clock_skew_ms = ?, last_seen_at = ?, updated_at = ?
+		WHERE device_id = ? AND presence_rank < ?`,
+		p.Online, seen, p.Session, rank, caps.Dedupe, caps.Query, skew, now, now, device, rank)
+	if err != nil {
+		return out, fmt.Errorf("apply presence of %s: %w", device, err)
+	}
+	if n, err := r.RowsAffected(); err != nil || n == 0 {
+		// Another instance applied this rank, or a higher one, first.
+		out.Device = before
+		return out, err
+	}
+	from, to := onlineWord(before.Online), onlineWord(p.Online)
+	if err := t.event("device", device, from, to, fmt.Sprintf("presence session %d", p.Session), 0); err != nil {
+		return out, err
+	}
+	out.Applied, out.WentOnline = true, p.Online && !before.Online
+	out.Device, err = scanDevice(t.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, device))
 	return out, err
 }
 

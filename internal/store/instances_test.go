@@ -397,77 +397,129 @@ func TestADecisionHoldsItsFenceUntilItCommits(t *testing.T) {
 // Two instances whose batches each apply receipts of the same two commands,
 // in opposite orders: each batch locks the commands its changes named, in
 // one order, before any change runs (preLock), so the second waits for the
-// first instead of both losing a second to a deadlock. The first holds its
-// first command until the second is seen waiting on a lock (the server's
-// own view, pg_stat_activity); without the pre-lock the second then holds
-// the other command, and the server finds a deadlock. PostgreSQL only.
+// first instead of both losing a second to a deadlock. PostgreSQL only.
 func TestBatchesLockTheirCommandsInOneOrder(t *testing.T) {
 	t.Parallel()
+	c := newCrossing(t)
+	for _, n := range []string{"1", "2"} {
+		_, err := c.ss[0].Submit(c.ctx, newOp("op-"+n, "c-"+n), nil)
+		require.NoError(t, err)
+		_, err = c.ss[0].ClaimSend(c.ctx, "c-"+n, fsm.CmdPending, 0, 1, fence, c.clk.Now().Add(time.Minute))
+		require.NoError(t, err)
+	}
+	apply := func(cmd, op string, st wire.ReceiptStatus, seq int) func(*tx) error {
+		return func(t *tx) error {
+			_, err := t.receipt(c.ctx, "device-1", wire.Receipt{CommandID: cmd, OperationID: op, Status: st, Seq: seq}, false, nil)
+			return err
+		}
+	}
+	c.cross(lockCommands("c-1", "c-2"), apply("c-1", "op-1", wire.ReceiptReceived, 1), apply("c-2", "op-2", wire.ReceiptReceived, 1),
+		lockCommands("c-2", "c-1"), apply("c-2", "op-2", wire.ReceiptExecuting, 2), apply("c-1", "op-1", wire.ReceiptExecuting, 2))
+	for _, id := range []string{"c-1", "c-2"} {
+		got, err := c.ss[0].GetCommand(c.ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, fsm.CmdExecuting, got.Status, id)
+	}
+}
+
+// The same for devices seen for the first time: every instance applies
+// every presence message, and each inserts the device's row; two batches
+// inserting the same new devices in opposite orders deadlocked (the bench's
+// three instances: 30 presence messages not recorded, 8 s until every
+// device showed online). The batch inserts and locks them in one order
+// first. PostgreSQL only.
+func TestBatchesInsertNewDevicesInOneOrder(t *testing.T) {
+	t.Parallel()
+	c := newCrossing(t)
+	birth := func(device string) func(*tx) error {
+		return func(t *tx) error {
+			_, err := t.presence(c.ctx, device, wire.Presence{Online: true, Session: 1})
+			return err
+		}
+	}
+	both := rowLocks{deviceRows: []string{"device-a", "device-b"}}
+	c.cross(both, birth("device-a"), birth("device-b"), both, birth("device-b"), birth("device-a"))
+	for _, id := range []string{"device-a", "device-b"} {
+		d, err := c.ss[1].GetDevice(c.ctx, id)
+		require.NoError(t, err)
+		require.True(t, d.Online, id)
+	}
+}
+
+// crossing is two instances on one PostgreSQL database whose batches lock
+// the same rows in opposite orders.
+type crossing struct {
+	t   *testing.T
+	ss  []*DB
+	obs []*countingObserver
+	clk *clock.Fake
+	ctx context.Context
+}
+
+func newCrossing(t *testing.T) *crossing {
 	dsn := testDSN(t, "postgres")
-	clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
-	obs := []*countingObserver{newObserver(), newObserver()}
-	var ss []*DB
-	for i, o := range obs {
-		s, err := Open(context.Background(), Config{Path: dsn, Instance: fmt.Sprintf("i%d", i+1), Now: clk.Now, Observer: o})
+	c := &crossing{t: t, clk: clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))}
+	for i := 0; i < 2; i++ {
+		o := newObserver()
+		s, err := Open(context.Background(), Config{Path: dsn, Instance: fmt.Sprintf("i%d", i+1), Now: c.clk.Now, Observer: o})
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() })
-		ss = append(ss, s)
+		c.ss, c.obs = append(c.ss, s), append(c.obs, o)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, n := range []string{"1", "2"} {
-		_, err := ss[0].Submit(ctx, newOp("op-"+n, "c-"+n), nil)
-		require.NoError(t, err)
-		_, err = ss[0].ClaimSend(ctx, "c-"+n, fsm.CmdPending, 0, 1, fence, clk.Now().Add(time.Minute))
-		require.NoError(t, err)
-	}
-	apply := func(t *tx, cmd, op string, st wire.ReceiptStatus, seq int) error {
-		_, err := t.receipt(ctx, "device-1", wire.Receipt{CommandID: cmd, OperationID: op, Status: st, Seq: seq}, false, nil)
-		return err
-	}
+	t.Cleanup(cancel)
+	c.ctx = ctx
+	return c
+}
+
+// cross runs a change on the first instance (aFirst, then aThen) and one
+// on the second (bFirst, then bThen), each declaring its locks. The first
+// holds what aFirst locked until the second is seen waiting for a lock
+// (the server's own view, pg_stat_activity): without the pre-lock the
+// second then holds what bFirst locked, aThen waits for it, bThen for
+// aFirst's, and the server finds a deadlock. It checks that both commit
+// and neither batch lost a deadlock.
+func (c *crossing) cross(aLocks rowLocks, aFirst, aThen func(*tx) error, bLocks rowLocks, bFirst, bThen func(*tx) error) {
+	t := c.t
 	waiting := func() int {
 		var n int
-		require.NoError(t, ss[0].rq.QueryRowContext(ctx, `SELECT COUNT(*) FROM pg_stat_activity
+		require.NoError(t, c.ss[0].rq.QueryRowContext(c.ctx, `SELECT COUNT(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
 		return n
 	}
-
 	firstHolds, done := make(chan struct{}), make(chan error, 2)
 	firstRun := true // a batch that lost a deadlock runs again: wait once
 	go func() {
-		done <- ss[0].writeLocking(ctx, lockCommands("c-1", "c-2"), func(ctx context.Context, t *tx) error {
-			if err := apply(t, "c-1", "op-1", wire.ReceiptReceived, 1); err != nil {
+		done <- c.ss[0].writeLocking(c.ctx, aLocks, func(ctx context.Context, t *tx) error {
+			if err := aFirst(t); err != nil {
 				return err
 			}
-			if firstRun { // hold c-1 until the other batch waits for a lock
+			if firstRun {
 				firstRun = false
 				close(firstHolds)
 				for waiting() == 0 {
 					select {
 					case <-ctx.Done():
 						return ctx.Err()
+					case <-c.ctx.Done():
+						return c.ctx.Err()
 					case <-time.After(5 * time.Millisecond):
 					}
 				}
 			}
-			return apply(t, "c-2", "op-2", wire.ReceiptReceived, 1)
+			return aThen(t)
 		})
 	}()
 	<-firstHolds
 	go func() {
-		done <- ss[1].writeLocking(ctx, lockCommands("c-2", "c-1"), func(ctx context.Context, t *tx) error {
-			if err := apply(t, "c-2", "op-2", wire.ReceiptExecuting, 2); err != nil {
+		done <- c.ss[1].writeLocking(c.ctx, bLocks, func(ctx context.Context, t *tx) error {
+			if err := bFirst(t); err != nil {
 				return err
 			}
-			return apply(t, "c-1", "op-1", wire.ReceiptExecuting, 2)
+			return bThen(t)
 		})
 	}()
 	require.NoError(t, <-done)
 	require.NoError(t, <-done)
-	require.Zero(t, obs[0].deadlocks+obs[1].deadlocks, "no batch lost a deadlock")
-	for _, c := range []string{"c-1", "c-2"} {
-		got, err := ss[0].GetCommand(ctx, c)
-		require.NoError(t, err)
-		require.Equal(t, fsm.CmdExecuting, got.Status, c)
-	}
+	require.Zero(t, c.obs[0].deadlocks+c.obs[1].deadlocks, "no batch lost a deadlock")
 }

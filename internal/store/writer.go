@@ -280,18 +280,20 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 	return nil, nil
 }
 
-// rowLocks names the command rows a change will lock: by command_id, and
-// the open commands of operations and of devices.
+// rowLocks names the rows a change will lock: commands by command_id, the
+// open commands of operations and of devices, and devices' own rows
+// (inserted first if missing).
 type rowLocks struct {
 	commands, operations, devices []string
+	deviceRows                    []string
 }
 
 // lockCommands is rowLocks of command ids.
 func lockCommands(ids ...string) rowLocks { return rowLocks{commands: ids} }
 
-// preLock locks, before any change of the batch runs, the command rows its
-// changes said they would lock, all of them in command_id order
-// (PostgreSQL; SQLite's one writer needs no row locks). Batches of several
+// preLock locks, before any change of the batch runs, the rows its changes
+// said they would lock: the commands in command_id order, then the devices
+// in device_id order (PostgreSQL; SQLite's one writer needs no row locks). Batches of several
 // instances lock the rows they share in the same order, so they wait for
 // each other instead of deadlocking: without it, two batches that each held
 // a receipt for the other's command (the shared subscription spreads one
@@ -302,29 +304,49 @@ func (s *DB) preLock(ctx context.Context, sqlTx *sql.Tx, batch []*job) error {
 	if s.b.forUpdate() == "" {
 		return nil
 	}
-	var cmds, ops, devs []string
+	var cmds, ops, devs, devRows []string
 	for _, j := range batch {
 		cmds = append(cmds, j.locks.commands...)
 		ops = append(ops, j.locks.operations...)
 		devs = append(devs, j.locks.devices...)
-	}
-	if len(cmds) == 0 && len(ops) == 0 && len(devs) == 0 {
-		return nil
+		devRows = append(devRows, j.locks.deviceRows...)
 	}
 	t := &tx{Tx: sqlTx, s: s}
-	rows, err := t.QueryContext(ctx, `SELECT command_id FROM commands
-		WHERE command_id = ANY(?) OR ((operation_id = ANY(?) OR device_id = ANY(?)) AND status NOT IN `+terminalCommands+`)
-		ORDER BY command_id`+s.b.forUpdate(), cmds, ops, devs)
+	if len(cmds)+len(ops)+len(devs) > 0 {
+		if err := lockRows(ctx, t, `SELECT command_id FROM commands
+			WHERE command_id = ANY(?) OR ((operation_id = ANY(?) OR device_id = ANY(?)) AND status NOT IN `+terminalCommands+`)
+			ORDER BY command_id`+s.b.forUpdate(), cmds, ops, devs); err != nil {
+			return fmt.Errorf("lock the batch's commands: %w", err)
+		}
+	}
+	if len(devRows) > 0 {
+		// A device seen for the first time is inserted here, in the same
+		// order: two instances inserting the same new devices (every
+		// instance applies every presence) wait on the same key first.
+		if _, err := t.ExecContext(ctx, `INSERT INTO devices (device_id, updated_at)
+			SELECT d, ? FROM unnest(CAST(? AS text[])) AS d ORDER BY d ON CONFLICT (device_id) DO NOTHING`,
+			ms(s.now()), devRows); err != nil {
+			return fmt.Errorf("insert the batch's devices: %w", err)
+		}
+		if err := lockRows(ctx, t, `SELECT device_id FROM devices WHERE device_id = ANY(?)
+			ORDER BY device_id`+s.b.forUpdate(), devRows); err != nil {
+			return fmt.Errorf("lock the batch's devices: %w", err)
+		}
+	}
+	return nil
+}
+
+// lockRows runs a locking query to its end (its rows are locked as they
+// are read).
+func lockRows(ctx context.Context, t *tx, query string, args ...any) error {
+	rows, err := t.QueryContext(ctx, query, args...)
 	if err != nil {
-		return fmt.Errorf("lock the batch's commands: %w", err)
+		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
 	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("lock the batch's commands: %w", err)
-	}
-	return nil
+	return rows.Err()
 }
 
 // maxConflictRuns bounds how often a batch that lost a deadlock (or a
