@@ -52,7 +52,7 @@ const (
 type job struct {
 	ctx   context.Context
 	fn    func(context.Context, *tx) error
-	locks rowLocks   // the command rows it will lock, locked first (preLock)
+	locks rowLocks   // the rows it will lock, locked first (preLock)
 	done  chan error // buffered: the writer never waits on a caller
 	// hooks are the results of the change's hooks (tx.hook), in the order
 	// it called them: a change run again (its batch fell back to
@@ -80,9 +80,9 @@ func (s *DB) write(ctx context.Context, fn func(context.Context, *tx) error) err
 	return s.enqueue(ctx, rowLocks{}, fn, false)
 }
 
-// writeLocking is write for a change that locks the command rows named in
-// locks: the batch locks them, with every other change's, in one order
-// before any change runs (see preLock).
+// writeLocking is write for a change that locks the rows named in locks:
+// the batch locks them, with every other change's, in one order before any
+// change runs (see preLock).
 func (s *DB) writeLocking(ctx context.Context, locks rowLocks, fn func(context.Context, *tx) error) error {
 	return s.enqueue(ctx, locks, fn, false)
 }
@@ -292,10 +292,10 @@ type rowLocks struct {
 func lockCommands(ids ...string) rowLocks { return rowLocks{commands: ids} }
 
 // preLock locks, before any change of the batch runs, the rows its changes
-// said they would lock: the commands in command_id order, then the devices
-// in device_id order (PostgreSQL; SQLite's one writer needs no row locks). Batches of several
-// instances lock the rows they share in the same order, so they wait for
-// each other instead of deadlocking: without it, two batches that each held
+// said they would lock: the commands in command_id order, then the
+// devices in device_id order (PostgreSQL; SQLite's one writer needs no row
+// locks). Batches of several instances lock the rows they share in the
+// same order, so they wait for each other instead of deadlocking: without it, two batches that each held
 // a receipt for the other's command (the shared subscription spreads one
 // command's receipts over the instances) each locked one, waited for the
 // other, and one of them lost a deadlock, a second of waiting each time
@@ -324,7 +324,7 @@ func (s *DB) preLock(ctx context.Context, sqlTx *sql.Tx, batch []*job) error {
 		// order: two instances inserting the same new devices (every
 		// instance applies every presence) wait on the same key first.
 		if _, err := t.ExecContext(ctx, `INSERT INTO devices (device_id, updated_at)
-			SELECT d, ? FROM unnest(CAST(? AS text[])) AS d ORDER BY d ON CONFLICT (device_id) DO NOTHING`,
+			SELECT d, ? FROM unnest(CAST(? AS text[])) AS d ORDER BY d COLLATE "C" ON CONFLICT (device_id) DO NOTHING`,
 			ms(s.now()), devRows); err != nil {
 			return fmt.Errorf("insert the batch's devices: %w", err)
 		}
