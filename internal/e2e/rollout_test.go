@@ -633,3 +633,106 @@ func TestRolloutNeedsApproval(t *testing.T) {
 	require.Equal(t, 3, final.Counts["succeeded"])
 	require.Contains(t, tb.verify(), "invariant 8 PASS")
 }
+
+// A device whose action outlasts its command (slow_execution 4.5 s; a
+// command ttl of 4 s, ack_timeout 3 s): its command times out, its
+// operation goes failed_retryable, and the final receipt the device
+// publishes after that decides the operation succeeded. The rollout device
+// follows its operation: it was timeout and ends succeeded, and the
+// rollout, held while that timeout could still change, ends succeeded
+// (it ended completed_with_failures before the fix).
+func TestRolloutFollowsLateSuccess(t *testing.T) {
+	t.Parallel()
+	const ttl, ack, slow = 4 * time.Second, 3 * time.Second, 4500 * time.Millisecond
+	p := sim.Profile{Seed: 15, Devices: []sim.Override{{Match: "device-2",
+		Faults: sim.Faults{SlowExecution: sim.ActionFault{Trigger: sim.Trigger{P: 1}, Delay: sim.Duration(slow)}}}}}
+	b := setup(t, setupOpts{devices: 3, faults: p, args: []string{"--ack-timeout", ack.String(), "--command-ttl", ttl.String()}})
+	_, _, err := b.client.CreateRollout(b.ctx(), rolloutJSON("late", "set-config", `"device-*"`, rollout.Spec{MaxPerMinute: 600}))
+	require.NoError(t, err)
+	final := b.waitRollout(b.client, "late", "the end", time.Minute, over)
+
+	// The failure window was entered: device-2's command timed out and its
+	// operation went failed_retryable before the late receipt decided it.
+	opID := "late:rollout:device-2:v1"
+	var ops []string
+	for _, row := range b.rows(`SELECT to_state FROM events WHERE machine = 'operation' AND entity_id = ? AND refused = 0 ORDER BY id`, opID) {
+		ops = append(ops, row)
+	}
+	require.Equal(t, []string{"started", "failed_retryable", "succeeded"}, ops, "device-2's operation")
+	require.Equal(t, []string{"timeout|succeeded"},
+		b.rows(`SELECT c.status, c.late_outcome FROM commands c WHERE c.operation_id = ?`, opID), "its command timed out, its receipt came late")
+
+	require.Equal(t, "succeeded", final.Status, "%s (counts %v)", final.Reason, final.Counts)
+	require.Equal(t, 3, final.Counts["succeeded"])
+	ds, err := b.client.RolloutDevices(b.ctx(), "late", "", 0)
+	require.NoError(t, err)
+	for _, d := range ds {
+		require.Equal(t, "succeeded", d.Status, d.DeviceID)
+		if d.DeviceID == "device-2" {
+			require.Equal(t, "late final receipt, was timeout", d.Reason)
+		}
+	}
+	// The rollout did not end while the timeout could still change: the
+	// device followed its operation first.
+	var followed, ended time.Time
+	for _, h := range final.History {
+		switch {
+		case h.Action == "late_outcome":
+			followed = h.At
+			require.Contains(t, h.Reason, "device-2 timeout → succeeded")
+		case h.To == "succeeded":
+			ended = h.At
+		}
+	}
+	require.False(t, followed.IsZero(), "the late outcome is in the history: %+v", final.History)
+	require.False(t, ended.Before(followed), "ended %s, before device-2 followed its operation at %s", ended, followed)
+	checkOnce(t, b.rolloutExecutions("late", func(string) time.Duration { return 0 }), 3, true)
+	t.Logf("device-2: operation %v, command timed out at its ttl (%s) and succeeded late (action %s); rollout: %s",
+		ops, ttl, slow, final.Reason)
+	require.Contains(t, b.verify(), "invariant 8 PASS")
+}
+
+// Windows of 3 s every 10 s with ack_timeout 1.5 s, at 120 starts a minute
+// (one every 525 ms): no device starts with less than 1.5 s left in its
+// window, each command's expires_at (its window's end) is at least 1.5 s
+// after its issue, and the devices that do not fit in a window wait for
+// the next one; every device succeeds. Before the fix the fourth and later
+// starts of a window got what was left of it (one 0.3 s).
+func TestRolloutStartsWithAckTimeoutLeft(t *testing.T) {
+	t.Parallel()
+	const n = 6
+	const ack = 1500 * time.Millisecond
+	const every, open = 10 * time.Second, 3 * time.Second
+	b := setup(t, setupOpts{devices: n, args: []string{"--ack-timeout", ack.String()}})
+	spec := rollout.Spec{MaxPerMinute: 120, Windows: []rollout.Window{{Cron: "*/10 * * * * *", Duration: "3s"}}}
+	_, _, err := b.client.CreateRollout(b.ctx(), rolloutJSON("ackwin", "set-config", `"device-*"`, spec))
+	require.NoError(t, err)
+	final := b.waitRollout(b.client, "ackwin", "the end", 2*time.Minute, over)
+	require.Equal(t, "succeeded", final.Status, final.Reason)
+
+	windowEnd := func(at time.Time) time.Time { return at.Truncate(every).Add(open) }
+	windows := map[time.Time]int{}
+	var left []string
+	for _, row := range b.rows(`SELECT device_id, started_at FROM rollout_starts WHERE rollout_id = 'ackwin' ORDER BY started_at`) {
+		dev, raw, _ := strings.Cut(row, "|")
+		ms, err := strconv.ParseInt(raw, 10, 64)
+		require.NoError(t, err)
+		at := time.UnixMilli(ms)
+		end := windowEnd(at)
+		windows[end]++
+		left = append(left, fmt.Sprintf("%s %s", dev, end.Sub(at)))
+		require.True(t, at.Before(end), "%s started at %s, outside a window", dev, at.UTC().Format("15:04:05.000"))
+		require.GreaterOrEqual(t, end.Sub(at), ack, "%s started with %s left in its window (ack_timeout %s)", dev, end.Sub(at), ack)
+	}
+	require.Len(t, left, n, "one start each")
+	for _, row := range b.rows(`SELECT operation_id, expires_at - issued_at FROM commands WHERE operation_id LIKE 'ackwin:rollout:%'`) {
+		op, raw, _ := strings.Cut(row, "|")
+		ttl, err := strconv.ParseInt(raw, 10, 64)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, time.Duration(ttl)*time.Millisecond, ack, "%s: its command's ttl", op)
+	}
+	require.GreaterOrEqual(t, len(windows), 2, "the devices that did not fit waited for the next window")
+	checkOnce(t, b.rolloutExecutions("ackwin", func(string) time.Duration { return 0 }), n, true)
+	t.Logf("starts by window: %d windows; time left in its window at each start: %v", len(windows), left)
+	require.Contains(t, b.verify(), "invariant 8 PASS")
+}

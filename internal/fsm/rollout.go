@@ -69,18 +69,22 @@ const (
 	DevStarted RolloutDeviceState = "started"
 	// DevRetry: its operation ended failed_retryable (timeout, offline,
 	// expired) with retries left; the scheduler starts it again, as that
-	// operation's own retry.
+	// operation's own retry, unless a late final receipt decided the
+	// operation first (the device takes that outcome).
 	DevRetry RolloutDeviceState = "retry"
 	// DevSucceeded: terminal; its operation succeeded.
 	DevSucceeded RolloutDeviceState = "succeeded"
-	// DevFailed: terminal; the device failed the action (or the start was
-	// refused, e.g. the operation_id exists with other params).
+	// DevFailed: the device failed the action (or the start was refused,
+	// e.g. the operation_id exists with other params); final once its
+	// operation is failed_final.
 	DevFailed RolloutDeviceState = "failed"
-	// DevTimeout: terminal; no final answer before the command expired,
-	// retries used up.
+	// DevTimeout: no final answer before the command expired, retries used
+	// up. Like DevRejected and DevFailed settled from a failed_retryable
+	// operation, it follows a late final receipt that decides the operation
+	// (the scheduler's pass moves it to that outcome).
 	DevTimeout RolloutDeviceState = "timeout"
-	// DevRejected: terminal; the device rejected the command (expired
-	// included), retries used up.
+	// DevRejected: the device rejected the command (expired included),
+	// retries used up; final once its operation is failed_final.
 	DevRejected RolloutDeviceState = "rejected"
 	// DevNeedsAttention: its command waits for a person (a device that
 	// cannot deduplicate); finished for the abort rules, settled again once
@@ -111,9 +115,14 @@ var RolloutDevice = newMachine("rollout_device",
 	map[RolloutDeviceState][]RolloutDeviceState{
 		DevPending: {DevStarted, DevFailed, DevCancelled},
 		DevStarted: {DevSucceeded, DevFailed, DevTimeout, DevRejected, DevNeedsAttention, DevCancelled, DevRetry},
-		DevRetry:   {DevStarted, DevFailed, DevCancelled},
+		DevRetry:   {DevStarted, DevFailed, DevCancelled, DevSucceeded, DevRejected},
 		// A person's resolve of the command (or a final receipt) settles it.
 		DevNeedsAttention: {DevSucceeded, DevFailed},
+		// An outcome settled from a failed_retryable operation follows it
+		// when a late final receipt decides it (succeeded, or failed_final).
+		DevTimeout:  {DevSucceeded, DevFailed, DevRejected},
+		DevRejected: {DevSucceeded, DevFailed},
+		DevFailed:   {DevSucceeded, DevRejected},
 	})
 
 // DeviceOutcome maps what a rollout device's operation says now to the

@@ -19,8 +19,11 @@ var legalRolloutDevice = map[string]bool{
 	"pending→started": true, "pending→failed": true, "pending→cancelled": true,
 	"started→succeeded": true, "started→failed": true, "started→timeout": true, "started→rejected": true,
 	"started→needs_attention": true, "started→cancelled": true, "started→retry": true,
-	"retry→started": true, "retry→failed": true, "retry→cancelled": true,
+	"retry→started": true, "retry→failed": true, "retry→cancelled": true, "retry→succeeded": true, "retry→rejected": true,
 	"needs_attention→succeeded": true, "needs_attention→failed": true,
+	// A late final receipt of a failed_retryable operation.
+	"timeout→succeeded": true, "timeout→failed": true, "timeout→rejected": true,
+	"rejected→succeeded": true, "rejected→failed": true, "failed→succeeded": true, "failed→rejected": true,
 }
 
 func TestRolloutTransitions(t *testing.T) { checkAllPairs(t, Rollout, legalRollout) }

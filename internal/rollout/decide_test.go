@@ -142,55 +142,55 @@ func TestDecide(t *testing.T) {
 	require.NoError(t, spec.Validate())
 	last := t0.Add(-time.Second)
 
-	d := Decide(spec, snapshot(fsm.RolloutScheduled, counts(fsm.DevPending, 100), t0, nil))
+	d := Decide(spec, snapshot(fsm.RolloutScheduled, counts(fsm.DevPending, 100), t0, nil), time.Second)
 	require.Equal(t, fsm.RolloutRunning, d.To)
 	require.True(t, d.Start)
 	require.Equal(t, Interval(120), d.Interval)
 
-	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 100), t0, &last))
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 100), t0, &last), time.Second)
 	require.True(t, d.Start, "1 s since the last start, interval 525 ms")
 	recent := t0.Add(-100 * time.Millisecond)
-	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 100), t0, &recent))
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 100), t0, &recent), time.Second)
 	require.False(t, d.Start)
 	require.Equal(t, "rate", d.Waiting)
 	require.Equal(t, recent.Add(Interval(120)), d.Next)
 
-	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 100, fsm.DevSucceeded, 150), t0, &recent))
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 100, fsm.DevSucceeded, 150), t0, &recent), time.Second)
 	require.True(t, d.Start, "150 successes: 960/min, an interval of 66 ms")
 	require.Equal(t, Interval(960), d.Interval)
 
-	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 100, fsm.DevStarted, 5), t0, &last))
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 100, fsm.DevStarted, 5), t0, &last), time.Second)
 	require.False(t, d.Start)
 	require.Equal(t, "in_flight", d.Waiting)
 
-	d = Decide(spec, snapshot(fsm.RolloutPaused, counts(fsm.DevPending, 100), t0, &last))
+	d = Decide(spec, snapshot(fsm.RolloutPaused, counts(fsm.DevPending, 100), t0, &last), time.Second)
 	require.False(t, d.Start)
 	require.Equal(t, "paused", d.Waiting)
 
-	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 70, fsm.DevSucceeded, 27, fsm.DevFailed, 3), t0, &last))
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 70, fsm.DevSucceeded, 27, fsm.DevFailed, 3), t0, &last), time.Second)
 	require.Equal(t, fsm.RolloutAborted, d.To)
 	require.False(t, d.Start)
 	require.Contains(t, d.Reason, "failed 3 of 30 finished")
 
-	d = Decide(spec, snapshot(fsm.RolloutPaused, counts(fsm.DevSucceeded, 10), t0, &last))
+	d = Decide(spec, snapshot(fsm.RolloutPaused, counts(fsm.DevSucceeded, 10), t0, &last), time.Second)
 	require.Equal(t, fsm.RolloutSucceeded, d.To, "nothing left, nothing in flight")
-	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevSucceeded, 10, fsm.DevTimeout, 1), t0, &last))
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevSucceeded, 10, fsm.DevTimeout, 1), t0, &last), time.Second)
 	require.Equal(t, fsm.RolloutCompletedWithFailures, d.To)
 
 	before := t0
 	spec.ExecuteBefore = &before
-	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 3, fsm.DevStarted, 1), t0, &last))
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 3, fsm.DevStarted, 1), t0, &last), time.Second)
 	require.Equal(t, fsm.RolloutCompletedWithFailures, d.To)
 	require.Contains(t, d.Reason, "3 devices not started")
-	d = Decide(spec, snapshot(fsm.RolloutWaitingApproval, counts(fsm.DevPending, 3), t0, nil))
+	d = Decide(spec, snapshot(fsm.RolloutWaitingApproval, counts(fsm.DevPending, 3), t0, nil), time.Second)
 	require.Equal(t, fsm.RolloutCancelled, d.To)
 
 	spec.ExecuteBefore = nil
 	spec.Windows = []Window{{Cron: "*/20 * * * * *", Duration: "8s"}}
-	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 3), t0.Add(5*time.Second), &last))
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 3), t0.Add(5*time.Second), &last), time.Second)
 	require.True(t, d.Start)
 	require.Equal(t, 3*time.Second, d.CommandTTL, "the command expires when the window closes")
-	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 3), t0.Add(9*time.Second), &last))
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 3), t0.Add(9*time.Second), &last), time.Second)
 	require.False(t, d.Start)
 	require.Equal(t, "window", d.Waiting)
 	require.Equal(t, t0.Add(20*time.Second), d.Next)
@@ -200,4 +200,86 @@ func TestNaturalOrder(t *testing.T) {
 	ids := []string{"device-10", "device-2", "device-1", "pump-3", "device-02", "device-100", "device-9a", "device-9"}
 	sort.SliceStable(ids, func(i, j int) bool { return naturalLess(ids[i], ids[j]) })
 	require.Equal(t, []string{"device-1", "device-2", "device-02", "device-9", "device-9a", "device-10", "device-100", "pump-3"}, ids)
+}
+
+// A start needs the action's ack_timeout left in its window, and its
+// command's ttl (the window's end) is then at least that.
+func TestDecideStartsWithAckTimeoutLeft(t *testing.T) {
+	spec := Spec{MaxPerMinute: 600, Windows: []Window{{Cron: "*/20 * * * * *", Duration: "8s"}}}
+	require.NoError(t, spec.Validate())
+	last := t0.Add(-time.Minute)
+	const ack = 2 * time.Second
+	at := func(d time.Duration) Decision {
+		return Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 3), t0.Add(d), &last), ack)
+	}
+	d := at(5 * time.Second)
+	require.True(t, d.Start)
+	require.Equal(t, 3*time.Second, d.CommandTTL)
+	d = at(6 * time.Second)
+	require.True(t, d.Start, "exactly the ack timeout left")
+	require.Equal(t, ack, d.CommandTTL)
+	d = at(7*time.Second + 458*time.Millisecond)
+	require.False(t, d.Start, "542 ms left: less than the ack timeout")
+	require.Equal(t, "window", d.Waiting)
+	require.Equal(t, t0.Add(20*time.Second), d.Next, "the next window")
+	require.Empty(t, d.To)
+
+	// execute_before: no start with less than ack left before it; the
+	// devices not started are cancelled once it passes.
+	before := t0.Add(time.Second)
+	spec = Spec{MaxPerMinute: 600, ExecuteBefore: &before}
+	require.NoError(t, spec.Validate())
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 3, fsm.DevSucceeded, 1), t0, &last), ack)
+	require.False(t, d.Start)
+	require.Equal(t, "window", d.Waiting)
+	require.Equal(t, before, d.Next)
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 3, fsm.DevSucceeded, 1), before, &last), ack)
+	require.Equal(t, fsm.RolloutCompletedWithFailures, d.To)
+	require.Contains(t, d.Reason, "3 devices not started")
+	d = Decide(spec, snapshot(fsm.RolloutRunning, counts(fsm.DevPending, 3), t0.Add(-2*time.Second), &last), ack)
+	require.True(t, d.Start, "3 s left")
+	require.Equal(t, 3*time.Second, d.CommandTTL)
+}
+
+// A device follows a late success: the pass moved the timeout to
+// succeeded before Decide reads the counts, so the abort rule that the
+// timeout tripped does not trip and the rollout succeeds; and the rollout
+// does not end while an outcome a late final receipt may still change is
+// younger than the ack timeout.
+func TestDecideFollowsLateSuccess(t *testing.T) {
+	spec := Spec{MaxPerMinute: 600, MaxInFlight: 5, Abort: []AbortRule{{When: "timeout", Percent: 10, MinFinished: 10}}}
+	require.NoError(t, spec.Validate())
+	last := t0.Add(-time.Minute)
+	const ack = time.Second
+	late := func(c map[fsm.RolloutDeviceState]int, provisional int, since time.Time) store.RolloutSnapshot {
+		s := snapshot(fsm.RolloutRunning, c, t0, &last)
+		s.Provisional, s.ProvisionalSince = provisional, since
+		if c[fsm.DevPending] == 0 {
+			s.Candidate = nil
+		}
+		return s
+	}
+	// In the middle: a provisional timeout counts for the abort rules...
+	d := Decide(spec, late(counts(fsm.DevSucceeded, 9, fsm.DevTimeout, 1, fsm.DevPending, 5), 1, t0), ack)
+	require.Equal(t, fsm.RolloutAborted, d.To, d.Reason)
+	// ...one that a late success turned (the pass settled it) does not.
+	d = Decide(spec, late(counts(fsm.DevSucceeded, 10, fsm.DevPending, 5), 0, time.Time{}), ack)
+	require.Empty(t, d.To)
+	require.True(t, d.Start)
+
+	// At the end: a timeout recorded 400 ms ago holds the end.
+	spec.Abort = nil
+	d = Decide(spec, late(counts(fsm.DevSucceeded, 9, fsm.DevTimeout, 1), 1, t0.Add(-400*time.Millisecond)), ack)
+	require.Empty(t, d.To, "a late final receipt may still decide the timeout")
+	require.Equal(t, "late_outcome", d.Waiting)
+	require.Equal(t, t0.Add(600*time.Millisecond), d.Next)
+	// The late success arrived: the device followed, the rollout succeeded.
+	d = Decide(spec, late(counts(fsm.DevSucceeded, 10), 0, time.Time{}), ack)
+	require.Equal(t, fsm.RolloutSucceeded, d.To)
+	// No late receipt within the ack timeout: the timeout stands.
+	d = Decide(spec, late(counts(fsm.DevSucceeded, 9, fsm.DevTimeout, 1), 1, t0.Add(-ack)), ack)
+	require.Equal(t, fsm.RolloutCompletedWithFailures, d.To)
+	// An outcome whose operation is final (failed_final) ends it at once.
+	d = Decide(spec, late(counts(fsm.DevSucceeded, 9, fsm.DevFailed, 1), 0, time.Time{}), ack)
+	require.Equal(t, fsm.RolloutCompletedWithFailures, d.To)
 }

@@ -64,6 +64,15 @@
 //   - in flight: the devices started whose operation has no outcome yet,
 //     counted after the pass settled every started device from its
 //     operation; at max_in_flight nothing starts.
+//   - late outcomes: a device follows its operation to the operation's
+//     final state. An outcome settled from a failed_retryable operation
+//     (timeout, rejected, failed, or waiting for a retry) moves, in the next
+//     pass, to what a late final receipt made of the operation (a late
+//     success makes the device succeeded), before the counts and abort rules
+//     are read; the rollout ends only once no such provisional outcome is
+//     younger than the action's ack_timeout (see Decide), and an ended
+//     rollout with a device to move is driven again to move it (its status
+//     stays).
 //   - abort: once min_finished devices have an outcome, a rule whose outcome
 //     (failed, timeout, rejected, needs_attention, any) reaches its percent
 //     of the finished devices aborts the rollout in that pass, before any
@@ -73,9 +82,10 @@
 //   - windows: execute_after and execute_before bound the whole rollout
 //     (devices not started when execute_before passes are cancelled); cron
 //     windows (UTC, robfig/cron, five fields or six with seconds) must be open
-//     for a start, and a start's command expires when its window closes, so an
-//     offline device's command times out with the window and is retried in a
-//     later one.
+//     for a start with at least the action's ack_timeout left, and a start's
+//     command expires when its window closes (so never sooner than that), so
+//     an offline device's command times out with the window and is retried in
+//     a later one.
 //
 // Pause stops new starts (a person's conditional write; the scheduler's
 // start condition names running); resume continues; cancel is an abort by a

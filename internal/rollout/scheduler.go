@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/command"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
@@ -14,8 +15,12 @@ import (
 
 // SchedulerConfig configures a Scheduler.
 type SchedulerConfig struct {
-	Store    store.Store
-	Ops      *ops.Service // builds each device's operation record
+	Store store.Store
+	Ops   *ops.Service // builds each device's operation record
+	// Policy gives the action's ack_timeout: the least time left in a
+	// window for a start, and how long a provisional outcome holds the
+	// rollout's end (see Decide). Nil: zero.
+	Policy   func(action string) command.Policy
 	Instance string
 	// LeaseTTL is the scheduler's lease on each rollout it drives; every
 	// pass extends it.
@@ -199,10 +204,14 @@ func (s *Scheduler) drive(ctx context.Context, id string, f store.Fence, wake <-
 		log.Error("read rollout spec", "err", err)
 		return
 	}
+	var ack time.Duration
+	if s.cfg.Policy != nil {
+		ack = s.cfg.Policy(r.Action).AckTimeout
+	}
 	var cand *store.RolloutCandidate
 	var last Decision
 	decide := func(snap store.RolloutSnapshot) store.RolloutDecision {
-		last = Decide(spec, snap)
+		last = Decide(spec, snap, ack)
 		return last.RolloutDecision
 	}
 	backoff := s.cfg.Tick

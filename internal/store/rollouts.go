@@ -194,8 +194,16 @@ type RolloutSnapshot struct {
 	// Candidate is the next device to start, if the scheduler gave one and
 	// it is still pending (or waiting for its retry).
 	Candidate *RolloutDevice
-	// Settled lists the devices whose outcome this pass recorded.
+	// Settled lists the devices whose outcome this pass recorded (a late
+	// final receipt's outcome included).
 	Settled []RolloutDevice
+	// Provisional counts the devices whose outcome (timeout, rejected,
+	// failed) was settled from a failed_retryable operation that is still
+	// failed_retryable: a late final receipt may yet decide it, and the
+	// device then follows. ProvisionalSince is when the latest of those
+	// outcomes was recorded (zero when there are none).
+	Provisional      int
+	ProvisionalSince time.Time
 }
 
 // RolloutDecision is what the domain's decide function asks a pass to do.
@@ -650,12 +658,16 @@ func (t *tx) cancelUnstarted(ctx context.Context, id, reason string) ([]string, 
 
 // ActiveRollouts lists the rollouts the scheduler has work for: those in
 // an active state, and the ended ones with devices still in flight (or
-// waiting for a person) whose outcomes are to be settled.
+// waiting for a person) whose outcomes are to be settled, or with a device
+// whose operation a late final receipt decided (lateDecided), which it
+// follows.
 func (s *DB) ActiveRollouts(ctx context.Context) ([]RolloutLease, error) {
 	rows, err := s.rq.QueryContext(ctx, `SELECT rollout_id, status, owner, fencing_token, lease_expires_at FROM rollouts
 		WHERE status IN `+sqlList(fsm.ActiveRolloutStates())+`
 			OR (ended_at IS NOT NULL AND rollout_id IN (SELECT rollout_id FROM rollout_devices
 				WHERE status IN ('started', 'needs_attention')))
+			OR (ended_at IS NOT NULL AND rollout_id IN (SELECT d.rollout_id FROM rollout_devices d
+				JOIN operations o ON o.operation_id = d.operation_id WHERE `+lateDecided+`))
 		ORDER BY created_at, rollout_id`)
 	if err != nil {
 		return nil, fmt.Errorf("active rollouts: %w", err)
@@ -756,7 +768,7 @@ func (s *DB) RolloutPass(ctx context.Context, id string, f Fence, ttl time.Durat
 			return err
 		}
 		snap := RolloutSnapshot{Now: t.now}
-		if snap.Settled, err = t.settleRollout(ctx, r); err != nil {
+		if snap.Settled, err = t.settleRollout(ctx, r, "scheduler:"+f.Owner); err != nil {
 			return err
 		}
 		if r.Counts, err = rolloutCounts(ctx, t, id); err != nil {
@@ -769,6 +781,9 @@ func (s *DB) RolloutPass(ctx context.Context, id string, f Fence, ttl time.Durat
 			return err
 		}
 		snap.InFlight = r.Counts[fsm.DevStarted]
+		if snap.Provisional, snap.ProvisionalSince, err = provisional(ctx, t, id); err != nil {
+			return err
+		}
 		if cand != nil {
 			d, err := scanRolloutDevice(t.QueryRowContext(ctx, `SELECT `+rolloutDeviceColumns+` FROM rollout_devices
 				WHERE rollout_id = ? AND device_id = ?`, id, cand.Device.DeviceID))
@@ -874,7 +889,7 @@ func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice,
 		// fails, its start stays on record.
 		res.StartRefused = "idempotency_key_reused"
 		_, err := t.Exec(`UPDATE rollout_devices SET status = 'failed', reason = ?, finished_at = ?, updated_at = ?
-			WHERE rollout_id = ? AND device_id = ?`, "idempotency_key_reused: "+n.OperationID+" exists with other params",
+			WHERE rollout_id = ? AND device_id = ?`, reasonKeyReused+": "+n.OperationID+" exists with other params",
 			now, now, r.RolloutID, d.DeviceID)
 		return err
 	}
@@ -885,14 +900,34 @@ func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice,
 	return nil
 }
 
+// reasonKeyReused starts the reason of a device whose start found its
+// operation_id taken with other params: that operation is not the
+// device's, so the device never follows it.
+const reasonKeyReused = "idempotency_key_reused"
+
+// lateDecided is the condition (on rollout_devices d joined with its
+// operation o) of a device whose outcome was settled from a
+// failed_retryable operation (timeout, rejected, failed, or waiting for
+// its retry) that a late final receipt has decided since: it follows the
+// operation (DESIGN.md "Rollouts"). A late success moves any of them; a
+// late failure moves the outcomes only a failed_retryable operation gives
+// (timeout, retry): a rejected or failed device may have been settled
+// from a failed_final operation already, which never changes.
+const lateDecided = `((o.status = 'succeeded' AND d.status IN ('timeout', 'rejected', 'failed', 'retry')
+		AND d.reason NOT LIKE '` + reasonKeyReused + `%')
+	OR (o.status = 'failed_final' AND d.status IN ('timeout', 'retry')))`
+
 // settleRollout records the outcome of every started device whose
-// operation has one (and of needs_attention devices a person resolved).
-func (t *tx) settleRollout(ctx context.Context, r Rollout) ([]RolloutDevice, error) {
+// operation has one (and of needs_attention devices a person resolved),
+// and moves every device whose failed_retryable operation a late final
+// receipt decided since its outcome was recorded (lateDecided), with a
+// line in the rollout's history by who.
+func (t *tx) settleRollout(ctx context.Context, r Rollout, who string) ([]RolloutDevice, error) {
 	rows, err := t.QueryContext(ctx, `SELECT d.device_id, d.status, d.attempts, o.status, o.reason, c.status, c.reason,
 			EXISTS (SELECT 1 FROM receipts x WHERE x.command_id = c.command_id AND x.status = 'rejected')
 		FROM rollout_devices d JOIN operations o ON o.operation_id = d.operation_id
 			JOIN commands c ON c.command_id = o.command_id
-		WHERE d.rollout_id = ? AND d.status IN ('started', 'needs_attention')`, r.RolloutID)
+		WHERE d.rollout_id = ? AND (d.status IN ('started', 'needs_attention') OR `+lateDecided+`)`, r.RolloutID)
 	if err != nil {
 		return nil, fmt.Errorf("settle rollout %s: %w", r.RolloutID, err)
 	}
@@ -931,6 +966,11 @@ func (t *tx) settleRollout(ctx context.Context, r Rollout) ([]RolloutDevice, err
 		if reason == "" && to != fsm.DevSucceeded {
 			reason = x.cmdReason
 		}
+		late := x.status != fsm.DevStarted && x.status != fsm.DevNeedsAttention
+		if late {
+			// A late final receipt decided its operation (lateDecided).
+			reason = strings.TrimSuffix("late final receipt, was "+string(x.status)+": "+reason, ": ")
+		}
 		var finished any
 		if to != fsm.DevRetry {
 			finished = now
@@ -941,9 +981,33 @@ func (t *tx) settleRollout(ctx context.Context, r Rollout) ([]RolloutDevice, err
 			to, reason, finished, now, r.RolloutID, x.device, x.status, x.attempts); err != nil {
 			return nil, err
 		}
+		if late {
+			if err := t.rolloutHistory(r.RolloutID, who, "late_outcome", r.Status, r.Status, r.Version,
+				fmt.Sprintf("%s %s → %s: a late final receipt decided its operation", x.device, x.status, to)); err != nil {
+				return nil, err
+			}
+		}
 		settled = append(settled, RolloutDevice{RolloutID: r.RolloutID, DeviceID: x.device, Status: to, Reason: reason, Attempts: x.attempts})
 	}
 	return settled, nil
+}
+
+// provisional counts a rollout's devices whose outcome a late final
+// receipt may still change (their operation is failed_retryable), with
+// the latest time such an outcome was recorded.
+func provisional(ctx context.Context, q queryer, id string) (int, time.Time, error) {
+	var n int
+	var since sql.NullInt64
+	err := q.QueryRowContext(ctx, `SELECT COUNT(*), MAX(d.finished_at) FROM rollout_devices d
+			JOIN operations o ON o.operation_id = d.operation_id
+		WHERE d.rollout_id = ? AND d.status IN ('timeout', 'rejected', 'failed') AND o.status = 'failed_retryable'`, id).Scan(&n, &since)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("provisional outcomes of rollout %s: %w", id, err)
+	}
+	if !since.Valid {
+		return n, time.Time{}, nil
+	}
+	return n, fromMS(since.Int64), nil
 }
 
 // MatchDevices resolves a device glob (a shell glob, as grants use)

@@ -383,3 +383,80 @@ func TestRolloutStartRechecksGrant(t *testing.T) {
 		require.Equal(t, int64(1), r.Starts)
 	})
 }
+
+// A device follows its operation to the operation's final state: its
+// command times out (the device is settled timeout, a provisional outcome
+// while the operation is failed_retryable), then a late final receipt
+// decides the operation succeeded and the next pass makes the device
+// succeeded; an ended rollout with such a device is listed to be driven
+// again.
+func TestRolloutFollowsLateFinalReceipt(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		_, _, err := b.s.CreateRollout(b.ctx, newRollout("fw-1", 2))
+		require.NoError(t, err)
+		f := Fence{Owner: "i1", Token: 1}
+		nothing := func(RolloutSnapshot) RolloutDecision { return RolloutDecision{} }
+		for i := 0; i < 2; i++ {
+			require.NotNil(t, pass(t, b.s, "fw-1", f, startEvery(0)).Started)
+		}
+		late := map[string]bool{"device-1": true}
+		for _, dev := range []string{"device-1", "device-2"} {
+			op, err := b.s.GetOperation(b.ctx, RolloutOperationID("fw-1", dev, 1))
+			require.NoError(t, err)
+			_, err = b.s.ClaimSend(b.ctx, op.CommandID, fsm.CmdPending, 0, 1, f, b.clk.Now().Add(time.Second))
+			require.NoError(t, err)
+			c, err := b.s.GetCommand(b.ctx, op.CommandID)
+			require.NoError(t, err)
+			_, err = b.s.Move(b.ctx, op.CommandID, fsm.CmdSent, c.Version, fsm.CmdTimeout, fsm.ReasonTimeout, f, b.clk.Now())
+			require.NoError(t, err)
+		}
+		res := pass(t, b.s, "fw-1", f, nothing)
+		require.Equal(t, 2, res.Snapshot.Rollout.Counts[fsm.DevTimeout])
+		require.Equal(t, 2, res.Snapshot.Provisional, "both operations are failed_retryable")
+		require.Equal(t, b.clk.Now(), res.Snapshot.ProvisionalSince)
+
+		b.clk.Advance(time.Second)
+		for dev := range late {
+			op, err := b.s.GetOperation(b.ctx, RolloutOperationID("fw-1", dev, 1))
+			require.NoError(t, err)
+			_, err = b.s.ApplyReceipt(b.ctx, dev, wire.Receipt{CommandID: op.CommandID, OperationID: op.OperationID,
+				Status: wire.ReceiptSucceeded, Seq: 3, At: b.clk.Now()}, nil)
+			require.NoError(t, err)
+			op, err = b.s.GetOperation(b.ctx, op.OperationID)
+			require.NoError(t, err)
+			require.Equal(t, fsm.OpSucceeded, op.Status, "the late final receipt decides the operation")
+		}
+		res = pass(t, b.s, "fw-1", f, nothing)
+		require.Len(t, res.Snapshot.Settled, 1)
+		require.Equal(t, fsm.DevSucceeded, res.Snapshot.Settled[0].Status)
+		require.Equal(t, "late final receipt, was timeout", res.Snapshot.Settled[0].Reason)
+		require.Equal(t, 1, res.Snapshot.Rollout.Counts[fsm.DevSucceeded])
+		require.Equal(t, 1, res.Snapshot.Rollout.Counts[fsm.DevTimeout])
+		require.Equal(t, 1, res.Snapshot.Provisional)
+
+		// Ended, then device-2's late success: listed again, and followed.
+		res = pass(t, b.s, "fw-1", f, func(RolloutSnapshot) RolloutDecision {
+			return RolloutDecision{To: fsm.RolloutCompletedWithFailures, Reason: "succeeded 1, timeout 1"}
+		})
+		require.True(t, res.Moved)
+		active, err := b.s.ActiveRollouts(b.ctx)
+		require.NoError(t, err)
+		require.Empty(t, active, "ended, nothing in flight, nothing decided late")
+		op, err := b.s.GetOperation(b.ctx, RolloutOperationID("fw-1", "device-2", 1))
+		require.NoError(t, err)
+		_, err = b.s.ApplyReceipt(b.ctx, "device-2", wire.Receipt{CommandID: op.CommandID, OperationID: op.OperationID,
+			Status: wire.ReceiptSucceeded, Seq: 3, At: b.clk.Now()}, nil)
+		require.NoError(t, err)
+		active, err = b.s.ActiveRollouts(b.ctx)
+		require.NoError(t, err)
+		require.Len(t, active, 1, "ended, with a device decided late")
+		res = pass(t, b.s, "fw-1", f, nothing)
+		require.Equal(t, 2, res.Snapshot.Rollout.Counts[fsm.DevSucceeded])
+		require.Equal(t, fsm.RolloutCompletedWithFailures, res.Snapshot.Rollout.Status, "a terminal status is not rewritten")
+		active, err = b.s.ActiveRollouts(b.ctx)
+		require.NoError(t, err)
+		require.Empty(t, active)
+	})
+}
