@@ -73,6 +73,10 @@ type backend interface {
 	notify(ctx context.Context, t *sql.Tx, payloads []string) (sent bool, err error)
 	// lockInstance holds the instance id exclusively for this process.
 	lockInstance(ctx context.Context, s *DB, id string) (*Instance, error)
+	// files are the files of the database at dsn whose paths must keep
+	// naming the files the store opened (guard.go), the database first;
+	// none with PostgreSQL.
+	files(dsn string) []guardedFile
 }
 
 // backendFor picks the backend from the --db value: a postgres:// URL or

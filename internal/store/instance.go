@@ -50,7 +50,9 @@ func newInstance(id string, wakes chan Wake, closeFn func()) *Instance {
 func (i *Instance) Wakes() <-chan Wake { return i.wakes }
 
 // Lost receives an error if the hold on the id was lost and could not be
-// taken back (another process holds it now): the instance must stop.
+// taken back (another process holds it now), or, with SQLite, once a file
+// of the database or the lock left its path (ErrDatabaseLost, guard.go):
+// the instance must stop.
 func (i *Instance) Lost() <-chan error { return i.lost }
 
 // Close releases the hold.

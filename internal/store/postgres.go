@@ -38,6 +38,9 @@ func (*postgresBackend) migrations() string       { return "migrations/postgres"
 func (*postgresBackend) prepares() bool           { return false }
 func (b *postgresBackend) rebind(q string) string { return b.rb.dollar(q) }
 
+// files: a PostgreSQL store has no files of its own to guard.
+func (*postgresBackend) files(string) []guardedFile { return nil }
+
 func (*postgresBackend) forUpdate() string  { return " FOR NO KEY UPDATE" }
 func (*postgresBackend) fenceLock() string  { return " FOR KEY SHARE" }
 func (*postgresBackend) tokenLock() string  { return " FOR UPDATE" }

@@ -107,9 +107,17 @@ func (sqliteBackend) conflict(error) bool { return false }
 // notify: instances sharing one SQLite file poll; there is no channel.
 func (sqliteBackend) notify(context.Context, *sql.Tx, []string) (bool, error) { return false, nil }
 
+// files: the database, its WAL and its shared-memory index (guard.go).
+func (sqliteBackend) files(path string) []guardedFile {
+	return []guardedFile{{what: "database", path: path}, {what: "database WAL", path: path + "-wal"},
+		{what: "database shared-memory index", path: path + "-shm"}}
+}
+
 // lockInstance takes an flock on a file beside the database: the kernel
 // drops it when the holder dies (kill -9 included), so a restarted instance
-// starts at once.
+// starts at once. The lock holds only while its path names the locked file:
+// the store guards it with the database's files (guard.go), and Lost fires
+// when any of them left its path.
 func (sqliteBackend) lockInstance(_ context.Context, s *DB, id string) (*Instance, error) {
 	path := s.dsn + ".instance-" + id + ".lock"
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
@@ -120,5 +128,24 @@ func (sqliteBackend) lockInstance(_ context.Context, s *DB, id string) (*Instanc
 		f.Close()
 		return nil, fmt.Errorf("instance %q (lock %s): %w", id, filepath.Base(path), ErrInstanceRunning)
 	}
-	return newInstance(id, nil, func() { f.Close() }), nil
+	if err := s.files.add("instance lock", path, f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	inst := newInstance(id, nil, func() {
+		close(stop)
+		<-done
+		s.files.remove(path)
+		f.Close()
+	})
+	go func() {
+		defer close(done)
+		select {
+		case <-s.files.lostC():
+			inst.fail(s.files.failed())
+		case <-stop:
+		}
+	}()
+	return inst, nil
 }

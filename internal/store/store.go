@@ -125,6 +125,9 @@ type DB struct {
 	maxBatch      int
 	quit, stopped chan struct{}
 	trips         atomic.Int64 // statements sent to the database
+	// files are the SQLite files whose paths must keep naming them
+	// (guard.go); nil with PostgreSQL.
+	files *fileGuard
 }
 
 // RoundTrips counts the statements the store sent to its database so far:
@@ -167,6 +170,11 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 		r.Close()
 		return nil, err
 	}
+	if s.files, err = newFileGuard(b.files(cfg.Path), guardInterval); err != nil {
+		w.Close()
+		r.Close()
+		return nil, err
+	}
 	s.rq = readers{s: s, c: newStmtCache(r)}
 	s.wstmts = newStmtCache(w)
 	go s.runWriter()
@@ -182,6 +190,7 @@ func (s *DB) Close() error {
 		close(s.quit)
 	}
 	<-s.stopped
+	s.files.close()
 	s.rq.c.close()
 	s.wstmts.close()
 	return errors.Join(s.r.Close(), s.w.Close())

@@ -18,7 +18,8 @@ import (
 // and records its refusals there; an error that ends
 // the whole transaction (the backend's endsTransaction: with SQLite FULL,
 // IOERR, BUSY, INTERRUPT, NOMEM, CORRUPT; with PostgreSQL a lost
-// connection or a server shutting down; or a failed COMMIT) fails every change of the batch with a
+// connection or a server shutting down; or a failed COMMIT; or, with SQLite,
+// a file of the store no longer at its path, guard.go) fails every change of the batch with a
 // *BatchError, and each caller retries as it would after any store error.
 // The queue is FIFO, so the changes of one caller (and of one command, which
 // its callers apply in order) commit in the order they were made.
@@ -220,6 +221,11 @@ type failedChange struct {
 // fails, rolls back and returns it (nothing committed); with failed set it
 // runs each under a savepoint and answers the failed one from its run.
 func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*failedChange, error) {
+	// Once a file of the store left its path (guard.go), nothing more is
+	// committed: it would go into a file nobody opens again.
+	if err := s.files.failed(); err != nil {
+		return nil, err
+	}
 	ctx := context.Background()
 	sqlTx, err := s.w.BeginTx(ctx, nil)
 	if err != nil {
@@ -274,8 +280,18 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 	if err != nil {
 		return nil, fmt.Errorf("notify: %w", err)
 	}
+	// The store's files are checked on both sides of the COMMIT (guard.go):
+	// before it, so that a batch is not committed into a file that left its
+	// path; after it, so that no caller hears of a commit that may have
+	// gone into one (the file left during the commit).
+	if err := s.files.check(); err != nil {
+		return nil, fmt.Errorf("before commit: %w", err)
+	}
 	if err := sqlTx.Commit(); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
+	}
+	if err := s.files.check(); err != nil {
+		return nil, fmt.Errorf("after commit: %w", err)
 	}
 	return nil, nil
 }
