@@ -1,7 +1,11 @@
 package sim_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,16 +40,31 @@ func TestNormalCommandReceiptsAndWitness(t *testing.T) {
 	w := witnessedReceipts(t, b.dir, "c-1")[0]
 	require.Equal(t, witness.PublishedReceipt{DeviceID: "device-1", CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptSucceeded, Seq: 3, At: rs[2].At}, w)
 
-	// set-config merges (null removes a key) and reports the previous config.
+	// set-config merges (null removes a key) and reports a summary of the
+	// config, with the config while it is small.
 	p.Command("device-1", command("c-2", "op-2", sim.ActionSetConfig, map[string]any{"a": 1, "b": "x"}))
 	r := p.WaitReceipt(final("c-2"))
 	require.Equal(t, wire.ReceiptSucceeded, r.Status)
-	require.JSONEq(t, `{"config":{"a":1,"b":"x"},"previous":{}}`, string(r.Result))
+	require.JSONEq(t, `{"config":{"a":1,"b":"x"},"config_keys":2,"changed_keys":2,
+		"config_sha256":"`+sha256Hex(`{"a":1,"b":"x"}`)+`"}`, string(r.Result))
 	p.Command("device-1", command("c-3", "op-3", sim.ActionSetConfig, map[string]any{"a": nil, "c": true}))
 	r = p.WaitReceipt(final("c-3"))
-	require.JSONEq(t, `{"config":{"b":"x","c":true},"previous":{"a":1,"b":"x"}}`, string(r.Result))
+	require.JSONEq(t, `{"config":{"b":"x","c":true},"config_keys":2,"changed_keys":2,
+		"config_sha256":"`+sha256Hex(`{"b":"x","c":true}`)+`"}`, string(r.Result))
+	// A config larger than the echo limit is summarised, never echoed: the
+	// receipt stays within the protocol's result limit (it grew past 64 KiB
+	// of merged config here).
+	for i := range 3 {
+		p.Command("device-1", command(fmt.Sprintf("c-big-%d", i), fmt.Sprintf("op-big-%d", i), sim.ActionSetConfig,
+			map[string]any{fmt.Sprintf("k%d", i): strings.Repeat("x", 30<<10)}))
+		r = p.WaitReceipt(final(fmt.Sprintf("c-big-%d", i)))
+		require.Equal(t, wire.ReceiptSucceeded, r.Status)
+		require.Less(t, len(r.Result), 200, "%s", r.Result)
+		require.NotContains(t, string(r.Result), `"config":`)
+	}
 	cfg, _ := json.Marshal(b.dev("device-1").Config())
-	require.JSONEq(t, `{"b":"x","c":true}`, string(cfg))
+	require.Contains(t, string(cfg), `"b":"x","c":true`)
+	require.Greater(t, len(cfg), 90<<10)
 
 	// Unknown action and invalid params: rejected, nothing runs.
 	p.Command("device-1", command("c-4", "op-4", "self-destruct", nil))
@@ -58,7 +77,7 @@ func TestNormalCommandReceiptsAndWitness(t *testing.T) {
 	require.Empty(t, executions(t, b.dir, "c-5"))
 
 	s := b.dev("device-1").Stats()
-	require.Equal(t, int64(3), s.Executions)
+	require.Equal(t, int64(6), s.Executions, "a restart and five set-configs")
 	require.Equal(t, int64(2), s.Rejected)
 }
 
@@ -324,4 +343,9 @@ func TestBrokerRestart(t *testing.T) {
 	p.Command("device-2", command("c-1", "op-1", sim.ActionRestart, nil))
 	require.Equal(t, ran.Receipt, p.WaitReceipts(2, final("c-1"))[1].Receipt)
 	require.Len(t, executions(t, b.dir, "c-1"), 1)
+}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
 }

@@ -63,7 +63,10 @@
 //   - Actions: "restart" (bumps the durable boot counter; result
 //     {"restarted":true,"boots":N}; the connection stays up) and "set-config"
 //     (params, an object, merged into the durable config as a JSON merge
-//     patch, a null removing a key; result {"config":{...},"previous":{...}}).
+//     patch, a null removing a key; result {"config_keys","config_sha256",
+//     "changed_keys"}, with "config" while it encodes to at most 4 KiB).
+//     Every receipt keeps the protocol's result and error limits
+//     (wire.BoundReceipt).
 //     Anything else is rejected "unsupported_action".
 //
 // A device handles its commands and queries one at a time in arrival order

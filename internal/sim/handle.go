@@ -2,6 +2,8 @@ package sim
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"time"
 
@@ -18,7 +20,9 @@ const (
 	ActionRestart = "restart"
 	// ActionSetConfig merges its params (an object) into the durable config
 	// as a JSON merge patch (a null value removes the key); result
-	// {"config":{...after},"previous":{...before}}.
+	// SetConfigResult: a summary of the config, never the config itself
+	// when that is large, so that the receipt stays within the protocol's
+	// result limit whatever was merged before.
 	ActionSetConfig = "set-config"
 )
 
@@ -313,7 +317,6 @@ func (d *Device) planLocked(st *durableState, cmd wire.Command) *plan {
 		res, _ := json.Marshal(map[string]any{"restarted": true, "boots": st.Boots + 1})
 		return &plan{Status: wire.ReceiptSucceeded, Result: res, Boot: true}
 	default: // ActionSetConfig; params were checked on arrival
-		prev := copyConfig(st.Config)
 		next := copyConfig(st.Config)
 		var patch map[string]json.RawMessage
 		_ = json.Unmarshal(cmd.Params, &patch)
@@ -324,8 +327,7 @@ func (d *Device) planLocked(st *durableState, cmd wire.Command) *plan {
 				next[k] = v
 			}
 		}
-		res, _ := json.Marshal(map[string]any{"config": next, "previous": prev})
-		return &plan{Status: wire.ReceiptSucceeded, Result: res, SetConfig: true, Config: next}
+		return &plan{Status: wire.ReceiptSucceeded, Result: SetConfigResult(next, len(patch)), SetConfig: true, Config: next}
 	}
 }
 
@@ -428,7 +430,28 @@ func releaseOp(st *durableState, cmd wire.Command) {
 }
 
 func newReceipt(cmd wire.Command, s wire.ReceiptStatus, seq int, at time.Time, result json.RawMessage, errStr string) wire.Receipt {
-	return wire.Receipt{CommandID: cmd.CommandID, OperationID: cmd.OperationID, Status: s, Seq: seq, At: at, Result: result, Error: errStr}
+	r := wire.Receipt{CommandID: cmd.CommandID, OperationID: cmd.OperationID, Status: s, Seq: seq, At: at, Result: result, Error: errStr}
+	wire.BoundReceipt(&r)
+	return r
+}
+
+// SetConfigEchoBytes is the largest config a set-config result carries
+// whole.
+const SetConfigEchoBytes = 4 << 10
+
+// SetConfigResult is a set-config's result: {"config_keys":N,
+// "config_sha256":"<hex of the config's JSON>","changed_keys":M}, with
+// "config" itself when it encodes to at most SetConfigEchoBytes. The JSON
+// hashed is the config's compact encoding, its keys sorted.
+func SetConfigResult(config map[string]json.RawMessage, changed int) json.RawMessage {
+	whole, _ := json.Marshal(config)
+	sum := sha256.Sum256(whole)
+	res := map[string]any{"config_keys": len(config), "config_sha256": hex.EncodeToString(sum[:]), "changed_keys": changed}
+	if len(whole) <= SetConfigEchoBytes {
+		res["config"] = json.RawMessage(whole)
+	}
+	out, _ := json.Marshal(res)
+	return out
 }
 
 // expired: expires_at has passed by the device's clock (a command without

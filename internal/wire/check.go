@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Input limits. A device's message is refused whole when it breaks one, an
@@ -18,6 +19,18 @@ const (
 	// MaxDevicePayload bounds a receipt or presence message the controller
 	// accepts (commands a device accepts are bounded by MaxPayload).
 	MaxDevicePayload = 64 << 10
+	// MaxResultBytes bounds a receipt's encoded result, and MaxErrorBytes
+	// its error, as a device sends them: with the ids at their longest, a
+	// receipt within both always fits in MaxDevicePayload, so no final
+	// receipt that a conforming device sends is ever refused. A device
+	// whose action's result is larger sends TooLargeResult in its place
+	// (BoundReceipt).
+	MaxResultBytes = 32 << 10
+	MaxErrorBytes  = 1 << 10
+	// MaxSalvagePayload bounds an oversized receipt the controller still
+	// reads the status of (SalvageReceipt): the shipped broker's
+	// max_packet_size.
+	MaxSalvagePayload = 1 << 20
 	// MaxDepth bounds the nesting of objects and arrays in any JSON the
 	// controller accepts, from a device or through its API.
 	MaxDepth = 32
@@ -26,20 +39,23 @@ const (
 // Reasons an input is refused, the reason label of
 // controller_inputs_refused_total.
 const (
-	ReasonTooLarge      = "too_large"     // over its size limit
-	ReasonInvalidJSON   = "invalid_json"  // not JSON, or trailing data after the value
-	ReasonTooDeep       = "too_deep"      // objects and arrays nested deeper than MaxDepth
-	ReasonDuplicateKey  = "duplicate_key" // an object with two members of one name
-	ReasonBadNumber     = "bad_number"    // a number that does not fit where it goes
-	ReasonWrongType     = "wrong_type"    // a field of the wrong JSON type
-	ReasonUnknownField  = "unknown_field" // a field the request type does not have (API bodies only)
-	ReasonBadID         = "bad_id"        // an id outside its charset or length
-	ReasonInvalidValue  = "invalid_value" // any other value the contract refuses
-	ReasonBadTopic      = "bad_topic"     // an MQTT topic outside {root}/{d}/{kind}
-	ReasonRateLimited   = "rate_limited"  // over the device's rate (dropped, acknowledged)
-	ReasonMediaType     = "unsupported_media_type"
-	ReasonForbiddenOrig = "forbidden_origin"
-	ReasonMisdirected   = "misdirected_host"
+	ReasonTooLarge = "too_large" // over its size limit
+	// ReasonResultTooLarge: a receipt over MaxDevicePayload whose result
+	// was dropped and whose status was applied (SalvageReceipt).
+	ReasonResultTooLarge = "result_too_large"
+	ReasonInvalidJSON    = "invalid_json"  // not JSON, or trailing data after the value
+	ReasonTooDeep        = "too_deep"      // objects and arrays nested deeper than MaxDepth
+	ReasonDuplicateKey   = "duplicate_key" // an object with two members of one name
+	ReasonBadNumber      = "bad_number"    // a number that does not fit where it goes
+	ReasonWrongType      = "wrong_type"    // a field of the wrong JSON type
+	ReasonUnknownField   = "unknown_field" // a field the request type does not have (API bodies only)
+	ReasonBadID          = "bad_id"        // an id outside its charset or length
+	ReasonInvalidValue   = "invalid_value" // any other value the contract refuses
+	ReasonBadTopic       = "bad_topic"     // an MQTT topic outside {root}/{d}/{kind}
+	ReasonRateLimited    = "rate_limited"  // over the device's rate (dropped, acknowledged)
+	ReasonMediaType      = "unsupported_media_type"
+	ReasonForbiddenOrig  = "forbidden_origin"
+	ReasonMisdirected    = "misdirected_host"
 )
 
 // InputError is an input refused by a limit or a rule: Reason is one of the
@@ -417,4 +433,62 @@ func DecodeDevice(payload []byte, v any) error {
 		return err
 	}
 	return DecodeInto(payload, v, false)
+}
+
+// TooLargeResult is the result a receipt carries in place of one over
+// MaxResultBytes: {"result_too_large":{"bytes":N,"limit":32768}}.
+func TooLargeResult(n int) json.RawMessage {
+	return json.RawMessage(fmt.Sprintf(`{"result_too_large":{"bytes":%d,"limit":%d}}`, n, MaxResultBytes))
+}
+
+// BoundReceipt makes a receipt a device is about to send fit the
+// protocol's limits: a result over MaxResultBytes becomes TooLargeResult,
+// an error over MaxErrorBytes is cut at a character boundary. The status
+// is never changed: the action's outcome is the fact that matters.
+func BoundReceipt(r *Receipt) {
+	if len(r.Result) > MaxResultBytes {
+		r.Result = TooLargeResult(len(r.Result))
+	}
+	if len(r.Error) > MaxErrorBytes {
+		cut := MaxErrorBytes
+		for cut > 0 && !utf8.RuneStart(r.Error[cut]) {
+			cut--
+		}
+		r.Error = r.Error[:cut]
+	}
+}
+
+// SalvageReceipt reads a receipt payload over MaxDevicePayload (up to
+// MaxSalvagePayload) whose result broke the result limit, so that its
+// status is not lost: the result is replaced by TooLargeResult, the error
+// bounded, unknown fields dropped, and the receipt re-encoded within the
+// limits. A payload oversized for anything but its result is refused. The
+// caller runs it through DecodeDevice and Validate like any other, so
+// every other rule still holds; a payload that is not a JSON object with
+// the receipt's fields is an *InputError (too_large).
+func SalvageReceipt(payload []byte) ([]byte, error) {
+	if len(payload) > MaxSalvagePayload {
+		return nil, inputErr(ReasonTooLarge, "", "payload of %d bytes exceeds %d", len(payload), MaxSalvagePayload)
+	}
+	var r Receipt
+	err := CheckJSON(payload, CheckOptions{})
+	if err == nil {
+		err = json.Unmarshal(payload, &r)
+	}
+	if err != nil {
+		return nil, inputErr(ReasonTooLarge, "", "payload of %d bytes exceeds %d, and its receipt cannot be read: %v",
+			len(payload), MaxDevicePayload, err)
+	}
+	if len(r.Result) <= MaxResultBytes {
+		return nil, inputErr(ReasonTooLarge, "", "payload of %d bytes exceeds %d, and not for its result", len(payload), MaxDevicePayload)
+	}
+	BoundReceipt(&r)
+	if err := r.Validate(); err != nil {
+		return nil, inputErr(ReasonTooLarge, "", "payload of %d bytes exceeds %d, and it is no valid receipt: %v", len(payload), MaxDevicePayload, err)
+	}
+	out, err := Encode(r)
+	if err != nil || len(out) > MaxDevicePayload {
+		return nil, inputErr(ReasonTooLarge, "", "payload of %d bytes exceeds %d, and its ids alone do", len(payload), MaxDevicePayload)
+	}
+	return out, nil
 }

@@ -1,9 +1,13 @@
 package wire
 
 import (
+	"encoding/json"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
@@ -114,4 +118,53 @@ func TestValidateNamesTheField(t *testing.T) {
 	require.Error(t, (&Presence{Session: -1}).Validate())
 	require.Error(t, (&Presence{Session: 1 << 60}).Validate())
 	require.NoError(t, (&Presence{Session: 7}).Validate())
+}
+
+// A receipt within the result and error limits fits the payload limit with
+// every id at its longest: a conforming device's final receipt is never
+// refused.
+func TestReceiptWithinLimitsFitsThePayloadLimit(t *testing.T) {
+	r := Receipt{CommandID: strings.Repeat("c", 200), OperationID: strings.Repeat("o", 400), QueryID: strings.Repeat("q", 200),
+		Status: ReceiptSucceeded, Seq: MaxSafeInteger, At: time.Now().UTC(),
+		Result: json.RawMessage(`{"k":"` + strings.Repeat("\\u0000", (MaxResultBytes-10)/6) + `"}`),
+		Error:  strings.Repeat("\\", MaxErrorBytes)}
+	require.LessOrEqual(t, len(r.Result), MaxResultBytes)
+	out, err := Encode(r)
+	require.NoError(t, err)
+	require.LessOrEqual(t, len(out), MaxDevicePayload)
+}
+
+func TestBoundReceiptReplacesAnOversizedResultAndKeepsTheStatus(t *testing.T) {
+	big := json.RawMessage(`{"config":"` + strings.Repeat("x", 70<<10) + `"}`)
+	r := Receipt{CommandID: "c-1", Status: ReceiptSucceeded, Seq: 2, Result: big, Error: strings.Repeat("é", MaxErrorBytes)}
+	BoundReceipt(&r)
+	require.Equal(t, ReceiptSucceeded, r.Status)
+	require.JSONEq(t, fmt.Sprintf(`{"result_too_large":{"bytes":%d,"limit":%d}}`, len(big), MaxResultBytes), string(r.Result))
+	require.LessOrEqual(t, len(r.Error), MaxErrorBytes)
+	require.True(t, utf8.ValidString(r.Error), "cut at a character boundary")
+}
+
+func TestSalvageReceipt(t *testing.T) {
+	big := `{"command_id":"c-1","operation_id":"op-1","status":"succeeded","seq":3,"result":{"config":"` +
+		strings.Repeat("x", 70<<10) + `"},"extra":1}`
+	out, err := SalvageReceipt([]byte(big))
+	require.NoError(t, err)
+	var r Receipt
+	require.NoError(t, DecodeDevice(out, &r))
+	require.NoError(t, r.Validate())
+	require.Equal(t, "c-1", r.CommandID)
+	require.Equal(t, ReceiptSucceeded, r.Status)
+	require.EqualValues(t, 3, r.Seq)
+	require.Contains(t, string(r.Result), "result_too_large")
+
+	for _, bad := range []string{
+		`{"command_id":"c-1","pad":"` + strings.Repeat("x", 70<<10) + `"}`,                              // no status
+		`{"command_id":"c-1","status":"succeeded","seq":1,"pad":"` + strings.Repeat("x", 70<<10) + `"}`, // not its result
+		`{"command_id":"c-1","status":"succeeded","seq":1,"result":{"a":"` + strings.Repeat("x", 70<<10) + `"},"status":"failed"}`,
+		`[` + strings.Repeat(`1,`, 40<<10) + `1]`, // not a receipt
+		`{"command_id":"c-1","status":"succeeded","seq":1,"result":"` + strings.Repeat("x", MaxSalvagePayload) + `"}`,
+	} {
+		_, err := SalvageReceipt([]byte(bad))
+		require.Equal(t, ReasonTooLarge, Reason(err, ""), "%.60s", bad)
+	}
 }
