@@ -109,8 +109,12 @@ scenarios-postgres: deps
 soak: deps
 	SOAK_DURATION=$${SOAK_DURATION:-30m} scenarios/run 17-soak
 
+# Built and run, not go run: go run passes no SIGTERM on (make sends one to
+# its child when it gets one), and the demo stops its processes and
+# removes its files on SIGINT, SIGTERM and SIGHUP.
 demo: deps build
-	$(GO) run ./cmd/demo --bin $(BIN)
+	$(GO) build -o $(BIN)/demo ./cmd/demo
+	$(BIN)/demo --bin $(BIN)
 
 clean:
 	rm -rf $(BIN)

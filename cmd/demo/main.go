@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -29,9 +30,12 @@ own topics.
 The run's files (logs, the controller's database, the broker's and the
 devices' state) go in a new directory under $TMPDIR (/tmp if unset), which
 is removed when the demo ends, also when it fails or is interrupted
-(Ctrl-C or SIGTERM before the walkthrough ends: the demo stops its
-processes, removes its files, and exits 130). With --keep, or --dir, the files are kept and the demo prints
-where they are.
+(Ctrl-C, SIGTERM or SIGHUP before the walkthrough ends: the demo stops its
+processes, removes its files, and exits 130), or when its output goes
+away (` + "`demo | tee demo.log`" + ` whose tee is gone: the same, exit 141). If the
+demo is killed (kill -9), its processes die with it and a watchdog stops
+the broker and removes the files. With --keep, or --dir, the files are
+kept and the demo prints where they are.
 
 Flags:
 `
@@ -60,7 +64,12 @@ func main() {
 		cfg.Dir = dir
 	}
 	keep = cfg.Dir != ""
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	// SIGPIPE is caught (and dropped) so that a write to a closed stdout or
+	// stderr returns EPIPE instead of ending the demo before it stops its
+	// processes: Run stops when its output fails. Caught, not ignored: an
+	// ignored signal would stay ignored in the broker and the fleet.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	// Run stops its processes and, unless the files are kept, removes them
 	// before it returns, however it ends.
 	err := demo.Run(ctx, cfg)
@@ -76,6 +85,10 @@ func main() {
 	if interrupted {
 		fmt.Fprintf(os.Stderr, "demo interrupted (%v)%s\n", err, kept)
 		os.Exit(130)
+	}
+	if errors.Is(err, syscall.EPIPE) {
+		fmt.Fprintf(os.Stderr, "demo stopped: its output is closed (%v)%s\n", err, kept)
+		os.Exit(128 + int(syscall.SIGPIPE))
 	}
 	fmt.Fprintf(os.Stderr, "demo failed: %v%s\n", err, kept)
 	if !keep {

@@ -12,7 +12,13 @@
 // files and logs) lives in one directory, under $TMPDIR unless the caller
 // names one; a directory Run made itself is removed when Run returns, after
 // it stopped every process it started, on success, failure and cancellation
-// alike (cmd/demo cancels on SIGINT and SIGTERM).
+// alike (cmd/demo cancels on SIGINT, SIGTERM and SIGHUP), and also when its
+// output stops taking writes (`make demo | tee demo.log` whose tee is gone).
+// No process of the run outlives the demo's process, however that ends:
+// the controller and the devices get SIGKILL when it dies (Pdeathsig), and
+// a watchdog stops the broker (which mosquitto/broker.sh leaves without a
+// parent) and removes the run's directory once the demo is gone, even
+// after a SIGKILL (see startWatchdog).
 package demo
 
 import (
@@ -84,10 +90,108 @@ func (p *proc) stop() {
 // the terminal reaches only the demo, which then stops its children in
 // order (the controller and the devices before the broker they need to shut
 // down cleanly). In the demo's group, Mosquitto would die first and the
-// others would wait for it until their stop times out.
+// others would wait for it until their stop times out. The child gets
+// SIGKILL when the demo dies without stopping it (Pdeathsig: kill -9 of
+// the demo); the demo starts no goroutine locked to a thread, whose end
+// would count as the parent's.
 func ownGroup(cmd *exec.Cmd) *exec.Cmd {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	return cmd
+}
+
+// watchdogScript waits for EOF on its stdin, a pipe only the demo holds
+// open: when the demo closes it or dies, however (SIGKILL too). Then it
+// stops the broker of the run's directory $2 (mosquitto/broker.sh $1 stop:
+// the broker is no child of the demo's, so Pdeathsig cannot reach it) and,
+// unless $3 is "keep", removes the directory. Once the demo has cleaned up
+// it finds nothing to do. It ignores the signals a terminal sends, as its
+// work is to outlive the demo.
+const watchdogScript = `trap '' INT TERM HUP PIPE
+read -r _
+[ -f "$2/broker/mosquitto.pid" ] && "$1" stop "$2/broker"
+[ "$3" = keep ] && exit 0
+rm -rf "$2" 2>/dev/null || { sleep 1; rm -rf "$2"; }`
+
+// watchdog is the shell running watchdogScript.
+type watchdog struct {
+	cmd  *exec.Cmd
+	pipe *os.File // the write end of its stdin
+}
+
+// startWatchdog starts the watchdog of dir, in a process group of its own
+// (a Ctrl-C or a kill of the demo's group does not end it) and without
+// Pdeathsig. After a SIGKILL of the demo it outlives the demo by as long as
+// stopping the broker and removing dir take (at most about 6 s).
+func startWatchdog(dir string, keep bool) (*watchdog, error) {
+	// Absolute paths: the watchdog runs in / (a relative --dir or TMPDIR
+	// would mean another place there).
+	broker, err := filepath.Abs(brokerScript)
+	if err != nil {
+		return nil, err
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		return nil, err
+	}
+	mode := "remove"
+	if keep {
+		mode = "keep"
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("watchdog pipe: %w", err)
+	}
+	cmd := exec.Command("/bin/sh", "-c", watchdogScript, "demo-watchdog", broker, dir, mode)
+	cmd.Stdin, cmd.Dir = r, "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("start the watchdog: %w", err)
+	}
+	return &watchdog{cmd: cmd, pipe: w}, nil
+}
+
+// close lets the watchdog do its work and waits for it to end.
+func (wd *watchdog) close() error {
+	wd.pipe.Close()
+	if err := wd.cmd.Wait(); err != nil {
+		return fmt.Errorf("watchdog: %w", err)
+	}
+	return nil
+}
+
+// brokerScript starts and stops Mosquitto (relative to the repository's
+// root, where the demo runs).
+const brokerScript = "mosquitto/broker.sh"
+
+// output passes the run's output on until a write fails (a closed pipe:
+// the demo's stdout is `| tee` and tee is gone); then it ends the run
+// (cancel) and drops whatever else the run prints. The demo's callers
+// see no error from it: the run stops at its next wait instead.
+type output struct {
+	w      io.Writer
+	cancel context.CancelCauseFunc
+	mu     sync.Mutex
+	err    error
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.err == nil {
+		if _, err := o.w.Write(p); err != nil {
+			o.err = fmt.Errorf("write the output: %w", err)
+			o.cancel(o.err)
+		}
+	}
+	return len(p), nil
+}
+
+func (o *output) failed() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.err
 }
 
 func start(name, logFile string, args []string, env ...string) (*proc, error) {
@@ -148,22 +252,52 @@ func fileContains(path, s string) bool {
 }
 
 // Run runs the demo and returns an error if any invariant it checks fails,
-// or ctx's error if ctx is done first. Before it returns it stops every
+// or ctx's error if ctx is done first, or the error of a write to cfg.Out
+// if that stopped the run (the run stops at the first failed write). Before it returns it stops every
 // process it started and, unless cfg.Dir names the directory to keep,
 // removes every file it made.
 func Run(ctx context.Context, cfg Config) (err error) {
-	out := cfg.Out
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	outw := &output{w: cfg.Out, cancel: cancel}
+	out := io.Writer(outw)
+	// When a failed output is why the run stopped, the error says so, in
+	// place of the cancellation it caused; not when the run was stopping
+	// anyway (Ctrl-C while it lingers, and tee gone with it).
+	defer func() {
+		if werr := outw.failed(); werr != nil && context.Cause(ctx) == werr {
+			if err == nil || errors.Is(err, context.Canceled) {
+				err = werr
+			} else {
+				err = errors.Join(err, werr)
+			}
+		}
+	}()
 	step := func(format string, args ...any) { fmt.Fprintf(out, "==> "+format+"\n", args...) }
 	keep := cfg.Dir != ""
 	if keep {
 		if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 			return err
 		}
-	} else {
-		if cfg.Dir, err = os.MkdirTemp("", "fleetctl-demo-"); err != nil {
-			return err
+	} else if cfg.Dir, err = os.MkdirTemp("", "fleetctl-demo-"); err != nil {
+		return err
+	}
+	wd, err := startWatchdog(cfg.Dir, keep)
+	if err != nil {
+		if !keep {
+			os.RemoveAll(cfg.Dir)
 		}
-		// Deferred first, so it runs last: after every process is stopped.
+		return err
+	}
+	// Deferred first, so it runs last: after the directory is removed.
+	defer func() {
+		if werr := wd.close(); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}()
+	if !keep {
+		// Deferred before the processes start, so it runs after every
+		// one is stopped.
 		defer func() {
 			if rerr := os.RemoveAll(cfg.Dir); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("remove the run's files: %w", rerr))
@@ -213,8 +347,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	brokerDir := filepath.Join(cfg.Dir, "broker")
 	// Stopped even when the start fails half way (the broker may be up
 	// without its port); stop is a no-op when nothing started.
-	defer exec.Command("mosquitto/broker.sh", "stop", brokerDir).Run()
-	if b, err := ownGroup(exec.Command("mosquitto/broker.sh", "start-secure", fmt.Sprint(brokerPort), brokerDir, credsDir, tlsDir)).CombinedOutput(); err != nil {
+	defer ownGroup(exec.Command(brokerScript, "stop", brokerDir)).Run()
+	if b, err := ownGroup(exec.Command(brokerScript, "start-secure", fmt.Sprint(brokerPort), brokerDir, credsDir, tlsDir)).CombinedOutput(); err != nil {
 		return fmt.Errorf("start broker: %v\n%s", err, b)
 	}
 	login := []string{"--credentials", filepath.Join(credsDir, creds.CredentialsFile), "--mqtt-ca", ca.CA}
