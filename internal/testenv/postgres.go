@@ -24,7 +24,8 @@ import (
 )
 
 // A throwaway PostgreSQL cluster for tests: initdb into a fresh directory
-// under $TMPDIR, one server on a free loopback port, trust authentication
+// under $TMPDIR (as root, under /tmp when the postgres OS user cannot
+// reach $TMPDIR: see pgDataDir), one server on a free loopback port, trust authentication
 // for the superuser postgres, fsync and synchronous_commit on (the same
 // durability as a real server: figures measured against it mean something).
 // PostgreSQL refuses to run as root, so as root every PostgreSQL program
@@ -220,9 +221,9 @@ func startCluster(shared bool) (*Postgres, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "pg")
+	dir, err := pgDataDir(owner)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: data directory: %w", err)
+		return nil, err
 	}
 	p := &Postgres{Dir: dir, shared: shared}
 	becomeSubreaper()
@@ -250,9 +251,6 @@ func startCluster(shared bool) (*Postgres, error) {
 		return fail(fmt.Errorf("postgres: the data directory %q has characters pg_ctl cannot pass on: set TMPDIR to a plain path", dir))
 	}
 	if owner != nil {
-		if err := pgReachable(dir); err != nil {
-			return fail(err)
-		}
 		if err := os.Chown(dir, owner.uid, owner.gid); err != nil {
 			return fail(fmt.Errorf("postgres: chown %s: %w", dir, err))
 		}
@@ -542,30 +540,101 @@ func pgEnv() []string {
 	return env
 }
 
+// pgFallbackBases are where a cluster goes when the postgres OS user
+// cannot reach $TMPDIR (see pgDataDir), the first whose path it can search.
+var pgFallbackBases = []string{"/tmp", "/var/tmp"}
+
+// pgDataDir makes the cluster's directory: a new one under $TMPDIR, which
+// as root (owner != nil) the postgres OS user must be able to reach
+// (pgReachable). When it cannot, because a directory above the temporary
+// directory the test process was given is not searchable by others (as
+// with TMPDIR=$(mktemp -d) make test: .ci/gotest's scratch directory is
+// inside that private directory), the cluster goes in a new private
+// directory under /tmp (or /var/tmp) instead, which startCluster hands to
+// postgres; it is stopped and removed like any other (remove, the
+// interrupt handler, Close, the watchdog). Nothing above the temporary
+// directory is ever changed.
+func pgDataDir(owner *pgUser) (string, error) {
+	dir, err := os.MkdirTemp("", "pg")
+	if err != nil {
+		return "", fmt.Errorf("postgres: data directory: %w", err)
+	}
+	if owner == nil {
+		return dir, nil
+	}
+	err = pgReachable(dir)
+	if err == nil {
+		return dir, nil
+	}
+	os.RemoveAll(dir)
+	if !errors.Is(err, errPGUnreachable) {
+		return "", err
+	}
+	for _, base := range pgFallbackBases {
+		if pgUnsearchable(base) != "" {
+			continue
+		}
+		fallback, ferr := os.MkdirTemp(base, "fleetctl-pg")
+		if ferr != nil {
+			return "", fmt.Errorf("postgres: data directory: %w (and under %s: %v)", err, base, ferr)
+		}
+		return fallback, nil
+	}
+	return "", fmt.Errorf("%w; and none of %s is reachable either", err, strings.Join(pgFallbackBases, ", "))
+}
+
+// errPGUnreachable is pgReachable's answer when a directory above the test
+// process's temporary directory keeps the postgres OS user out.
+var errPGUnreachable = errors.New("not searchable by others")
+
 // pgReachable lets the postgres OS user reach dir: every directory above
 // it, up to and including the temporary directory the test process was
 // given, gets search permission for group and others (not read: no one
-// else can list it). Above that nothing is changed: a directory there that
-// others cannot search is an error that says so.
+// else can list it). Above that nothing is changed: when a directory there
+// is not searchable by others, it returns errPGUnreachable before it
+// changes anything.
 func pgReachable(dir string) error {
 	top := filepath.Clean(pgTempRoot())
+	under := func(d string) bool { return d == top || strings.HasPrefix(d, top+string(filepath.Separator)) }
+	var open []string
 	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
 		if err != nil {
 			return fmt.Errorf("postgres: %w", err)
 		}
 		if fi.Mode().Perm()&0o001 == 0 {
-			if d != top && !strings.HasPrefix(d, top+string(filepath.Separator)) {
-				return fmt.Errorf("postgres: the postgres OS user cannot reach %s: %s is not searchable by others "+
-					"(chmod o+x it, or set TMPDIR to a directory under /tmp)", dir, d)
+			if !under(d) {
+				return fmt.Errorf("postgres: the postgres OS user cannot reach %s: %s is %w", dir, d, errPGUnreachable)
 			}
-			mode := fi.Mode() & (os.ModePerm | os.ModeSticky | os.ModeSetgid | os.ModeSetuid)
-			if err := os.Chmod(d, mode|0o011); err != nil {
-				return fmt.Errorf("postgres: let the postgres OS user through %s: %w", d, err)
-			}
+			open = append(open, d)
 		}
 		if d == filepath.Dir(d) {
-			return nil
+			break
+		}
+	}
+	for _, d := range open {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		mode := fi.Mode() & (os.ModePerm | os.ModeSticky | os.ModeSetgid | os.ModeSetuid)
+		if err := os.Chmod(d, mode|0o011); err != nil {
+			return fmt.Errorf("postgres: let the postgres OS user through %s: %w", d, err)
+		}
+	}
+	return nil
+}
+
+// pgUnsearchable is the first directory of dir's path (dir included) that
+// others cannot search, "" when there is none and dir is a directory.
+func pgUnsearchable(dir string) string {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil || !fi.IsDir() || fi.Mode().Perm()&0o001 == 0 {
+			return d
+		}
+		if d == filepath.Dir(d) {
+			return ""
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -99,6 +100,61 @@ func TestStartPostgresRemovesItsClusterWhenTheTestEnds(t *testing.T) {
 	waitExited(t, postmaster, "the postmaster")
 	_, err := os.Stat(dir)
 	require.ErrorIs(t, err, fs.ErrNotExist, "the data directory is removed")
+}
+
+// As root, with TMPDIR inside a private directory (TMPDIR=$(mktemp -d) make
+// test: .ci/gotest's scratch directory, the test process's temporary
+// directory, is inside a 0700 directory the postgres OS user cannot
+// search), a cluster starts in a private directory of postgres's under
+// /tmp instead, the private directory untouched, and is removed when the
+// test ends.
+func TestPostgresStartsWhenTMPDIRIsPrivate(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only as root do the PostgreSQL programs run as another user (postgres)")
+	}
+	private, err := os.MkdirTemp("", "private") // 0700, as mktemp -d makes it
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(private) })
+	tmp := filepath.Join(private, "fct")
+	require.NoError(t, os.Mkdir(tmp, 0o700))
+	t.Setenv("TMPDIR", tmp)
+	// The temporary directory testenv.Setup found, as it would in that test process.
+	scratchMu.Lock()
+	root := userTempRoot
+	userTempRoot = tmp
+	scratchMu.Unlock()
+	t.Cleanup(func() {
+		scratchMu.Lock()
+		userTempRoot = root
+		scratchMu.Unlock()
+	})
+
+	var dir string
+	var postmaster int
+	t.Run("own cluster", func(t *testing.T) {
+		p := StartPostgres(t)
+		dir = p.Dir
+		postmaster = openPidfd(t, p.postmasterPID())
+		require.NoError(t, openPG(t, p.NewDatabase(t)).PingContext(pgCtx(t)))
+		require.False(t, strings.HasPrefix(dir, private+"/"), "the cluster is not under the private %s: %s", private, dir)
+		fi, err := os.Stat(dir)
+		require.NoError(t, err)
+		require.Equal(t, fs.FileMode(0o700), fi.Mode().Perm(), "%s is private", dir)
+		owner, err := pgOwner()
+		require.NoError(t, err)
+		require.Equal(t, uint32(owner.uid), fi.Sys().(*syscall.Stat_t).Uid, "%s belongs to postgres", dir)
+	})
+	waitExited(t, postmaster, "the postmaster")
+	_, err = os.Stat(dir)
+	require.ErrorIs(t, err, fs.ErrNotExist, "the data directory is removed")
+	for _, d := range []string{private, tmp} {
+		fi, err := os.Stat(d)
+		require.NoError(t, err)
+		require.Equal(t, fs.FileMode(0o700), fi.Mode().Perm(), "%s is left as it was", d)
+	}
+	entries, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	require.Empty(t, entries, "nothing is left in TMPDIR")
 }
 
 // A test process that dies without any cleanup (SIGKILL; a panic and the
