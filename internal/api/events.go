@@ -61,7 +61,7 @@ const (
 func (s *Server) dashboardRoutes() {
 	s.mux.HandleFunc("GET /v1/events", tokenFromQuery(s.need("", s.handleEvents)))
 	s.mux.HandleFunc("GET /v1/tasks", s.need("", s.serve(s.handleListTasks)))
-	s.mux.HandleFunc("GET /v1/whoami", s.need("", s.serve(s.handleWhoami)))
+	s.mux.HandleFunc("GET /v1/whoami", s.need("", s.serve(withQuery(nil, s.handleWhoami))))
 	if s.cfg.UI != nil {
 		s.mux.Handle("GET /ui/", s.cfg.UI)
 		s.mux.Handle("GET /{$}", http.RedirectHandler("/ui/", http.StatusFound))
@@ -105,11 +105,9 @@ func resumeFrom(r *http.Request) events.Resume {
 }
 
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
-	for name := range r.URL.Query() {
-		if name != "access_token" && name != "last_event_id" {
-			s.fail(w, r, invalidParam(name, "unknown query parameter; this stream takes access_token, last_event_id"))
-			return
-		}
+	if err := checkQuery(r.URL.Query(), "stream", []string{"access_token", "last_event_id"}); err != nil {
+		s.fail(w, r, err)
+		return
 	}
 	bus := s.cfg.Events
 	if bus == nil {

@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -37,14 +38,8 @@ type listQuery struct {
 func parseList(r *http.Request, filters ...string) (listQuery, error) {
 	q := r.URL.Query()
 	lq := listQuery{path: r.URL.EscapedPath(), page: store.Page{Limit: store.DefaultPageLimit}, values: url.Values{}, order: filters}
-	for name, vs := range q {
-		if name != "limit" && name != "after" && !slices.Contains(filters, name) {
-			return lq, invalidParam(name, "unknown query parameter; this list takes "+
-				strings.Join(append([]string{"limit", "after"}, filters...), ", "))
-		}
-		if len(vs) > 1 {
-			return lq, invalidParam(name, "given more than once")
-		}
+	if err := checkQuery(q, "list", append([]string{"limit", "after"}, filters...)); err != nil {
+		return lq, err
 	}
 	if v, ok := q["limit"]; ok {
 		n, err := strconv.Atoi(v[0])
@@ -68,6 +63,27 @@ func parseList(r *http.Request, filters ...string) (listQuery, error) {
 	return lq, nil
 }
 
+// checkQuery refuses a parameter of q that the route (what: "route",
+// "list", "stream") does not take, or one given twice, naming it. In a
+// sorted order, so that the same query is always refused for the same name.
+func checkQuery(q url.Values, what string, takes []string) error {
+	names := slices.Sorted(maps.Keys(q))
+	for _, name := range names {
+		if !slices.Contains(takes, name) {
+			if len(takes) == 0 {
+				return invalidParam(name, "unknown query parameter; this "+what+" takes none")
+			}
+			return invalidParam(name, "unknown query parameter; this "+what+" takes "+strings.Join(takes, ", "))
+		}
+	}
+	for _, name := range names {
+		if len(q[name]) > 1 {
+			return invalidParam(name, "given more than once")
+		}
+	}
+	return nil
+}
+
 // boolParam reads a filter that takes true or false (and, for the older
 // ?all=1 of grants, 1 or 0); absent is nil.
 func (lq listQuery) boolParam(name string) (*bool, error) {
@@ -87,7 +103,7 @@ func (lq listQuery) boolParam(name string) (*bool, error) {
 }
 
 func invalidParam(name, msg string) error {
-	return apiErr(http.StatusBadRequest, "invalid_request", "query parameter "+name+": "+msg)
+	return apiErr(http.StatusBadRequest, "invalid_request", "query parameter "+shorten(name)+": "+msg)
 }
 
 // listed is a list answer: the array and its paging headers.

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"time"
 
@@ -143,14 +144,19 @@ func rolloutView(r store.Rollout, now time.Time, history bool) RolloutView {
 }
 
 func (s *Server) handleCreateRollout(r *http.Request) (int, any, error) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return 0, nil, err // a MaxBytesError is 413 too_large
+	}
 	var req RolloutRequest
-	if err := decodeBody(r, &req); err != nil {
+	if err := decodeJSON(body, &req); err != nil {
 		return 0, nil, err
 	}
 	if err := firstError(
 		partID.check("rollout_id", req.RolloutID, true),
 		actionName.check("action", req.Action, true),
 		checkParams("params", req.Params),
+		rollout.CheckGivenLimits(body), // 0 given is refused; absent is the default
 	); err != nil {
 		return 0, nil, err
 	}

@@ -62,6 +62,10 @@ type Config struct {
 	Events *events.Bus
 	// UI serves the dashboard under /ui/ (internal/ui); nil: none.
 	UI http.Handler
+	// Health is nil while the instance can serve, else why it cannot
+	// (store.DB.Err: a file of the SQLite database left its path): /healthz
+	// then answers 503 with that reason. nil: always healthy.
+	Health func() error
 }
 
 // Server serves the API.
@@ -85,43 +89,47 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), hub: NewHub()}
 	// Each route's {id} is checked against its rule (400 invalid_request,
-	// bad_id) before the handler runs.
+	// bad_id), and its query string against the parameters it takes (400
+	// invalid_request: any other, or one given twice), before the handler
+	// runs.
+	wait, list := []string{"wait"}, func(filters ...string) []string { return append([]string{"limit", "after"}, filters...) }
 	routes := []struct {
 		pattern, role string
 		id            *idRule
+		query         []string
 		h             handler
 	}{
-		{"POST /v1/operations", RoleOperator, nil, s.handleSubmit},
-		{"GET /v1/operations/{id}", "", &anyOpID, s.handleGetOperation},
-		{"POST /v1/operations/{id}/compensations", RoleOperator, &anyOpID, s.handleCompensate},
-		{"GET /v1/commands/{id}", "", &plainID, s.handleGetCommand},
-		{"POST /v1/commands/{id}/cancel", RoleOperator, &plainID, s.handleCancel},
-		{"POST /v1/commands/{id}/resolve", RoleOperator, &plainID, s.handleResolve},
-		{"GET /v1/devices", "", nil, s.handleListDevices},
-		{"GET /v1/devices/{id}", "", &deviceID, s.handleGetDevice},
-		{"POST /v1/devices/{id}/presence/reset", RoleAdmin, &deviceID, s.handleResetPresence},
-		{"POST /v1/tasks", RoleOperator, nil, s.handleCreateTask},
-		{"GET /v1/tasks/{id}", "", &partID, s.handleGetTask},
-		{"PUT /v1/tasks/{id}/plan", RoleOperator, &partID, s.handlePlan},
-		{"POST /v1/tasks/{id}/approvals", RoleApprover, &partID, s.handleApprove},
-		{"POST /v1/tasks/{id}/rejections", RoleApprover, &partID, s.handleReject},
-		{"POST /v1/grants", RoleAdmin, nil, s.handleCreateGrant},
-		{"GET /v1/grants", "", nil, s.handleListGrants},
-		{"DELETE /v1/grants/{id}", RoleAdmin, &plainID, s.handleRevokeGrant},
-		{"GET /v1/instances", "", nil, s.handleListInstances},
-		{"POST /v1/rollouts", RoleOperator, nil, s.handleCreateRollout},
-		{"GET /v1/rollouts", "", nil, s.handleListRollouts},
-		{"GET /v1/rollouts/{id}", "", &partID, s.handleGetRollout},
-		{"GET /v1/rollouts/{id}/devices", "", &partID, s.handleListRolloutDevices},
-		{"POST /v1/rollouts/{id}/pause", RoleOperator, &partID, s.rolloutMove(store.RolloutPause)},
-		{"POST /v1/rollouts/{id}/resume", RoleOperator, &partID, s.rolloutMove(store.RolloutResume)},
-		{"POST /v1/rollouts/{id}/cancel", RoleOperator, &partID, s.rolloutMove(store.RolloutCancel)},
-		{"POST /v1/rollouts/{id}/approvals", RoleApprover, &partID, s.handleApproveRollout},
+		{"POST /v1/operations", RoleOperator, nil, nil, s.handleSubmit},
+		{"GET /v1/operations/{id}", "", &anyOpID, wait, s.handleGetOperation},
+		{"POST /v1/operations/{id}/compensations", RoleOperator, &anyOpID, nil, s.handleCompensate},
+		{"GET /v1/commands/{id}", "", &plainID, nil, s.handleGetCommand},
+		{"POST /v1/commands/{id}/cancel", RoleOperator, &plainID, nil, s.handleCancel},
+		{"POST /v1/commands/{id}/resolve", RoleOperator, &plainID, nil, s.handleResolve},
+		{"GET /v1/devices", "", nil, list("online"), s.handleListDevices},
+		{"GET /v1/devices/{id}", "", &deviceID, nil, s.handleGetDevice},
+		{"POST /v1/devices/{id}/presence/reset", RoleAdmin, &deviceID, nil, s.handleResetPresence},
+		{"POST /v1/tasks", RoleOperator, nil, nil, s.handleCreateTask},
+		{"GET /v1/tasks/{id}", "", &partID, nil, s.handleGetTask},
+		{"PUT /v1/tasks/{id}/plan", RoleOperator, &partID, nil, s.handlePlan},
+		{"POST /v1/tasks/{id}/approvals", RoleApprover, &partID, nil, s.handleApprove},
+		{"POST /v1/tasks/{id}/rejections", RoleApprover, &partID, nil, s.handleReject},
+		{"POST /v1/grants", RoleAdmin, nil, nil, s.handleCreateGrant},
+		{"GET /v1/grants", "", nil, list("all"), s.handleListGrants},
+		{"DELETE /v1/grants/{id}", RoleAdmin, &plainID, nil, s.handleRevokeGrant},
+		{"GET /v1/instances", "", nil, list("all"), s.handleListInstances},
+		{"POST /v1/rollouts", RoleOperator, nil, nil, s.handleCreateRollout},
+		{"GET /v1/rollouts", "", nil, list("status"), s.handleListRollouts},
+		{"GET /v1/rollouts/{id}", "", &partID, nil, s.handleGetRollout},
+		{"GET /v1/rollouts/{id}/devices", "", &partID, list("status"), s.handleListRolloutDevices},
+		{"POST /v1/rollouts/{id}/pause", RoleOperator, &partID, nil, s.rolloutMove(store.RolloutPause)},
+		{"POST /v1/rollouts/{id}/resume", RoleOperator, &partID, nil, s.rolloutMove(store.RolloutResume)},
+		{"POST /v1/rollouts/{id}/cancel", RoleOperator, &partID, nil, s.rolloutMove(store.RolloutCancel)},
+		{"POST /v1/rollouts/{id}/approvals", RoleApprover, &partID, nil, s.handleApproveRollout},
 	}
 	for _, rt := range routes {
-		h := rt.h
+		h := withQuery(rt.query, rt.h)
 		if rt.id != nil {
-			h = withID(*rt.id, rt.h)
+			h = withID(*rt.id, h)
 		}
 		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(h)))
 	}
@@ -130,15 +138,58 @@ func New(cfg Config) *Server {
 	}
 	s.dashboardRoutes() // events.go: the event stream, the task list, whoami, /ui/
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if cfg.Health != nil {
+			if err := cfg.Health(); err != nil {
+				writeJSON(w, http.StatusServiceUnavailable,
+					map[string]string{"status": "failing", "instance": cfg.Instance, "reason": err.Error()})
+				return
+			}
+		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "instance": cfg.Instance})
 	})
 	if cfg.Metrics != nil {
 		s.mux.Handle("GET /metrics", cfg.Metrics)
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.writeError(w, apiErr(http.StatusNotFound, "not_found", "no route "+r.Method+" "+shorten(r.URL.Path)))
+		if allow := s.allowed(r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			s.writeError(w, apiErr(http.StatusMethodNotAllowed, "method_not_allowed",
+				shorten(r.URL.Path)+" takes "+strings.Join(allow, ", ")+", not "+shorten(r.Method)))
+			return
+		}
+		s.writeError(w, apiErr(http.StatusNotFound, "not_found", "no route "+shorten(r.Method)+" "+shorten(r.URL.Path)))
 	})
 	return s
+}
+
+// methods are those a route may serve, in the order Allow lists them.
+var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// allowed lists the methods that a route other than the catch-all serves at
+// r's path (a GET route serves HEAD too), for the 405 of a request whose
+// method none does: the catch-all keeps net/http's own 405 from answering.
+func (s *Server) allowed(r *http.Request) []string {
+	var out []string
+	for _, m := range methods {
+		probe := r.WithContext(r.Context()) // a shallow copy
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "/" && pattern != "" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// withQuery refuses a query parameter the route does not take, or one
+// given twice (400 invalid_request, naming it), before h runs: one rule
+// for every route, so that a misspelt ?wiat= is not silently ignored.
+func withQuery(takes []string, h handler) handler {
+	return func(r *http.Request) (int, any, error) {
+		if err := checkQuery(r.URL.Query(), "route", takes); err != nil {
+			return 0, nil, err
+		}
+		return h(r)
+	}
 }
 
 // withID checks the route's {id} before h runs.

@@ -107,7 +107,11 @@ func TestMCPStdioReplayAfterALostAnswer(t *testing.T) {
 	replay, err := mcptest.Decode[mcpserver.OperationOutput](kept)
 	require.NoError(t, err)
 	require.Equal(t, id, replay.Operation.OperationID)
-	require.False(t, replay.Created, "the dropped call created it")
+	require.Equal(t, new(false), replay.Created, "the dropped call created it")
+	sc, isMap := kept.StructuredContent.(map[string]any)
+	require.True(t, isMap, "%T", kept.StructuredContent)
+	require.Equal(t, false, sc["created"], "the replay says created false: %v", sc)
+	require.Equal(t, replay.Operation.Status == "started", sc["in_doubt"], "the replay says in_doubt: %v", sc)
 	first, second, err := mcptest.CallTwice(tb.ctx(), cs, lossy, p, false)
 	require.NoError(t, err)
 	for _, res := range []*mcp.CallToolResult{first, second} {
@@ -131,7 +135,7 @@ func TestMCPStdioReplayAfterALostAnswer(t *testing.T) {
 	asked := mcpOK[mcpserver.OperationOutput](t, cs, "get_operation", map[string]any{"operation_id": doubt, "wait": "200ms"})
 	for _, o := range []mcpserver.OperationOutput{started, asked} {
 		require.Equal(t, "started", o.Operation.Status)
-		require.True(t, o.InDoubt)
+		require.Equal(t, new(true), o.InDoubt)
 		require.Contains(t, o.Next, fmt.Sprintf(`ask again with get_operation {"operation_id":%q`, doubt))
 		require.Contains(t, o.Next, "never submit a new operation_id")
 	}
@@ -268,7 +272,7 @@ func TestMCPOverHTTPTokensAndRoles(t *testing.T) {
 	agent := session("t-agent")
 	op := mcpOK[mcpserver.OperationOutput](t, agent, "submit_operation", map[string]any{"operation_id": "mcp-h2",
 		"target": "device-1", "action": "set-config"})
-	require.True(t, op.Created)
+	require.Equal(t, new(true), op.Created)
 	mcpErr(t, agent, "submit_operation", map[string]any{"operation_id": "mcp-h3", "target": "device-1", "action": "restart"},
 		403, "approval_required")
 	task := mcpOK[mcpserver.TaskOutput](t, agent, "create_task", map[string]any{"task_id": "mcp-h4",
@@ -327,7 +331,7 @@ func TestMCPSessionTaskApprovedByAPerson(t *testing.T) {
 	create := map[string]any{"task_id": "task-88", "steps": []map[string]any{{"step": "restart-device", "action": "restart",
 		"target": "device-1001", "params": map[string]any{"reason": "stuck"}}}}
 	created := decode(call("create_task", create))
-	require.False(t, created.Created, "the second of two sends is a replay")
+	require.Equal(t, new(false), created.Created, "the second of two sends is a replay")
 	require.Equal(t, "waiting_approval", created.Task.Status)
 	waiting := decode(call("get_task", map[string]any{"task_id": "task-88"}))
 	require.Equal(t, "waiting_approval", waiting.Task.Status)
@@ -361,7 +365,7 @@ func TestMCPSessionTaskApprovedByAPerson(t *testing.T) {
 		if op.Operation.Status != "started" {
 			break
 		}
-		require.True(t, op.InDoubt)
+		require.Equal(t, new(true), op.InDoubt)
 		require.True(t, time.Now().Before(deadline), "still started after 45s")
 	}
 	require.Equal(t, "succeeded", op.Operation.Status)

@@ -104,7 +104,13 @@ func TestSubmitReplayedAfterALostAnswerRunsOnce(t *testing.T) {
 	require.NoError(t, err)
 	const id = "t-lost:set-fw:device-1:v1"
 	require.Equal(t, id, again.Operation.OperationID)
-	require.False(t, again.Created, "the lost call created it; the replay got the stored record")
+	require.Equal(t, new(false), again.Created, "the lost call created it; the replay got the stored record")
+	// The replay says created false and in_doubt, as the first submit does,
+	// rather than leaving them out.
+	sc, isMap := second.StructuredContent.(map[string]any)
+	require.True(t, isMap, "%T", second.StructuredContent)
+	require.Equal(t, false, sc["created"], "%v", sc)
+	require.Equal(t, again.Operation.Status == "started", sc["in_doubt"], "%v", sc)
 	require.Contains(t, mcptest.Text(second), "nothing ran again")
 	require.NotEmpty(t, again.Operation.CommandID)
 
@@ -120,7 +126,7 @@ func TestSubmitReplayedAfterALostAnswerRunsOnce(t *testing.T) {
 
 	done := ok[mcpserver.OperationOutput](t, cs, "get_operation", map[string]any{"operation_id": id, "wait": "30s"})
 	require.Equal(t, "succeeded", done.Operation.Status)
-	require.False(t, done.InDoubt)
+	require.Equal(t, new(false), done.InDoubt)
 	require.Equal(t, map[string]int{id: 1}, b.executions())
 	cmd := ok[mcpserver.CommandOutput](t, cs, "get_command", map[string]any{"command_id": done.Operation.CommandID})
 	require.Equal(t, "succeeded", cmd.Command.Status)
@@ -139,11 +145,11 @@ func TestStartedIsInDoubtAndCancel(t *testing.T) {
 	out, res := call[mcpserver.OperationOutput](t, cs, "submit_operation", map[string]any{"task_id": "t-doubt", "step": "set-fw",
 		"target": "device-9", "business_version": "v1", "action": "set-config", "params": map[string]any{"fw": "4.2"}})
 	require.False(t, res.IsError, mcptest.Text(res))
-	require.True(t, out.Created)
+	require.Equal(t, new(true), out.Created)
 	for _, o := range []mcpserver.OperationOutput{out,
 		ok[mcpserver.OperationOutput](t, cs, "get_operation", map[string]any{"operation_id": id, "wait": "100ms"})} {
 		require.Equal(t, "started", o.Operation.Status)
-		require.True(t, o.InDoubt)
+		require.Equal(t, new(true), o.InDoubt)
 		require.Contains(t, o.Next, fmt.Sprintf(`get_operation {"operation_id":%q`, id))
 		require.Contains(t, o.Next, "never submit a new operation_id")
 	}
@@ -159,7 +165,7 @@ func TestStartedIsInDoubtAndCancel(t *testing.T) {
 	}
 	final := ok[mcpserver.OperationOutput](t, cs, "get_operation", map[string]any{"operation_id": id})
 	require.Equal(t, "failed_final", final.Operation.Status)
-	require.False(t, final.InDoubt)
+	require.Equal(t, new(false), final.InDoubt)
 	// A sent command cannot be cancelled.
 	sent := ok[mcpserver.OperationOutput](t, cs, "submit_operation", map[string]any{"operation_id": "t-sent-1",
 		"target": "device-2", "action": "set-config"})
@@ -240,12 +246,12 @@ func TestTaskThroughTheTools(t *testing.T) {
 	}
 	create := map[string]any{"task_id": "t-task", "steps": steps("device-1")}
 	created := ok[mcpserver.TaskOutput](t, cs, "create_task", create)
-	require.True(t, created.Created)
+	require.Equal(t, new(true), created.Created)
 	require.Equal(t, "waiting_approval", created.Task.Status)
 	require.Equal(t, "agent", created.Task.CreatedBy)
 	require.Contains(t, created.Next, "there is no approve tool")
 	replay := ok[mcpserver.TaskOutput](t, cs, "create_task", create)
-	require.False(t, replay.Created)
+	require.Equal(t, new(false), replay.Created)
 	toolErr(t, cs, "create_task", map[string]any{"task_id": "t-task", "steps": steps("device-2")}, 422, "idempotency_key_reused")
 
 	plan := map[string]any{"task_id": "t-task", "steps": steps("device-2"), "base_version": 1}
@@ -378,7 +384,7 @@ func TestHTTPEndpoint(t *testing.T) {
 	require.True(t, lossy.dropped(), "the answer was dropped: %v", err)
 	agent = b.httpSession(t, "t-agent", nil) // a host reconnects after a broken connection
 	again := ok[mcpserver.OperationOutput](t, agent, "submit_operation", args)
-	require.False(t, again.Created)
+	require.Equal(t, new(false), again.Created)
 	third := ok[mcpserver.OperationOutput](t, agent, "submit_operation", args)
 	require.Equal(t, again.Operation.CommandID, third.Operation.CommandID)
 	ok[mcpserver.OperationOutput](t, agent, "get_operation", map[string]any{"operation_id": "h-lost", "wait": "30s"})

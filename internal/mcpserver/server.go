@@ -53,7 +53,8 @@ const operationIDRules = `Operation ids: an operation is named task_id:step:targ
 	`every retry of one intent (after a timeout, an error, a lost answer, your own restart) sends the same id with ` +
 	`the same action, target and params, and nothing runs twice. A new intent (the user really wants it done again) ` +
 	`gets a new id, e.g. the next business_version (v2). The same id with other params is refused ` +
-	`(422 idempotency_key_reused) and changes nothing. Ids ending in :approval-v<N> belong to approved tasks.`
+	`(422 idempotency_key_reused) and changes nothing. Ids ending in :approval-v<N> belong to approved tasks, ` +
+	`ids of the shape {rollout_id}:rollout:{device}:v<N> to rollouts (403 reserved_operation_id).`
 
 // inDoubtRule is what every tool that returns an operation teaches.
 const inDoubtRule = `A result whose status is still "started" is in doubt: the device may or may not have acted yet. ` +
@@ -249,8 +250,8 @@ func submitOperation(ctx context.Context, k call, _ SubmitInput) (OperationOutpu
 		return OperationOutput{}, "", inDoubt(err)
 	}
 	out, line := operationOutput(op)
-	out.Created = status == http.StatusCreated
-	if !out.Created {
+	out.Created = new(status == http.StatusCreated)
+	if !*out.Created {
 		line = "This operation_id existed: the stored record came back and nothing ran again. " + line
 	}
 	return out, line, nil
@@ -271,11 +272,10 @@ func getOperation(ctx context.Context, k call, in GetOperationInput) (OperationO
 
 // operationOutput says what an operation's status means to the agent.
 func operationOutput(op Operation) (OperationOutput, string) {
-	out := OperationOutput{Operation: &op}
+	out := OperationOutput{Operation: &op, InDoubt: new(op.Status == "started")}
 	id := op.OperationID
 	switch op.Status {
 	case "started":
-		out.InDoubt = true
 		out.Next = fmt.Sprintf(`in doubt: ask again with get_operation {"operation_id":%q,"wait":"30s"}; never submit a new operation_id for this intent`, id)
 		return out, fmt.Sprintf("Operation %s is started: in doubt, the device may or may not have acted yet. "+
 			`Ask again with get_operation {"operation_id":%q,"wait":"30s"} (the same id, as often as it takes); `+
@@ -393,8 +393,8 @@ func createTask(ctx context.Context, k call, _ CreateTaskInput) (TaskOutput, str
 		return TaskOutput{}, "", inDoubt(err)
 	}
 	out, line := taskOutput(t)
-	out.Created = status == http.StatusCreated
-	if !out.Created {
+	out.Created = new(status == http.StatusCreated)
+	if !*out.Created {
 		line = "This task existed with the same plan: it came back unchanged. " + line
 	}
 	return out, line, nil
@@ -453,7 +453,7 @@ func createRollout(ctx context.Context, k call, _ CreateRolloutInput) (RolloutOu
 		return RolloutOutput{}, "", inDoubt(err)
 	}
 	out, line, err := rolloutOutput(answer)
-	out.Created = status == http.StatusCreated
+	out.Created = new(status == http.StatusCreated)
 	return out, line, err
 }
 
@@ -522,7 +522,7 @@ var hints = map[string]string{
 	"permission_revoked":    "The requester's grant was revoked; nothing ran.",
 	"forbidden":             "Your token lacks the role this needs (operator to submit, cancel, create tasks and change plans). Do not retry with other ids.",
 	"unauthorized":          "The token is missing or not valid: configure the MCP server with a valid --token (CONTROLLER_TOKEN).",
-	"reserved_operation_id": "Ids ending in :approval-v<N> belong to approved tasks; choose another business_version.",
+	"reserved_operation_id": "Ids ending in :approval-v<N> belong to approved tasks, ids of the shape {rollout_id}:rollout:{device}:v<N> to rollouts; choose another id (or business_version).",
 	"not_found":             "Nothing has this id. For an operation you submitted without an answer: send the same submit_operation again.",
 	"stale_version":         "The task moved on: read it with get_task and revise its current version.",
 	"illegal_state":         "Not allowed in the current state: read the record again (get_task, get_command).",

@@ -155,10 +155,14 @@ type Operation struct {
 }
 
 // OperationOutput is the output of submit_operation and get_operation.
+// Created and InDoubt are pointers so that false is said, not left out:
+// a replay answers created false (and in_doubt false once the operation
+// left started), as the first submit answers true; a failed call has
+// neither (only error).
 type OperationOutput struct {
 	Operation *Operation `json:"operation,omitempty" jsonschema:"the operation record"`
-	Created   bool       `json:"created,omitempty" jsonschema:"submit_operation: true when this call created the operation (201); false when it existed and the stored record came back (200), nothing run again unless it was failed_retryable"`
-	InDoubt   bool       `json:"in_doubt,omitempty" jsonschema:"true while the status is started: the outcome is not known yet; ask again with get_operation and the same operation_id, never submit a new id"`
+	Created   *bool      `json:"created,omitempty" jsonschema:"submit_operation: true when this call created the operation (201); false when it existed and the stored record came back (200), nothing run again unless it was failed_retryable"`
+	InDoubt   *bool      `json:"in_doubt,omitempty" jsonschema:"true while the status is started: the outcome is not known yet; ask again with get_operation and the same operation_id, never submit a new id; false once it has left started"`
 	Next      string     `json:"next,omitempty" jsonschema:"what to do next"`
 	Failure
 }
@@ -290,7 +294,7 @@ type Task struct {
 // TaskOutput is the output of create_task, update_plan and get_task.
 type TaskOutput struct {
 	Task    *Task  `json:"task,omitempty"`
-	Created bool   `json:"created,omitempty" jsonschema:"create_task: true when this call created the task (201), false for a replay (200)"`
+	Created *bool  `json:"created,omitempty" jsonschema:"create_task: true when this call created the task (201), false for a replay (200)"`
 	Next    string `json:"next,omitempty" jsonschema:"what to do next"`
 	Failure
 }
@@ -308,7 +312,7 @@ type Rollout struct {
 // RolloutOutput is the output of create_rollout and get_rollout.
 type RolloutOutput struct {
 	Rollout *Rollout `json:"rollout,omitempty"`
-	Created bool     `json:"created,omitempty" jsonschema:"create_rollout: true when this call created it (201), false for a replay (200)"`
+	Created *bool    `json:"created,omitempty" jsonschema:"create_rollout: true when this call created it (201), false for a replay (200)"`
 	Next    string   `json:"next,omitempty" jsonschema:"what to do next"`
 	Failure
 }

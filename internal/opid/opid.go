@@ -4,7 +4,8 @@
 // An operation_id defaults to task_id:step:target:business_version, each part
 // [A-Za-z0-9._-]{1,64} (no ':' inside a part, so parts never collide); a
 // caller may give the whole id instead ([A-Za-z0-9._:-]{1,200}). Ids ending in
-// ":approval-v<N>" are reserved for the task runner. request_hash is the
+// ":approval-v<N>" are reserved for the task runner, and ids of the shape
+// {rollout_id}:rollout:{device}:v<N> for the rollout scheduler. request_hash is the
 // SHA-256 of the RFC 8785 canonical JSON of {action, target, params}, so key
 // order and number spelling never change it.
 package opid
@@ -27,6 +28,7 @@ var (
 	wholeCharset  = regexp.MustCompile(`^[A-Za-z0-9._:-]+$`)
 	actionPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 	reserved      = regexp.MustCompile(`:approval-v[0-9]+$`)
+	rolloutShape  = regexp.MustCompile(`^[A-Za-z0-9._-]+:rollout:[A-Za-z0-9._-]+:v[0-9]+$`)
 	approvalLike  = regexp.MustCompile(`^approval-v[0-9]+$`)
 )
 
@@ -65,6 +67,14 @@ func ValidateWhole(id string, maxLen int) error {
 
 // Reserved reports whether id ends in ":approval-v<N>", the task runner's ids.
 func Reserved(id string) bool { return reserved.MatchString(id) }
+
+// RolloutShaped reports whether id has the shape of a rollout device's
+// operation, {rollout_id}:rollout:{device}:v<N> (four parts, the second
+// "rollout", the last v and digits), which only the rollout scheduler may
+// insert: submitted first by anyone else, it would stand in for (and fail)
+// that device in a rollout created later. The parts are not held to their
+// 64-character limit: the shape alone is reserved, whatever its length.
+func RolloutShaped(id string) bool { return rolloutShape.MatchString(id) }
 
 // ApprovalLike reports whether a business_version looks like approval-v<N>.
 func ApprovalLike(v string) bool { return approvalLike.MatchString(v) }

@@ -83,6 +83,9 @@ func checkDerive(t *testing.T, p Parts) string {
 	if Reserved(id) != ApprovalLike(p.BusinessVersion) {
 		t.Fatalf("Reserved(%q) = %v but ApprovalLike(%q) = %v", id, Reserved(id), p.BusinessVersion, ApprovalLike(p.BusinessVersion))
 	}
+	if want := p.Step == "rollout" && versionLike(p.BusinessVersion); RolloutShaped(id) != want {
+		t.Fatalf("RolloutShaped(%q) = %v, want %v (step %q, business_version %q)", id, RolloutShaped(id), want, p.Step, p.BusinessVersion)
+	}
 	return id
 }
 
@@ -119,6 +122,19 @@ func FuzzDerive(f *testing.F) {
 	})
 }
 
+// versionLike: v and one or more ASCII digits, a rollout version's part.
+func versionLike(v string) bool {
+	if len(v) < 2 || v[0] != 'v' {
+		return false
+	}
+	for i := 1; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 // validWhole is the contract's rule for a caller's whole id, written out:
 // [A-Za-z0-9._:-]{1,maxLen}.
 func validWhole(id string, maxLen int) bool {
@@ -150,6 +166,14 @@ func FuzzValidateWhole(f *testing.F) {
 		want := i >= 0 && ApprovalLike(id[i+1:])
 		if Reserved(id) != want {
 			t.Fatalf("Reserved(%q) = %v, want %v", id, Reserved(id), want)
+		}
+		// RolloutShaped: exactly the valid ids of four ':'-separated
+		// parts, none empty, the second "rollout", the last v<digits>.
+		parts := strings.Split(id, ":")
+		want = validWhole(id, len(id)) && len(parts) == 4 && parts[0] != "" && parts[1] == "rollout" && parts[2] != "" &&
+			versionLike(parts[3])
+		if RolloutShaped(id) != want {
+			t.Fatalf("RolloutShaped(%q) = %v, want %v", id, RolloutShaped(id), want)
 		}
 	})
 }

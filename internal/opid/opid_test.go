@@ -49,6 +49,19 @@ func TestReserved(t *testing.T) {
 	require.False(t, ApprovalLike("v3"))
 }
 
+func TestRolloutShaped(t *testing.T) {
+	for _, id := range []string{"fw-42:rollout:device-1:v1", "fw-42:rollout:device-1:v12", "a:rollout:b:v0",
+		"f.w_4-2:rollout:dev.ice_1-x:v1", strings.Repeat("r", 90) + ":rollout:d:v1"} {
+		require.True(t, RolloutShaped(id), id)
+		require.False(t, Reserved(id), "%s: not an approval id", id)
+	}
+	for _, id := range []string{"fw-42:rollout:device-1", "fw-42:rollout:device-1:v", "fw-42:rollout:device-1:version1",
+		"x:fw-42:rollout:device-1:v1", "fw-42:rollout:device-1:v1:compensate:v2", "fw-42:rollouts:device-1:v1",
+		":rollout:device-1:v1", "fw-42:rollout::v1", "fw-42:Rollout:device-1:v1", "fw-42:rollout:device-1:v1\n", "rollout:device-1:v1"} {
+		require.False(t, RolloutShaped(id), id)
+	}
+}
+
 func TestCanonicalParams(t *testing.T) {
 	for _, in := range []string{"", "null", "  null "} {
 		out, err := CanonicalParams(json.RawMessage(in))

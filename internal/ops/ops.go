@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"time"
 
@@ -118,9 +119,8 @@ func (s *Service) Submit(ctx context.Context, in Intent, key, who string) (store
 	if err != nil {
 		return store.Operation{}, false, err
 	}
-	if opid.Reserved(id) {
-		return store.Operation{}, false, refuse(KindForbidden, "reserved_operation_id",
-			"operation ids ending in :approval-v<N> belong to approved tasks")
+	if err := reserved(id); err != nil {
+		return store.Operation{}, false, err
 	}
 	n, err := s.Prepare(ctx, id, in)
 	if err != nil {
@@ -130,6 +130,23 @@ func (s *Service) Submit(ctx context.Context, in Intent, key, who string) (store
 		return store.Operation{}, false, err
 	}
 	return s.insert(ctx, n)
+}
+
+// reserved refuses (403 reserved_operation_id) an id that only the
+// controller's own runners insert: a task step's (:approval-v<N>) or a
+// rollout device's ({rollout_id}:rollout:{device}:v<N>). Every id a caller
+// names whole or derives goes through it; the runners insert theirs through
+// Prepare and PrepareStep, which do not.
+func reserved(id string) error {
+	switch {
+	case opid.Reserved(id):
+		return refuse(KindForbidden, "reserved_operation_id",
+			"operation ids ending in :approval-v<N> belong to approved tasks")
+	case opid.RolloutShaped(id):
+		return refuse(KindForbidden, "reserved_operation_id",
+			"operation id %s has the shape {rollout_id}:rollout:{device}:v<N>, which belongs to rollouts", id)
+	}
+	return nil
 }
 
 // Prepare validates target, action and params and builds the record a
@@ -298,6 +315,11 @@ func (s *Service) Compensate(ctx context.Context, originalID string, c Compensat
 	}
 	id := orig.OperationID + ":compensate:" + c.BusinessVersion
 	if err := opid.ValidateWhole(id, 400); err != nil {
+		return store.Operation{}, false, err
+	}
+	// "r:rollout" compensated with business_version v1 would be the
+	// operation of device "compensate" in rollout r.
+	if err := reserved(id); err != nil {
 		return store.Operation{}, false, err
 	}
 	n, err := s.Prepare(ctx, id, Intent{Target: orig.Target, Action: c.Action, Params: c.Params, BusinessVersion: c.BusinessVersion})
@@ -478,11 +500,22 @@ func (s *Service) Reject(ctx context.Context, taskID, reason, who string) (store
 	return s.cfg.Store.Reject(ctx, taskID, reason, who)
 }
 
+// principalPattern is the rule of a grant's principal: the id charset plus
+// '@' (a principal may be an e-mail address), 1 to 64 characters. The
+// principals of the tokens file are names such as alice, agent or admin; a
+// grant's principal is matched exactly, never as a glob, so a space or a
+// glob character ('*', '?', '[') could only make a grant that no token holds.
+var principalPattern = regexp.MustCompile(`^[A-Za-z0-9._@-]{1,64}$`)
+
 // CreateGrant lets principal run action on the devices glob, or returns the
 // live grant with the same three (created false).
 func (s *Service) CreateGrant(ctx context.Context, principal, action, devices, by string) (store.Grant, bool, error) {
 	if principal == "" || action == "" || devices == "" {
 		return store.Grant{}, false, fmt.Errorf("%w: principal, action and devices are required", opid.ErrInvalid)
+	}
+	if !principalPattern.MatchString(principal) {
+		return store.Grant{}, false, fmt.Errorf("%w: principal %.64q must match [A-Za-z0-9._@-]{1,64} (a name, matched exactly: no spaces or glob characters)",
+			opid.ErrInvalid, principal)
 	}
 	g, created, err := s.cfg.Store.CreateGrant(ctx, command.NewID("g-", s.cfg.Now()), principal, action, devices, by)
 	if errors.Is(err, store.ErrIllegalState) {

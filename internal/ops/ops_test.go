@@ -289,3 +289,77 @@ func TestSubmittedGetsTheInsertedCommand(t *testing.T) {
 	require.False(t, created)
 	require.Len(t, b.submitted, 1, "a replay is no new command")
 }
+
+// Ids of a rollout device's shape, {rollout_id}:rollout:{device}:v<N>, are
+// the scheduler's: a direct submit of one (whole, derived from its parts or
+// as the Idempotency-Key) and a compensation that would make one are
+// refused (403 reserved_operation_id) and store nothing; Prepare, the
+// scheduler's way in, still builds it.
+func TestRolloutShapedIdsAreReserved(t *testing.T) {
+	b := setup(t, false)
+	for _, tc := range []struct {
+		name, key, id string
+		in            Intent
+	}{
+		{"whole", "", "fw-42:rollout:device-1:v1", Intent{OperationID: "fw-42:rollout:device-1:v1", Target: "device-1", Action: "restart"}},
+		{"a later version", "", "fw-42:rollout:device-1:v12", Intent{OperationID: "fw-42:rollout:device-1:v12", Target: "device-1", Action: "restart"}},
+		{"another target", "", "fw-42:rollout:device-2:v1", Intent{OperationID: "fw-42:rollout:device-2:v1", Target: "device-1", Action: "restart"}},
+		{"derived", "", "fw-42:rollout:device-1:v1", Intent{TaskID: "fw-42", Step: "rollout", Target: "device-1", BusinessVersion: "v1", Action: "restart"}},
+		{"header", "fw-42:rollout:device-1:v1", "fw-42:rollout:device-1:v1", Intent{Target: "device-1", Action: "restart"}},
+	} {
+		_, _, err := b.svc.Submit(b.ctx, tc.in, tc.key, "alice")
+		require.Equal(t, "reserved_operation_id", code(err), "%s: %v", tc.name, err)
+		require.Contains(t, err.Error(), "rollout", tc.name)
+		_, err = b.st.GetOperation(b.ctx, tc.id)
+		require.ErrorIs(t, err, store.ErrNotFound, tc.name)
+	}
+	require.Empty(t, b.submitted, "nothing was stored")
+
+	// Near the shape but not it: ordinary ids.
+	for _, id := range []string{"fw-42:rollout:device-1", "fw-42:rollout:device-1:v", "fw-42:rollout:device-1:version1",
+		"x:fw-42:rollout:device-1:v1", "fw-42:rollouts:device-1:v1", "fw-42:rollout:device-1:v1:compensate:v2"} {
+		_, created, err := b.svc.Submit(b.ctx, Intent{OperationID: id, Target: "device-1", Action: "restart"}, "", "alice")
+		require.NoError(t, err, id)
+		require.True(t, created, id)
+	}
+
+	// The scheduler's way in.
+	n, err := b.svc.Prepare(b.ctx, "fw-42:rollout:device-1:v1",
+		Intent{TaskID: "fw-42", Step: "rollout", Target: "device-1", BusinessVersion: "v1", Action: "restart"})
+	require.NoError(t, err)
+	require.Equal(t, "fw-42:rollout:device-1:v1", n.OperationID)
+
+	// "fw-43:rollout" compensated with business_version v1 would be device
+	// "compensate" of rollout fw-43.
+	orig, _, err := b.svc.Submit(b.ctx, Intent{OperationID: "fw-43:rollout", Target: "device-1", Action: "restart"}, "", "alice")
+	require.NoError(t, err)
+	_, err = b.svc.Cancel(b.ctx, orig.CommandID, "alice") // never published: the original ends failed_final
+	require.NoError(t, err)
+	_, _, err = b.svc.Compensate(b.ctx, orig.OperationID, Compensation{Action: "restart", BusinessVersion: "v1"}, "alice")
+	require.Equal(t, "reserved_operation_id", code(err), "%v", err)
+	_, err = b.st.GetOperation(b.ctx, "fw-43:rollout:compensate:v1")
+	require.ErrorIs(t, err, store.ErrNotFound)
+	_, created, err := b.svc.Compensate(b.ctx, orig.OperationID, Compensation{Action: "restart", BusinessVersion: "fix-1"}, "alice")
+	require.NoError(t, err, "another business_version is an ordinary compensation")
+	require.True(t, created)
+}
+
+// A grant's principal follows the id charset plus '@', 1 to 64
+// characters: a space or a glob character is refused and stores nothing.
+func TestGrantPrincipalRule(t *testing.T) {
+	b := setup(t, true)
+	for _, p := range []string{"ali ce", "agent*", "agent?", "[ab]gent", " agent", "agent\n", "agént", "a/b", "a:b",
+		strings.Repeat("a", 65)} {
+		_, _, err := b.svc.CreateGrant(b.ctx, p, "restart", "device-*", "admin")
+		require.ErrorIs(t, err, opid.ErrInvalid, "%q", p)
+		require.ErrorContains(t, err, "principal", "%q", p)
+	}
+	gs, err := b.st.ListGrants(b.ctx, store.GrantFilter{Revoked: true}, store.Page{Limit: 10})
+	require.NoError(t, err)
+	require.Empty(t, gs.Items, "nothing stored")
+	for _, p := range []string{"agent", "alice@example.com", "ci.bot-1_x", strings.Repeat("a", 64)} {
+		_, created, err := b.svc.CreateGrant(b.ctx, p, "restart", "device-*", "admin")
+		require.NoError(t, err, p)
+		require.True(t, created, p)
+	}
+}

@@ -27,7 +27,7 @@ type Request struct {
 // Spec is a rollout's rules: everything that decides when a device starts
 // and when the rollout ends. It is stored as canonical JSON.
 type Spec struct {
-	MaxPerMinute  int         `json:"max_per_minute"`
+	MaxPerMinute  int         `json:"max_per_minute,omitempty"`
 	Ramp          *Ramp       `json:"ramp,omitempty"`
 	MaxInFlight   int         `json:"max_in_flight,omitempty"`
 	Abort         []AbortRule `json:"abort,omitempty"`
@@ -88,7 +88,33 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", opid.ErrInvalid, fmt.Sprintf(format, args...))
 }
 
-// Validate checks the rules and fills the defaults.
+// CheckGivenLimits refuses a request body (POST /v1/rollouts) that gives
+// max_per_minute or max_in_flight as 0. Absent (or null) means the default;
+// 0 given is no rate at all, not a request for the default, and Validate,
+// which sees only the decoded Spec (where both are 0), cannot tell them
+// apart. A Go caller's Request omits a zero limit (omitempty): the default.
+func CheckGivenLimits(body []byte) error {
+	var given struct {
+		MaxPerMinute *int `json:"max_per_minute"`
+		MaxInFlight  *int `json:"max_in_flight"`
+	}
+	if err := json.Unmarshal(body, &given); err != nil {
+		return nil // not this check's to refuse: the body's own decoding does
+	}
+	for _, f := range []struct {
+		name string
+		v    *int
+		def  int
+	}{{"max_per_minute", given.MaxPerMinute, DefaultMaxPerMinute}, {"max_in_flight", given.MaxInFlight, DefaultMaxInFlight}} {
+		if f.v != nil && *f.v == 0 {
+			return invalid("%s 0: from 1 to %d; leave it out for the default (%d)", f.name, maxRate, f.def)
+		}
+	}
+	return nil
+}
+
+// Validate checks the rules and fills the defaults (a limit of 0 is one
+// left out: CheckGivenLimits refuses a 0 given in a request's body).
 func (s *Spec) Validate() error {
 	if s.MaxPerMinute == 0 {
 		s.MaxPerMinute = DefaultMaxPerMinute
