@@ -27,6 +27,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/mqttx"
 	"github.com/fleetctl/fleetctl/internal/ops"
+	"github.com/fleetctl/fleetctl/internal/peers"
 	"github.com/fleetctl/fleetctl/internal/receipt"
 	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
@@ -163,6 +164,8 @@ type Controller struct {
 	http   *http.Server
 	inst   *store.Instance
 	bus    *events.Bus
+	peers  *peers.Division // nil: this instance applies every receipt
+	probe  *receiptProbe
 	remote chan string // operations other instances finished, for the bus
 	httpLn net.Listener
 	ready  chan struct{}
@@ -232,15 +235,19 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	policy := policies.For
 	// With SQLite one instance applies every receipt, from a persistent
 	// session that keeps them while it is away. With PostgreSQL several
-	// instances divide the receipts through a shared subscription, with
-	// clean sessions: a receipt lost with a dying instance is found again
-	// by the query path (the lease's taker-over asks first). Presence goes
-	// to every instance: its rank makes all but the first application stale.
+	// instances may share the database: each subscribes to every receipt
+	// with a clean session and applies those of the devices it owns
+	// (package peers: a division the controllers compute, not a broker's
+	// shared group that any device account could join); a receipt lost
+	// with a dying instance is found again by the query path (the lease's
+	// taker-over asks first). Presence goes to every instance: its rank
+	// makes all but the first application stale.
 	receipts := wire.Wildcard(cfg.TopicRoot, wire.KindReceipts)
 	shared := store.IsPostgres(cfg.DB)
 	if shared {
-		receipts = SharedGroup + receipts
+		c.peers = peers.New(peers.Config{Self: cfg.InstanceID, Store: db, Logger: log})
 	}
+	c.probe = newReceiptProbe(wire.Topic(cfg.TopicRoot, "controller-"+cfg.InstanceID, wire.KindReceipts), met, log)
 	mqttUser, mqttPassword, mqttTLS, err := cfg.mqttLogin()
 	if err != nil {
 		return nil, err
@@ -266,7 +273,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 			receipts: 1,
 			wire.Wildcard(cfg.TopicRoot, wire.KindPresence): 1,
 		},
-		OnConnect: func() { c.disp.Connected() },
+		OnConnect: func() { c.disp.Connected(); c.probe.connected() },
 	})
 	changed := func(id string) { c.api.Changed(id) }
 	c.disp = command.New(command.Config{
@@ -300,7 +307,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	// under a lease per rollout, re-checking four-eyes and grants before
 	// each start.
 	fourEyes := cfg.FourEyes && auth.Enabled()
-	c.sched = rollout.NewScheduler(rollout.SchedulerConfig{Store: c.store, Ops: svc, Instance: cfg.InstanceID,
+	c.sched = rollout.NewScheduler(rollout.SchedulerConfig{Store: c.store, Ops: svc, Policy: policy, Instance: cfg.InstanceID,
 		LeaseTTL: cfg.LeaseTTL, Checks: store.RolloutChecks{EnforceGrants: auth.Enabled(), FourEyes: fourEyes},
 		Kick: c.disp.Kick, Changed: changed, Metrics: rollout.NewMetrics(met.Registry, c.store), Logger: log})
 	rollouts := rollout.NewService(rollout.Config{Store: c.store, Ops: svc, Policy: policy, Instance: cfg.InstanceID,
@@ -310,14 +317,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		API: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.api.ServeHTTP(w, r) })})
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
 		Metrics: met.Handler(), Auth: auth, Failpoints: fp, Hosts: hosts, WaitPoll: waitPoll, MCP: agents,
-		Events: c.bus, UI: ui.Handler(), Rollouts: rollouts,
+		Events: c.bus, UI: ui.Handler(), Rollouts: rollouts, Health: db.Err,
 		Refused: func(reason string) { met.InputRefused(metrics.SourceHTTP, reason) }})
 	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
 	c.http.RegisterOnShutdown(c.bus.Close) // the streams end, so Shutdown finds their connections idle
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
 		ReceiptRate: receipt.ReceiptRate(cfg.ReceiptRate), PresenceRate: receipt.DefaultPresenceRate,
-		GroupReceipts: !shared,
+		GroupReceipts: !shared, Owns: c.owns(), ProbeTopic: c.probe.topic, OnProbe: c.probe.arrived,
 		OnReceipt: func(out store.ReceiptOutcome) {
 			if out.OperationID != "" && out.OperationMayChange() {
 				c.api.Changed(out.OperationID) // a ?wait= caller reads it again
@@ -333,6 +340,15 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	c.runner = task.New(task.Config{Store: c.store, Ops: svc, Instance: cfg.InstanceID, EnforceGrants: auth.Enabled(),
 		Failpoints: fp, Kick: c.disp.Kick, Interval: cfg.SweepInterval, Logger: log})
 	return c, nil
+}
+
+// owns is the ingestor's rule for which devices' receipts this instance
+// applies: all of them, unless instances divide them.
+func (c *Controller) owns() func(device string) bool {
+	if c.peers == nil {
+		return nil
+	}
+	return c.peers.Owns
 }
 
 // reclaim takes over what this instance held before it restarted, trying
@@ -402,6 +418,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	g.Go(func() error { return c.mqtt.Run(ctx) })
 	g.Go(func() error { return c.wakeUps(ctx) })
 	g.Go(func() error { return c.remoteEvents(ctx) })
+	g.Go(func() error { return c.probe.run(ctx, c.mqtt) })
+	if c.peers != nil {
+		g.Go(func() error { return c.peers.Run(ctx) })
+	}
 	c.log.Info("controller serving", "http", c.HTTPAddr(), "mqtt", c.cfg.MQTT, "instance", c.cfg.InstanceID, "db", c.cfg.DB)
 	select {
 	case <-c.mqtt.Ready():
@@ -418,10 +438,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	return err
 }
 
-// SharedGroup prefixes the receipts' topic filter when instances divide
-// them (a PostgreSQL store): one receipt goes to one of the group.
-const SharedGroup = "$share/controllers/"
-
 // wakeUps acts on the other instances' wake-ups until ctx ends: an
 // operation that finished wakes this instance's ?wait= callers, a command
 // made due wakes its decision (the dispatcher drops another holder's). It
@@ -432,6 +448,7 @@ func (c *Controller) wakeUps(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case err := <-c.inst.Lost():
+			c.log.Error("instance stops", "err", err)
 			return err
 		case w := <-c.inst.Wakes():
 			switch w.Kind {

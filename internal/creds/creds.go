@@ -49,10 +49,6 @@ const (
 // never start with it (wire.ValidDeviceID).
 const ControllerPrefix = "controller-"
 
-// SharedGroup is the shared-subscription group the controllers use for
-// receipts when several instances share a PostgreSQL store.
-const SharedGroup = "$share/controllers/"
-
 // Iterations is the PBKDF2 iteration count of the hashes, Mosquitto 2's own
 // default (mosquitto_passwd writes $7$101$). The broker pays it on every
 // CONNECT, so a fleet of 10,000 devices reconnecting after a broker restart
@@ -249,12 +245,16 @@ func Passwd(accounts []Account) ([]byte, error) {
 // subscribe to {root}/+/commands or #), and every message is checked for
 // read access on its own topic when it is delivered; a message the
 // subscriber may not read is not sent to it. That holds for shared
-// subscriptions too: what a controller receives through
-// $share/controllers/{root}/+/receipts is decided by its read right on
-// {root}/+/receipts, and a read line on the $share form alone delivers
-// nothing. The $share line is kept for brokers that check the filter at
-// SUBSCRIBE time. A publish without write access is dropped, and (MQTT
-// 3.1.1) still acknowledged: the publisher cannot tell.
+// subscriptions too, and is why the controllers use none: a device account
+// may join any $share group, and the broker then drops, for the whole
+// group, each message it picks that member for (see package peers). A
+// publish without write access is dropped, and (MQTT 3.1.1) still
+// acknowledged: the publisher cannot tell.
+//
+// Each controller may write its own receipts topic,
+// {root}/controller-{id}/receipts (no device id starts with controller-),
+// where it publishes a probe to itself after each connect to prove that
+// its receipt subscription delivers.
 func ACL(root string, accounts []Account) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, `# Mosquitto acl_file for the fleet under topic root %q, written by
@@ -273,11 +273,11 @@ pattern write %s/%%u/presence
 		fmt.Fprintf(&b, `
 user %s
 topic read %s/+/receipts
-topic read %s%s/+/receipts
+topic write %s/%s/receipts
 topic read %s/+/presence
 topic write %s/+/commands
 topic write %s/+/queries
-`, a.Username, root, SharedGroup, root, root, root, root)
+`, a.Username, root, root, a.Username, root, root, root)
 	}
 	return []byte(b.String())
 }

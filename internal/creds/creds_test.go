@@ -81,12 +81,13 @@ func TestWriteMergesAndKeepsPasswords(t *testing.T) {
 	for _, want := range []string{
 		"pattern read acme/fleet/%u/commands\n", "pattern read acme/fleet/%u/queries\n",
 		"pattern write acme/fleet/%u/receipts\n", "pattern write acme/fleet/%u/presence\n",
-		"user controller-c1\n", "user controller-c2\n", "topic read $share/controllers/acme/fleet/+/receipts\n",
+		"user controller-c1\n", "user controller-c2\n", "topic write acme/fleet/controller-c1/receipts\n",
 		"topic write acme/fleet/+/commands\n",
 	} {
 		require.Contains(t, string(acl), want)
 	}
 	require.NotContains(t, string(acl), "user device-")
+	require.NotContains(t, string(acl), "$share", "the controllers use no shared group")
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Len(t, entries, 5, "no temporary files left")

@@ -75,6 +75,9 @@ type setupOpts struct {
 	// each device, for the controller (instance i1) and for spareDevices,
 	// which no simulated device uses (security_test.go).
 	secure bool
+	// controllers and accounts are more controller instances' and device
+	// accounts' credentials, with secure (beside i1's and the fleet's).
+	controllers, accounts []string
 }
 
 func setup(t testing.TB, o setupOpts) *bundle {
@@ -90,7 +93,8 @@ func setup(t testing.TB, o setupOpts) *bundle {
 		for i := 1; len(o.ids) == 0 && i <= o.devices; i++ {
 			ids = append(ids, fmt.Sprintf("%s%d", sim.DefaultIDPrefix, i))
 		}
-		res, err := creds.Write(creds.Options{Dir: b.creds, Devices: append(ids, spareDevices...), Controllers: []string{"i1"}})
+		res, err := creds.Write(creds.Options{Dir: b.creds, Devices: append(append(ids, spareDevices...), o.accounts...),
+			Controllers: append([]string{"i1"}, o.controllers...)})
 		require.NoError(t, err)
 		b.broker = testenv.StartSecureBroker(t, b.creds)
 		login.Passwords = creds.Passwords(res.Accounts)

@@ -39,6 +39,12 @@ type Metrics struct {
 	// reason (the wire.Reason* constants: too_large, invalid_json, too_deep,
 	// bad_number, wrong_type, unknown_field, bad_id, rate_limited, ...).
 	InputsRefused *prometheus.CounterVec
+	// ReceiptsForPeers counts receipts acknowledged unapplied because
+	// another live instance owns their device (peers.Division).
+	ReceiptsForPeers prometheus.Counter
+	// ReceiptSubscription is 1 while the controller's probe came back
+	// through its receipt subscription, 0 when the last one did not.
+	ReceiptSubscription prometheus.Gauge
 }
 
 // Sources of refused inputs, the source label of controller_inputs_refused_total.
@@ -79,7 +85,7 @@ func New() *Metrics {
 			Name: "controller_late_outcomes_total", Help: "Final receipts kept as a late outcome after a terminal state.",
 		}),
 		Presence: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "controller_presence_total", Help: "Presence messages by effect (applied, stale).",
+			Name: "controller_presence_total", Help: "Presence messages by effect (applied, stale, coalesced: held back by the device's presence rate and replaced by a higher-ranked one).",
 		}, []string{"effect"}),
 		Reconciles: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "controller_reconciles_total", Help: "Ask-about-every-open-command passes after a broker (re)connect.",
@@ -108,6 +114,15 @@ func New() *Metrics {
 			Help: "Inputs refused whole by a limit or rule, changing nothing, by source (http, receipts, presence, mqtt) and reason.",
 		}, []string{"source", "reason"}),
 	}
+	m.ReceiptsForPeers = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "controller_receipts_for_peers_total",
+		Help: "Receipts acknowledged unapplied because another live instance owns their device (the instances divide the devices).",
+	})
+	m.ReceiptSubscription = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "controller_receipt_subscription_ok",
+		Help: "1 when the controller's probe on its own receipts topic came back through its receipt subscription after the last connect, 0 when it did not.",
+	})
+	r.MustRegister(m.ReceiptsForPeers, m.ReceiptSubscription)
 	r.MustRegister(m.BatchChanges, m.BatchSeconds, m.BatchFallbacks, m.BatchDeadlocks, m.InputsRefused)
 	r.MustRegister(m.Transitions, m.TransitionsRefused, m.Receipts, m.Publishes, m.PublishFailures,
 		m.FencingRefused, m.FailpointHits, m.LateOutcomes, m.Presence, m.Reconciles, m.Takeovers,

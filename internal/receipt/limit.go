@@ -3,6 +3,8 @@ package receipt
 import (
 	"sync"
 	"time"
+
+	"github.com/fleetctl/fleetctl/internal/mqttx"
 )
 
 // Rate is a token bucket's refill rate and size: PerSecond messages a
@@ -133,4 +135,59 @@ func (l *limiter) tracked() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.devices)
+}
+
+// heldPresence holds, per device, the highest-ranked presence message its
+// presence rate held back, until the rate allows it. It holds at most one
+// message a device, and only for devices the limiter tracks as throttled
+// (a bucket refills within Burst/PerSecond seconds), so its size is bounded
+// like the limiter's.
+type heldPresence struct {
+	mu      sync.Mutex
+	devices map[string]held
+}
+
+type held struct {
+	device string
+	rank   int64
+	msg    mqttx.Message
+}
+
+func newHeldPresence() *heldPresence { return &heldPresence{devices: map[string]held{}} }
+
+// has reports whether a message of device is held.
+func (h *heldPresence) has(device string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.devices[device]
+	return ok
+}
+
+// hold keeps m for device unless a message of a rank at least as high is
+// held already; it reports whether a message was coalesced away (m, or the
+// one it replaced).
+func (h *heldPresence) hold(device string, rank int64, m mqttx.Message) (coalesced bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old, ok := h.devices[device]
+	if ok && old.rank >= rank {
+		return true
+	}
+	h.devices[device] = held{device: device, rank: rank, msg: m}
+	return ok
+}
+
+// due takes out the held messages whose device's presence rate allows one
+// more message now, spending that token.
+func (h *heldPresence) due(l *limiter, now time.Time) []held {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []held
+	for device, m := range h.devices {
+		if l.allow(device, true, now) {
+			out = append(out, m)
+			delete(h.devices, device)
+		}
+	}
+	return out
 }

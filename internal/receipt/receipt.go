@@ -44,7 +44,9 @@ package receipt
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"log/slog"
 	"strings"
@@ -94,6 +96,18 @@ type Config struct {
 	MaxTracked   int
 	// Now is the limiter's clock (time.Now).
 	Now func() time.Time
+	// Owns reports whether this instance applies the receipts of a device
+	// (peers.Division, when instances share a database); nil: every
+	// device's. The others are acknowledged unapplied and counted in
+	// controller_receipts_for_peers_total. Presence is always applied.
+	Owns func(device string) bool
+	// ProbeTopic is a receipts topic no device can own
+	// ({root}/controller-{instance}/receipts), on which the controller
+	// publishes to itself to prove its receipt subscription delivers;
+	// OnProbe is told of each message on it, which is acknowledged and
+	// changes nothing.
+	ProbeTopic string
+	OnProbe    func(payload []byte)
 }
 
 // DefaultWorkers is enough to fill a batch from the broker's in-flight
@@ -106,6 +120,7 @@ type Ingestor struct {
 	cfg   Config
 	seed  maphash.Seed
 	limit *limiter
+	held  *heldPresence
 
 	logMu  sync.Mutex
 	logged map[[2]string]*logState // (source, reason) → when last logged
@@ -136,8 +151,14 @@ func New(cfg Config) *Ingestor {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Owns == nil {
+		cfg.Owns = func(string) bool { return true }
+	}
+	if cfg.OnProbe == nil {
+		cfg.OnProbe = func([]byte) {}
+	}
 	return &Ingestor{cfg: cfg, seed: maphash.MakeSeed(), limit: newLimiter(cfg.ReceiptRate, cfg.PresenceRate, cfg.MaxTracked),
-		logged: map[[2]string]*logState{}}
+		held: newHeldPresence(), logged: map[[2]string]*logState{}}
 }
 
 // Run processes messages until ctx ends or the source closes. A message
@@ -180,50 +201,150 @@ func (in *Ingestor) Run(ctx context.Context) error {
 			<-done
 		}
 	}()
-	for {
-		m, err := in.cfg.Source.Next(ctx)
-		if err != nil {
-			return nil // ctx ended, or the transport stopped
-		}
-		device, ok := in.admit(m)
-		if !ok {
-			m.Ack() // refused: it changes nothing
-			continue
-		}
-		w := work[maphash.String(in.seed, device)%uint64(len(work))]
+	queue := func(device string, m mqttx.Message) bool {
 		select {
-		case w <- m:
+		case work[maphash.String(in.seed, device)%uint64(len(work))] <- m:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	// Presence held back by its device's rate goes in as soon as the rate
+	// allows: the next token comes within 1/PresenceRate seconds.
+	release := time.NewTicker(presenceReleaseEvery)
+	defer release.Stop()
+	msgs := make(chan mqttx.Message)
+	go func() {
+		defer close(msgs)
+		for {
+			m, err := in.cfg.Source.Next(ctx)
+			if err != nil {
+				return // ctx ended, or the transport stopped
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return // unacknowledged: the broker delivers it again
+			}
+		}
+	}()
+	for {
+		select {
 		case <-ctx.Done():
 			return nil
+		case <-release.C:
+			for _, h := range in.held.due(in.limit, in.cfg.Now()) {
+				if !queue(h.device, h.msg) {
+					return nil
+				}
+			}
+		case m, ok := <-msgs:
+			if !ok {
+				return nil
+			}
+			device, ok := in.admit(&m)
+			if !ok {
+				m.Ack() // refused, held or another instance's: nothing more to do here
+				continue
+			}
+			if !queue(device, m) {
+				return nil
+			}
 		}
 	}
 }
 
+// presenceReleaseEvery is how often held presence is looked at.
+const presenceReleaseEvery = 50 * time.Millisecond
+
 // admit runs the checks that need no decoding, before a message is queued
-// for a worker: its topic, its size and its device's rate. A refused
-// message is counted and logged; the caller acknowledges it.
-func (in *Ingestor) admit(m mqttx.Message) (device string, ok bool) {
+// for a worker: its topic, its size, its device's owner and its rate. A
+// refused message is counted and logged; the caller acknowledges it. A
+// receipt over the size limit whose status can still be read is passed on
+// without its result (m is replaced).
+func (in *Ingestor) admit(m *mqttx.Message) (device string, ok bool) {
+	if in.cfg.ProbeTopic != "" && m.Topic == in.cfg.ProbeTopic {
+		in.cfg.OnProbe(m.Payload)
+		return "", false
+	}
 	source := topicSource(m.Topic)
 	device, kind, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic)
 	switch {
 	case errors.Is(err, wire.ErrInvalidDeviceID):
-		in.refuse(m, source, wire.ReasonBadID, err)
+		in.refuse(*m, source, wire.ReasonBadID, err)
 		return "", false
 	case err != nil:
-		in.refuse(m, source, wire.ReasonBadTopic, err)
+		in.refuse(*m, source, wire.ReasonBadTopic, err)
 		return "", false
 	case kind != wire.KindReceipts && kind != wire.KindPresence:
 		// Commands and queries are ours; we are not subscribed to them.
-		in.refuse(m, metrics.SourceMQTT, wire.ReasonBadTopic, errors.New("not a topic the controller reads"))
+		in.refuse(*m, metrics.SourceMQTT, wire.ReasonBadTopic, errors.New("not a topic the controller reads"))
 		return "", false
+	case kind == wire.KindReceipts && !in.cfg.Owns(device):
+		if in.cfg.Metrics != nil {
+			in.cfg.Metrics.ReceiptsForPeers.Inc()
+		}
+		return "", false
+	case len(m.Payload) > wire.MaxDevicePayload && kind == wire.KindReceipts:
+		// A device that broke the result limit: its status still counts.
+		salvaged, err := wire.SalvageReceipt(m.Payload)
+		if err != nil {
+			in.refuse(*m, source, wire.ReasonTooLarge, err)
+			return "", false
+		}
+		in.cfg.Metrics.InputRefused(source, wire.ReasonResultTooLarge)
+		in.logRefusal(source, wire.ReasonResultTooLarge, m.Topic,
+			fmt.Errorf("receipt of %d bytes, over %d: its result is dropped, its status applied", len(m.Payload), wire.MaxDevicePayload))
+		*m = mqttx.NewMessage(m.Topic, salvaged, m.Ack)
 	case len(m.Payload) > wire.MaxDevicePayload:
-		in.refuse(m, source, wire.ReasonTooLarge, errors.New("payload over 64 KiB"))
+		in.refuse(*m, source, wire.ReasonTooLarge, errors.New("payload over 64 KiB"))
 		return "", false
-	case !in.limit.allow(device, kind == wire.KindPresence, in.cfg.Now()):
-		in.refuse(m, source, wire.ReasonRateLimited, errors.New("over the device's rate; dropped"))
+	}
+	if kind == wire.KindPresence {
+		return device, in.admitPresence(*m, device)
+	}
+	if !in.limit.allow(device, false, in.cfg.Now()) {
+		in.refuse(*m, source, wire.ReasonRateLimited, errors.New("over the device's rate; dropped"))
 		return "", false
 	}
 	return device, true
+}
+
+// admitPresence passes a presence message on when its device's presence
+// rate allows and none of its messages is held; otherwise the message is
+// held, keeping only the highest-ranked one per device (the only one whose
+// application matters: the store applies a strictly higher rank only), and
+// goes in once the rate allows. Presence is never dropped by the limit,
+// only coalesced. A held message is acknowledged at once: the broker
+// keeps the device's latest presence retained, and delivers it again at
+// the next subscribe should this process die before applying it.
+func (in *Ingestor) admitPresence(m mqttx.Message, device string) bool {
+	now := in.cfg.Now()
+	if !in.held.has(device) && in.limit.allow(device, true, now) {
+		return true
+	}
+	var p wire.Presence
+	err := wire.DecodeDevice(m.Payload, &p)
+	reason := wire.ReasonInvalidJSON
+	if err == nil {
+		err, reason = p.Validate(), wire.ReasonInvalidValue
+	}
+	if err != nil {
+		in.refuse(m, metrics.SourcePresence, wire.Reason(err, reason), err)
+		return false
+	}
+	// The message passed on later is a copy of what the store reads of it
+	// (so a held message costs about 200 bytes, whatever the device sent),
+	// acknowledged here.
+	payload, err := json.Marshal(p)
+	if err != nil {
+		in.refuse(m, metrics.SourcePresence, wire.ReasonInvalidValue, err)
+		return false
+	}
+	if in.held.hold(device, p.Rank(), mqttx.NewMessage(m.Topic, payload, nil)) && in.cfg.Metrics != nil {
+		in.cfg.Metrics.Presence.WithLabelValues("coalesced").Inc()
+	}
+	return false
 }
 
 // topicSource is the source label of a message: its topic's kind when that
@@ -251,8 +372,8 @@ func (in *Ingestor) Handle(ctx context.Context, m mqttx.Message) {
 			m.Ack()
 			return
 		}
-		if ctx.Err() != nil {
-			return
+		if ctx.Err() != nil || errors.Is(err, store.ErrDatabaseLost) {
+			return // the instance stops (a lost database); the broker delivers it again
 		}
 		if attempt == applyAttempts {
 			in.cfg.Logger.Error("message not recorded; acknowledged anyway, the queries recover it", "topic", m.Topic, "err", err)
@@ -453,6 +574,12 @@ func (in *Ingestor) refuse(m mqttx.Message, source, reason string, err error) {
 	if reason != wire.ReasonRateLimited && in.cfg.Metrics != nil {
 		in.cfg.Metrics.Receipts.WithLabelValues("malformed").Inc()
 	}
+	in.logRefusal(source, reason, m.Topic, fmt.Errorf("%w (%d bytes); nothing applied", err, len(m.Payload)))
+}
+
+// logRefusal logs a refusal at most once per source and reason every
+// refusalLogEvery, with the number left unlogged.
+func (in *Ingestor) logRefusal(source, reason, topic string, err error) {
 	key := [2]string{source, reason}
 	now := time.Now()
 	in.logMu.Lock()
@@ -469,10 +596,9 @@ func (in *Ingestor) refuse(m mqttx.Message, source, reason string, err error) {
 	suppressed := st.suppressed
 	st.at, st.suppressed = now, 0
 	in.logMu.Unlock()
-	topic := m.Topic
 	if len(topic) > 200 {
 		topic = topic[:200] + "..."
 	}
-	in.cfg.Logger.Warn("message refused, nothing applied", "source", source, "reason", reason, "topic", topic,
-		"bytes", len(m.Payload), "err", err, "refused_since_last_line", suppressed)
+	in.cfg.Logger.Warn("message refused", "source", source, "reason", reason, "topic", topic,
+		"err", err, "refused_since_last_line", suppressed)
 }

@@ -226,7 +226,10 @@ func TestFloodingDeviceIsThrottled(t *testing.T) {
 	}
 	b.waitAcked(t)
 	require.Equal(t, 900, b.refused("receipts", "rate_limited"), "1,000 at once: the burst of 100 passes")
-	require.Equal(t, 10, b.refused("presence", "rate_limited"), "30 presence at once: 20 pass")
+	require.Zero(t, b.refused("presence", "rate_limited"), "presence is never dropped by the limit")
+	require.Equal(t, 9.0, sample(b.met, `controller_presence_total{effect="coalesced"}`),
+		"30 presence at once: 20 pass, the other 10 are held as one")
+	require.Len(t, b.presenceApplied(), 20)
 	require.Zero(t, b.malformed(), "rate_limited is not malformed")
 	calm := 0
 	for _, r := range b.st.receipts {
@@ -247,6 +250,46 @@ func TestFloodingDeviceIsThrottled(t *testing.T) {
 	b.waitAcked(t)
 	require.Equal(t, 950, b.refused("receipts", "rate_limited"))
 	require.Len(t, b.st.receipts, 250)
+	// ... and the held presence, the newest session, went in with them.
+	require.Eventually(t, func() bool { return len(b.presenceApplied()) == 21 }, 10*time.Second, 10*time.Millisecond)
+	require.EqualValues(t, 30, b.presenceApplied()[20].Session)
+}
+
+func (b *ingestBundle) presenceApplied() []wire.Presence {
+	b.st.mu.Lock()
+	defer b.st.mu.Unlock()
+	return append([]wire.Presence(nil), b.st.presence...)
+}
+
+// A device that reconnects in a burst (41 presence messages, its sessions
+// going up, a delayed LWT of an older session arriving last) is shown at
+// its highest rank once its rate allows: presence is coalesced, never
+// dropped, and the held message is the highest-ranked, not the last.
+func TestFlappingDevicePresenceIsCoalescedToItsHighestRank(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	b := setupIngest(t, Config{PresenceRate: DefaultPresenceRate, Now: clock})
+	for s := int64(1); s <= 20; s++ {
+		online := s%2 == 1
+		b.send(t, "fleet/flap/presence", fmt.Sprintf(`{"online":%t,"session":%d}`, online, (s+1)/2))
+	}
+	for s := int64(11); s <= 21; s++ {
+		b.send(t, "fleet/flap/presence", fmt.Sprintf(`{"online":false,"session":%d}`, s))
+		b.send(t, "fleet/flap/presence", fmt.Sprintf(`{"online":true,"session":%d}`, s+1))
+	}
+	b.send(t, "fleet/flap/presence", `{"online":false,"session":19}`) // an old connection's LWT, late
+	b.waitAcked(t)
+	require.Len(t, b.presenceApplied(), 20, "the burst of 20 went in")
+	mu.Lock()
+	now = now.Add(200 * time.Millisecond) // one token at 5/s
+	mu.Unlock()
+	require.Eventually(t, func() bool { return len(b.presenceApplied()) == 21 }, 10*time.Second, 10*time.Millisecond)
+	last := b.presenceApplied()[20]
+	require.True(t, last.Online)
+	require.EqualValues(t, 22, last.Session, "the highest rank, a birth of session 22, not the late LWT")
+	require.Zero(t, b.refused("presence", "rate_limited"))
 }
 
 // callStore records the order of the store calls the ingestor makes, and
