@@ -90,6 +90,10 @@ func TestIntrudersInASharedGroupTakeNoReceipts(t *testing.T) {
 		"%g queries, %g receipts applied, %g left to the other instance", ops, len(intruders), slowest.Round(time.Millisecond),
 		queries, applied, forPeers)
 	require.Zero(t, queries, "no outcome needed a query")
+	for _, u := range urls {
+		require.Zero(t, metricAt(t, u, `controller_inputs_refused_total{reason="bad_id",source="receipts"}`),
+			"the other instance's probe is no refused message")
+	}
 	require.EqualValues(t, 3*ops, applied, "each receipt (received, executing, succeeded) applied once")
 	require.Positive(t, forPeers, "the instances divide the receipts")
 	require.Less(t, slowest, 10*time.Second, "every operation ends in its normal time")

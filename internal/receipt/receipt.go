@@ -49,6 +49,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -267,6 +268,9 @@ func (in *Ingestor) admit(m *mqttx.Message) (device string, ok bool) {
 		in.cfg.OnProbe(m.Payload)
 		return "", false
 	}
+	if in.peerProbe(m.Topic, m.Payload) {
+		return "", false // another instance's probe: it proves nothing here
+	}
 	source := topicSource(m.Topic)
 	device, kind, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic)
 	switch {
@@ -309,6 +313,22 @@ func (in *Ingestor) admit(m *mqttx.Message) (device string, ok bool) {
 	}
 	return device, true
 }
+
+// peerProbe reports whether a message is another controller's probe: a
+// payload {"probe":"<hex>"} on {root}/controller-{id}/receipts (no device
+// id starts with controller-). Anything else on such a topic is refused as
+// any message of a device id outside its charset is.
+func (in *Ingestor) peerProbe(topic string, payload []byte) bool {
+	id, ok := strings.CutPrefix(topic, in.cfg.TopicRoot+"/controller-")
+	if !ok {
+		return false
+	}
+	id, ok = strings.CutSuffix(id, "/"+string(wire.KindReceipts))
+	return ok && !strings.Contains(id, "/") && probePayload.Match(payload)
+}
+
+// probePayload is what a controller publishes as its probe.
+var probePayload = regexp.MustCompile(`^\{"probe":"[0-9a-f]{1,64}"\}$`)
 
 // admitPresence passes a presence message on when its device's presence
 // rate allows and none of its messages is held; otherwise the message is

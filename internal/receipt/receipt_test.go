@@ -387,3 +387,23 @@ func TestQueuedReceiptsOfADeviceGoAsOneGroupInOrder(t *testing.T) {
 		})
 	}
 }
+
+// The controller's own probe is handed to OnProbe; another instance's
+// probe is acknowledged and changes nothing, counted nowhere; anything
+// else on a controller's receipts topic is refused as before.
+func TestProbesOnControllerTopics(t *testing.T) {
+	t.Parallel()
+	probes := make(chan string, 4)
+	b := setupIngest(t, Config{ProbeTopic: "fleet/controller-i1/receipts", OnProbe: func(p []byte) { probes <- string(p) }})
+	b.send(t, "fleet/controller-i1/receipts", `{"probe":"0a1b"}`)
+	b.send(t, "fleet/controller-i2/receipts", `{"probe":"0a1b"}`)
+	b.send(t, "fleet/controller-i2/receipts", `{"probe":"0a1b","x":1}`)
+	b.send(t, "fleet/controller-i2/x/receipts", `{"probe":"0a1b"}`)
+	b.send(t, "other/controller-i2/receipts", `{"probe":"0a1b"}`)
+	b.waitAcked(t)
+	require.Equal(t, `{"probe":"0a1b"}`, <-probes)
+	require.Len(t, probes, 0)
+	require.Equal(t, 1, b.refused("receipts", "bad_id"))
+	require.Equal(t, 2, b.refused("receipts", "bad_topic"))
+	require.Equal(t, 3, b.malformed())
+}
