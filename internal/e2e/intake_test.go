@@ -45,9 +45,14 @@ func TestIntrudersInASharedGroupTakeNoReceipts(t *testing.T) {
 		}
 		mosquittoSub(t, b.mosqArgs(user, "-q", "1", "-t", group)...)
 	}
+	// Each instance's probe came back, and its pass after the connect (which
+	// asks about every open command: a query by design) is behind it.
 	for _, u := range urls {
 		eventually(t, "the receipt subscription probe came back", 20*time.Second, func() bool {
 			return metricAt(t, u, "controller_receipt_subscription_ok") == 1
+		})
+		eventually(t, "the reconcile after the connect ran", 20*time.Second, func() bool {
+			return metricAt(t, u, "controller_reconciles_total") >= 1
 		})
 	}
 
