@@ -68,6 +68,7 @@ func explain(err error) error {
 func serveCmd() *cobra.Command {
 	cfg := controller.DefaultConfig()
 	var logLevel string
+	var pprofAddr loopbackAddr
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the controller daemon (HTTP API, MQTT dispatcher, receipt ingestion, sweeper)",
@@ -100,6 +101,13 @@ func serveCmd() *cobra.Command {
 				return cmdline.Usagef("--log-level: %w", err)
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			if pprofAddr != "" {
+				_, stopPprof, err := startPprof(string(pprofAddr), log)
+				if err != nil {
+					return err
+				}
+				defer stopPprof()
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			c, err := controller.New(ctx, cfg, log, cmd.ErrOrStderr())
@@ -131,6 +139,7 @@ func serveCmd() *cobra.Command {
 	f.Float64Var(&cfg.ReceiptRate, "receipt-rate", cfg.ReceiptRate, "receipts a second per device (burst twice that); the excess is dropped and counted; 0: no limit")
 	f.StringSliceVar(&cfg.HTTPHosts, "http-host", cfg.HTTPHosts, "more names the API answers to besides its listen address (repeat or comma-separate; name: any port, name:port: that one)")
 	f.Var(cmdline.NewEnum(&logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level")
+	f.Var(&pprofAddr, "pprof", "serve Go's profiler (/debug/pprof/) on this loopback address, e.g. 127.0.0.1:6061 (default: off)")
 	return cmd
 }
 

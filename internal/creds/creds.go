@@ -49,12 +49,12 @@ const (
 // never start with it (wire.ValidDeviceID).
 const ControllerPrefix = "controller-"
 
-// Iterations is the PBKDF2 iteration count of the hashes, Mosquitto 2's own
+// hashIterations is the PBKDF2 iteration count of the hashes, Mosquitto 2's own
 // default (mosquitto_passwd writes $7$101$). The broker pays it on every
 // CONNECT, so a fleet of 10,000 devices reconnecting after a broker restart
 // pays it 10,000 times; the passwords are 192 random bits, which no number
 // of iterations would make easier or harder to guess.
-const Iterations = 101
+const hashIterations = 101
 
 // Account is one broker account, as credentials.json holds it.
 type Account struct {
@@ -93,7 +93,7 @@ func Write(o Options) (Result, error) {
 	if o.TopicRoot == "" {
 		o.TopicRoot = wire.DefaultTopicRoot
 	}
-	if err := ValidTopicRoot(o.TopicRoot); err != nil {
+	if err := validTopicRoot(o.TopicRoot); err != nil {
 		return Result{}, err
 	}
 	want := make([]string, 0, len(o.Devices)+len(o.Controllers))
@@ -128,7 +128,7 @@ func Write(o Options) (Result, error) {
 		if _, ok := have[user]; ok {
 			continue
 		}
-		have[user] = Account{Username: user, Password: NewPassword()}
+		have[user] = Account{Username: user, Password: newPassword()}
 		res.Added++
 	}
 	for _, a := range have {
@@ -136,7 +136,7 @@ func Write(o Options) (Result, error) {
 	}
 	sort.Slice(res.Accounts, func(i, j int) bool { return res.Accounts[i].Username < res.Accounts[j].Username })
 
-	passwd, err := Passwd(res.Accounts)
+	passwd, err := renderPasswd(res.Accounts)
 	if err != nil {
 		return Result{}, err
 	}
@@ -160,7 +160,7 @@ func Write(o Options) (Result, error) {
 	if err := writeFile(filepath.Join(o.Dir, PasswdFile), passwd, 0o600); err != nil {
 		return Result{}, err
 	}
-	if err := writeFile(filepath.Join(o.Dir, ACLFile), ACL(o.TopicRoot, res.Accounts), 0o644); err != nil {
+	if err := writeFile(filepath.Join(o.Dir, ACLFile), renderACL(o.TopicRoot, res.Accounts), 0o644); err != nil {
 		return Result{}, err
 	}
 	return res, nil
@@ -198,9 +198,9 @@ func Passwords(accounts []Account) map[string]string {
 	return m
 }
 
-// NewPassword returns 192 random bits from crypto/rand, base64url (32
+// newPassword returns 192 random bits from crypto/rand, base64url (32
 // characters, none of them ':' or whitespace).
-func NewPassword() string {
+func newPassword() string {
 	b := make([]byte, 24)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
 	return base64.RawURLEncoding.EncodeToString(b)
@@ -211,7 +211,7 @@ func NewPassword() string {
 func Hash(password string) (string, error) {
 	salt := make([]byte, 12)
 	_, _ = rand.Read(salt)
-	return hashWith(password, salt, Iterations)
+	return hashWith(password, salt, hashIterations)
 }
 
 func hashWith(password string, salt []byte, iterations int) (string, error) {
@@ -222,8 +222,8 @@ func hashWith(password string, salt []byte, iterations int) (string, error) {
 	return fmt.Sprintf("$7$%d$%s$%s", iterations, base64.StdEncoding.EncodeToString(salt), base64.StdEncoding.EncodeToString(key)), nil
 }
 
-// Passwd renders a password_file: one user:hash line per account.
-func Passwd(accounts []Account) ([]byte, error) {
+// renderPasswd renders a password_file: one user:hash line per account.
+func renderPasswd(accounts []Account) ([]byte, error) {
 	var b strings.Builder
 	for _, a := range accounts {
 		if strings.ContainsAny(a.Username, ":\n\r") || strings.ContainsAny(a.Password, "\n\r") {
@@ -238,7 +238,7 @@ func Passwd(accounts []Account) ([]byte, error) {
 	return []byte(b.String()), nil
 }
 
-// ACL renders the acl_file for the accounts under topic root.
+// renderACL renders the acl_file for the accounts under topic root.
 //
 // How Mosquitto 2 reads it (checked against 2.0.11): the acl_file is not
 // consulted at SUBSCRIBE time, so any filter is granted (a device may
@@ -255,7 +255,7 @@ func Passwd(accounts []Account) ([]byte, error) {
 // {root}/controller-{id}/receipts (no device id starts with controller-),
 // where it publishes a probe to itself after each connect to prove that
 // its receipt subscription delivers.
-func ACL(root string, accounts []Account) []byte {
+func renderACL(root string, accounts []Account) []byte {
 	var b strings.Builder
 	fmt.Fprintf(&b, `# Mosquitto acl_file for the fleet under topic root %q, written by
 # "devicesim creds". Every account not listed below has only the patterns:
@@ -282,8 +282,8 @@ topic write %s/+/queries
 	return []byte(b.String())
 }
 
-// ValidTopicRoot checks that root can stand in topics and ACL lines.
-func ValidTopicRoot(root string) error {
+// validTopicRoot checks that root can stand in topics and ACL lines.
+func validTopicRoot(root string) error {
 	if root == "" || strings.ContainsAny(root, "+# \t\r\n") || strings.HasPrefix(root, "$") ||
 		strings.HasPrefix(root, "/") || strings.HasSuffix(root, "/") || strings.Contains(root, "//") {
 		return fmt.Errorf("topic root %q: non-empty, no wildcards, spaces, leading $ or empty levels", root)

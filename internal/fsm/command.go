@@ -61,17 +61,6 @@ func TerminalCommandStates() []CommandState {
 	return out
 }
 
-// NonTerminalCommandStates lists the states a sweeper still has work for.
-func NonTerminalCommandStates() []CommandState {
-	var out []CommandState
-	for _, s := range Command.States() {
-		if !s.Terminal() {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
 // Receipt ranks order what a device reported about one command. A receipt
 // moves a command forward only when its rank is strictly higher than the
 // rank already recorded (the store's `WHERE status_rank < ?`); an equal or

@@ -27,15 +27,16 @@ type Files struct {
 	Key  string // the broker's private key (keyfile), mode 0600
 }
 
-// DefaultValidity is how long the certificates Write makes are valid.
-const DefaultValidity = 24 * time.Hour
+// defaultValidity is how long the certificates Write makes are valid when
+// it is given no validity.
+const defaultValidity = 24 * time.Hour
 
 // Write makes a new CA and a broker certificate for 127.0.0.1 in dir
 // (ca.pem, server.pem, server-key.pem), valid from a minute ago for
-// validity (DefaultValidity when 0).
+// validity (24 hours when 0).
 func Write(dir string, validity time.Duration) (Files, error) {
 	if validity <= 0 {
-		validity = DefaultValidity
+		validity = defaultValidity
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return Files{}, err
