@@ -11,7 +11,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
@@ -160,7 +160,7 @@ func firstError(errs ...error) error {
 }
 
 // checkSubmit checks a submit's ids and params, and its Idempotency-Key.
-func checkSubmit(req SubmitRequest, key string) error {
+func checkSubmit(req apiwire.SubmitRequest, key string) error {
 	return firstError(
 		operationID.check("Idempotency-Key", key, false),
 		operationID.check("operation_id", req.OperationID, false),
@@ -175,7 +175,7 @@ func checkSubmit(req SubmitRequest, key string) error {
 
 // checkSteps checks a plan's steps' ids (400 invalid_plan, as the domain's
 // other plan refusals) and params.
-func checkSteps(steps []store.Step) error {
+func checkSteps(steps []apiwire.Step) error {
 	for i, st := range steps {
 		at := fmt.Sprintf("steps[%d].", i)
 		err := firstError(

@@ -28,6 +28,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/jcs"
 )
 
@@ -37,14 +38,14 @@ var bodyKinds = []struct {
 	new      func() any
 	optional bool // decodeOptionalBody: an empty body is no body
 }{
-	{"POST /v1/operations", func() any { return new(SubmitRequest) }, false},
-	{"POST /v1/tasks", func() any { return new(TaskRequest) }, false},
-	{"PUT /v1/tasks/{id}/plan", func() any { return new(PlanRequest) }, false},
-	{"POST /v1/tasks/{id}/approvals", func() any { return new(ApprovalRequest) }, false},
-	{"POST /v1/tasks/{id}/rejections", func() any { return new(RejectionRequest) }, false},
-	{"POST /v1/grants", func() any { return new(GrantRequest) }, false},
-	{"POST /v1/operations/{id}/compensations", func() any { return new(CompensationRequest) }, false},
-	{"POST /v1/commands/{id}/resolve", func() any { return new(ResolveRequest) }, false},
+	{"POST /v1/operations", func() any { return new(apiwire.SubmitRequest) }, false},
+	{"POST /v1/tasks", func() any { return new(apiwire.TaskRequest) }, false},
+	{"PUT /v1/tasks/{id}/plan", func() any { return new(apiwire.PlanRequest) }, false},
+	{"POST /v1/tasks/{id}/approvals", func() any { return new(apiwire.ApprovalRequest) }, false},
+	{"POST /v1/tasks/{id}/rejections", func() any { return new(apiwire.RejectionRequest) }, false},
+	{"POST /v1/grants", func() any { return new(apiwire.GrantRequest) }, false},
+	{"POST /v1/operations/{id}/compensations", func() any { return new(apiwire.CompensationRequest) }, false},
+	{"POST /v1/commands/{id}/resolve", func() any { return new(apiwire.ResolveRequest) }, false},
 	{"POST /v1/commands/{id}/cancel", func() any { return new(struct{}) }, true},
 }
 

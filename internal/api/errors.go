@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/ops"
@@ -112,5 +113,5 @@ func (s *Server) writeError(w http.ResponseWriter, err error) {
 	if ae.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1") // every 503 is worth a retry with the same operation_id
 	}
-	writeJSON(w, ae.Status, Error{Code: ae.Code, Message: ae.Message})
+	writeJSON(w, ae.Status, apiwire.Error{Code: ae.Code, Message: ae.Message})
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store"
@@ -262,17 +263,9 @@ func (g *writeGuard) flush(w http.ResponseWriter, buf []byte) bool {
 	return g.rc.Flush() == nil
 }
 
-// Who is the caller as GET /v1/whoami shows it: the dashboard asks, to show
-// who is signed in and to offer approve and reject only to an approver.
-type Who struct {
-	Principal string   `json:"principal"`
-	Roles     []string `json:"roles"`
-	Auth      bool     `json:"auth"` // false: the API runs without --tokens, everyone has every role
-}
-
 func (s *Server) handleWhoami(r *http.Request) (int, any, error) {
 	if !s.cfg.Auth.Enabled() {
-		return http.StatusOK, Who{Principal: principal(r), Roles: []string{RoleOperator, RoleApprover, RoleAdmin}}, nil
+		return http.StatusOK, apiwire.Who{Principal: principal(r), Roles: []string{RoleOperator, RoleApprover, RoleAdmin}}, nil
 	}
 	_, bearer, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
 	tok, _ := s.cfg.Auth.lookup(strings.TrimSpace(bearer)) // need already checked it
@@ -280,24 +273,7 @@ func (s *Server) handleWhoami(r *http.Request) (int, any, error) {
 	if roles == nil {
 		roles = []string{}
 	}
-	return http.StatusOK, Who{Principal: tok.Principal, Roles: roles, Auth: true}, nil
-}
-
-// TaskListItem is a task as GET /v1/tasks lists it: its current plan, not
-// its approval or history (GET /v1/tasks/{id} has those).
-type TaskListItem struct {
-	TaskID        string       `json:"task_id"`
-	Status        string       `json:"status"`
-	Reason        string       `json:"reason,omitempty"`
-	Version       int          `json:"version"`
-	PlanHash      string       `json:"plan_hash"`
-	Author        string       `json:"author"` // of the current version
-	CreatedBy     string       `json:"created_by"`
-	ExecuteAfter  *time.Time   `json:"execute_after"`
-	ExecuteBefore *time.Time   `json:"execute_before"`
-	Steps         []store.Step `json:"steps"`
-	CreatedAt     time.Time    `json:"created_at"`
-	UpdatedAt     time.Time    `json:"updated_at"`
+	return http.StatusOK, apiwire.Who{Principal: tok.Principal, Roles: roles, Auth: true}, nil
 }
 
 // handleListTasks answers one page of tasks: ?limit=, ?after=,
@@ -319,11 +295,11 @@ func (s *Server) handleListTasks(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	out := make([]TaskListItem, 0, len(ks.Items))
+	out := make([]apiwire.TaskListItem, 0, len(ks.Items))
 	for _, k := range ks.Items {
-		out = append(out, TaskListItem{TaskID: k.TaskID, Status: string(k.Status), Reason: k.Reason, Version: k.Version,
+		out = append(out, apiwire.TaskListItem{TaskID: k.TaskID, Status: string(k.Status), Reason: k.Reason, Version: k.Version,
 			PlanHash: k.PlanHash, Author: k.Author, CreatedBy: k.CreatedBy, ExecuteAfter: k.ExecuteAfter,
-			ExecuteBefore: k.ExecuteBefore, Steps: k.Steps, CreatedAt: k.CreatedAt, UpdatedAt: k.UpdatedAt})
+			ExecuteBefore: k.ExecuteBefore, Steps: wireSteps(k.Steps), CreatedAt: k.CreatedAt, UpdatedAt: k.UpdatedAt})
 	}
 	return answerList(lq, out, ks.Total, ks.Next)
 }

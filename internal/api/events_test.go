@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/events"
 )
 
@@ -47,7 +48,7 @@ func streamServer(t *testing.T, bus *events.Bus, withAuth bool) *httptest.Server
 
 type sseEvent struct {
 	id   string
-	data events.Payload
+	data apiwire.EventData
 }
 
 // sse is a minimal reader of one stream.
@@ -119,9 +120,9 @@ func TestEventStreamAuth(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, tc.status, resp.StatusCode, "%s %s", tc.path, tc.header)
 		if tc.path == "/v1/whoami" {
-			var who Who
+			var who apiwire.Who
 			require.NoError(t, json.NewDecoder(resp.Body).Decode(&who))
-			require.Equal(t, Who{Principal: "reader", Roles: []string{}, Auth: true}, who)
+			require.Equal(t, apiwire.Who{Principal: "reader", Roles: []string{}, Auth: true}, who)
 		}
 		cancel()
 		resp.Body.Close()
@@ -143,7 +144,7 @@ func TestEventStreamResumesWithLastEventID(t *testing.T) {
 	for i := range 4 {
 		last = first.next(t)
 		require.Equal(t, fmt.Sprint(1000+i), last.id)
-		require.Equal(t, events.Payload{Kind: "command", ID: fmt.Sprintf("c-%d", i), Status: "succeeded", At: eventAt}, last.data)
+		require.Equal(t, apiwire.EventData{Kind: "command", ID: fmt.Sprintf("c-%d", i), Status: "succeeded", At: eventAt}, last.data)
 	}
 	first.resp.Body.Close() // the reader goes away after 4 of 10
 	for i := 10; i < 20; i++ {

@@ -2,18 +2,9 @@ package api
 
 import (
 	"net/http"
-	"time"
-)
 
-// InstanceView is one controller instance in GET /v1/instances.
-type InstanceView struct {
-	InstanceID  string    `json:"instance_id"`
-	Live        bool      `json:"live"`
-	Leases      int       `json:"leases"`
-	StartedAt   time.Time `json:"started_at"`
-	HeartbeatAt time.Time `json:"heartbeat_at"`
-	LeaseTTL    string    `json:"lease_ttl"`
-}
+	"github.com/fleetctl/fleetctl/internal/apiwire"
+)
 
 // handleListInstances lists the live instances sharing the database, with
 // the leases each holds and its last heartbeat; ?all=1 adds the dead ones.
@@ -30,12 +21,12 @@ func (s *Server) handleListInstances(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	out := []InstanceView{}
+	out := []apiwire.InstanceView{}
 	for _, in := range ins {
 		if !in.Live && (all == nil || !*all) {
 			continue
 		}
-		out = append(out, InstanceView{InstanceID: in.InstanceID, Live: in.Live, Leases: in.Leases,
+		out = append(out, apiwire.InstanceView{InstanceID: in.InstanceID, Live: in.Live, Leases: in.Leases,
 			StartedAt: in.StartedAt, HeartbeatAt: in.HeartbeatAt, LeaseTTL: in.LeaseTTL.String()})
 	}
 	return http.StatusOK, out, nil

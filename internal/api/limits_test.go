@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/command"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
@@ -54,7 +55,7 @@ type call struct {
 
 // do sends one request as a local client would (Host 127.0.0.1:8080, a
 // JSON body), with c.header replacing or, when "", removing headers.
-func (b *limitsBundle) do(t *testing.T, c call) (int, Error) {
+func (b *limitsBundle) do(t *testing.T, c call) (int, apiwire.Error) {
 	t.Helper()
 	var body io.Reader
 	if c.body != "" {
@@ -77,7 +78,7 @@ func (b *limitsBundle) do(t *testing.T, c call) (int, Error) {
 	}
 	rec := httptest.NewRecorder()
 	b.srv.ServeHTTP(rec, r)
-	var e Error
+	var e apiwire.Error
 	if rec.Code >= 300 {
 		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &e), rec.Body.String())
 		require.NotEmpty(t, e.Message)
@@ -179,7 +180,7 @@ func TestBrowserRules(t *testing.T) {
 	b := setupLimits(t, "127.0.0.1:8080", "ctl.example.com", "proxy.example:9443")
 	good := `{"operation_id":"op-%d","target":"device-1","action":"restart"}`
 	n := 0
-	submit := func(h map[string]string) (int, Error) {
+	submit := func(h map[string]string) (int, apiwire.Error) {
 		n++
 		return b.do(t, call{"POST", "/v1/operations", fmt.Sprintf(good, n), h})
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
@@ -65,7 +66,7 @@ func (b *listBundle) walk(t *testing.T, target string) (pages [][]string, totals
 		require.Less(t, i, 100, "the next links never end")
 		rec := b.get(t, target)
 		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-		var devs []Device
+		var devs []apiwire.Device
 		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &devs))
 		ids := []string{}
 		for _, d := range devs {
@@ -185,7 +186,7 @@ func TestListRefusesBadParameters(t *testing.T) {
 	} {
 		rec := b.get(t, tc.target)
 		require.Equal(t, http.StatusBadRequest, rec.Code, tc.target)
-		var e Error
+		var e apiwire.Error
 		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &e), rec.Body.String())
 		require.Equal(t, "invalid_request", e.Code, tc.target)
 		require.Contains(t, e.Message, "query parameter "+tc.names, tc.target)
@@ -210,7 +211,7 @@ func TestListGrantsPages(t *testing.T) {
 	read := func(target string) ([]string, string, string) {
 		rec := b.get(t, target)
 		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-		var gs []GrantView
+		var gs []apiwire.GrantView
 		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &gs))
 		var got []string
 		for _, g := range gs {

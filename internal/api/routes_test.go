@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/command"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/ops"
@@ -65,9 +66,9 @@ func (b *routesBundle) send(t *testing.T, method, target, body string) *httptest
 	return rec
 }
 
-func errorOf(t *testing.T, rec *httptest.ResponseRecorder) Error {
+func errorOf(t *testing.T, rec *httptest.ResponseRecorder) apiwire.Error {
 	t.Helper()
-	var e Error
+	var e apiwire.Error
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &e), rec.Body.String())
 	return e
 }
@@ -141,7 +142,7 @@ func TestQueryParametersOneRule(t *testing.T) {
 	b := setupRoutes(t)
 	rec := b.send(t, "POST", "/v1/operations", `{"operation_id":"op-1","target":"device-1","action":"restart"}`)
 	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
-	var op Operation
+	var op apiwire.Operation
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &op))
 	rec = b.send(t, "POST", "/v1/rollouts", `{"rollout_id":"fw-1","action":"set-config","devices":["device-1"]}`)
 	require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
@@ -220,7 +221,7 @@ func TestRolloutZeroLimitsAreRefused(t *testing.T) {
 	for id, extra := range map[string]string{"fw-absent": ``, "fw-null": `,"max_per_minute":null,"max_in_flight":null`} {
 		rec := b.send(t, "POST", "/v1/rollouts", `{"rollout_id":"`+id+`","action":"set-config","devices":["device-1"]`+extra+`}`)
 		require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
-		var v RolloutView
+		var v apiwire.RolloutView
 		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &v))
 		require.Equal(t, rollout.DefaultMaxPerMinute, v.MaxPerMinute, id)
 		require.Equal(t, rollout.DefaultMaxInFlight, v.MaxInFlight, id)
@@ -235,7 +236,7 @@ func TestGrantPrincipalIsAName(t *testing.T) {
 	t.Parallel()
 	b := setupRoutes(t)
 	for _, p := range []string{"ali ce", "agent*", "a?", "[ab]", strings.Repeat("p", 65)} {
-		body, _ := json.Marshal(GrantRequest{Principal: p, Action: "restart", Devices: "device-*"})
+		body, _ := json.Marshal(apiwire.GrantRequest{Principal: p, Action: "restart", Devices: "device-*"})
 		rec := b.send(t, "POST", "/v1/grants", string(body))
 		require.Equal(t, http.StatusBadRequest, rec.Code, "%q: %s", p, rec.Body)
 		e := errorOf(t, rec)

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
@@ -370,7 +371,7 @@ func created(c bool) int {
 }
 
 func (s *Server) handleSubmit(r *http.Request) (int, any, error) {
-	var req SubmitRequest
+	var req apiwire.SubmitRequest
 	if err := decodeBody(r, &req); err != nil {
 		return 0, nil, err
 	}
@@ -465,14 +466,8 @@ func (s *Server) handleCancel(r *http.Request) (int, any, error) {
 	return s.command(r.Context(), c.CommandID)
 }
 
-// ResolveRequest is the body of POST /v1/commands/{id}/resolve.
-type ResolveRequest struct {
-	Outcome string `json:"outcome"`
-	Note    string `json:"note"`
-}
-
 func (s *Server) handleResolve(r *http.Request) (int, any, error) {
-	var req ResolveRequest
+	var req apiwire.ResolveRequest
 	if err := decodeBody(r, &req); err != nil {
 		return 0, nil, err
 	}
@@ -498,7 +493,7 @@ func (s *Server) handleListDevices(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	out := make([]Device, 0, len(devs.Items))
+	out := make([]apiwire.Device, 0, len(devs.Items))
 	for _, d := range devs.Items {
 		out = append(out, deviceView(d))
 	}

@@ -18,10 +18,8 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/cli/cmdline"
-	"github.com/fleetctl/fleetctl/internal/rollout"
-	"github.com/fleetctl/fleetctl/internal/store"
 )
 
 // run runs the controller's command line in-process.
@@ -189,22 +187,22 @@ var (
 	at0     = time.Date(2025, 6, 1, 2, 0, 0, 0, time.UTC)
 	at1     = at0.Add(2 * time.Hour)
 	opID    = "task-88:restart-device:device-1001:approval-v3"
-	fakeOp  = api.Operation{OperationID: "t:s:device-1:v1", Status: "succeeded", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`), Result: json.RawMessage(`{"ok":true}`), CommandID: "c-1", CommandIDs: []string{"c-1"}, Attempt: 1, RequestHash: "abc", StartedAt: at0, UpdatedAt: at0}
-	fakeCmd = api.Command{CommandID: "c-1", OperationID: "t:s:device-1:v1", DeviceID: "device-1", Action: "restart", Params: json.RawMessage(`{}`), Status: "succeeded", Result: json.RawMessage(`{"ok":true}`), Receipts: []api.Receipt{{Status: "succeeded", Seq: 3, Effect: "applied"}}, Events: []api.Event{{From: "pending", To: "sent"}}}
-	fakeDev = api.Device{DeviceID: "device-1", Online: true, Confirmed: true, Session: 4, Capabilities: api.Caps{Dedupe: true, Query: true}, LastSeenAt: &at0}
-	fakeTsk = api.TaskView{TaskID: "task-88", Status: "failed", Reason: "step_failed:restart-device", Version: 3, PlanHash: "9f86d081", Requester: "alice",
+	fakeOp  = apiwire.Operation{OperationID: "t:s:device-1:v1", Status: "succeeded", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`), Result: json.RawMessage(`{"ok":true}`), CommandID: "c-1", CommandIDs: []string{"c-1"}, Attempt: 1, RequestHash: "abc", StartedAt: at0, UpdatedAt: at0}
+	fakeCmd = apiwire.Command{CommandID: "c-1", OperationID: "t:s:device-1:v1", DeviceID: "device-1", Action: "restart", Params: json.RawMessage(`{}`), Status: "succeeded", Result: json.RawMessage(`{"ok":true}`), Receipts: []apiwire.Receipt{{Status: "succeeded", Seq: 3, Effect: "applied"}}, Events: []apiwire.Event{{From: "pending", To: "sent"}}}
+	fakeDev = apiwire.Device{DeviceID: "device-1", Online: true, Confirmed: true, Session: 4, Capabilities: apiwire.Caps{Dedupe: true, Query: true}, LastSeenAt: &at0}
+	fakeTsk = apiwire.TaskView{TaskID: "task-88", Status: "failed", Reason: "step_failed:restart-device", Version: 3, PlanHash: "9f86d081", Requester: "alice",
 		CreatedBy: "alice", ExecuteAfter: &at0, ExecuteBefore: &at1,
-		Approval: &api.ApprovalV{TaskID: "task-88", Version: 3, Approver: "bob", ApprovedAt: at0, PlanHash: "9f86d081"},
-		Steps:    []api.TaskStep{{Step: store.Step{Step: "restart-device", Action: "restart", Target: "device-1001", Params: json.RawMessage(`{"why":"stuck"}`)}, OperationID: &opID}},
-		History: []api.HistoryEv{{At: at0, Principal: "alice", Action: "create", To: "waiting_approval", Version: 1},
+		Approval: &apiwire.ApprovalV{TaskID: "task-88", Version: 3, Approver: "bob", ApprovedAt: at0, PlanHash: "9f86d081"},
+		Steps:    []apiwire.TaskStep{{Step: apiwire.Step{Step: "restart-device", Action: "restart", Target: "device-1001", Params: json.RawMessage(`{"why":"stuck"}`)}, OperationID: &opID}},
+		History: []apiwire.HistoryEv{{At: at0, Principal: "alice", Action: "create", To: "waiting_approval", Version: 1},
 			{At: at1, Principal: "bob", Action: "approve", From: "waiting_approval", To: "approved", Version: 3}}}
-	fakeApp   = api.ApprovalV{TaskID: "task-88", Version: 3, Approver: "bob", ApprovedAt: at0, PlanHash: "9f86d081"}
-	fakeGrant = api.GrantView{GrantID: "g-1", Principal: "agent", Action: "restart", Devices: "device-*", CreatedBy: "admin", CreatedAt: at0, RevokedAt: &at1}
-	fakeRoll  = api.RolloutView{RolloutID: "fw-42", Status: "succeeded", Version: 1, Action: "set-config", Params: json.RawMessage(`{"fw":"4.2"}`),
+	fakeApp   = apiwire.ApprovalV{TaskID: "task-88", Version: 3, Approver: "bob", ApprovedAt: at0, PlanHash: "9f86d081"}
+	fakeGrant = apiwire.GrantView{GrantID: "g-1", Principal: "agent", Action: "restart", Devices: "device-*", CreatedBy: "admin", CreatedAt: at0, RevokedAt: &at1}
+	fakeRoll  = apiwire.RolloutView{RolloutID: "fw-42", Status: "succeeded", Version: 1, Action: "set-config", Params: json.RawMessage(`{"fw":"4.2"}`),
 		Devices: json.RawMessage(`"device-*"`), DevicesTotal: 2, Counts: map[string]int{"succeeded": 2}, Finished: 2,
-		Spec: rollout.Spec{MaxPerMinute: 600, MaxInFlight: 100}, CreatedBy: "alice", CreatedAt: at0,
-		History: []api.HistoryEv{{At: at0, Principal: "alice", Action: "create", To: "scheduled"}}}
-	fakeRDev = api.RolloutDeviceView{DeviceID: "device-1", OperationID: "fw-42:rollout:device-1:v1", Status: "succeeded", Attempts: 1}
+		RolloutSpec: apiwire.RolloutSpec{MaxPerMinute: 600, MaxInFlight: 100}, CreatedBy: "alice", CreatedAt: at0,
+		History: []apiwire.HistoryEv{{At: at0, Principal: "alice", Action: "create", To: "scheduled"}}}
+	fakeRDev = apiwire.RolloutDeviceView{DeviceID: "device-1", OperationID: "fw-42:rollout:device-1:v1", Status: "succeeded", Attempts: 1}
 )
 
 func newFakeAPI(t *testing.T) *fakeAPI {
@@ -228,9 +226,9 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	answer("GET /v1/operations/{id}", 200, fakeOp)
 	answer("GET /v1/commands/{id}", 200, fakeCmd)
 	answer("POST /v1/commands/c-1/cancel", 200, fakeCmd)
-	answer("POST /v1/commands/{id}/cancel", 409, api.Error{Code: "already_published", Message: "published"})
+	answer("POST /v1/commands/{id}/cancel", 409, apiwire.Error{Code: "already_published", Message: "published"})
 	answer("POST /v1/commands/{id}/resolve", 200, fakeCmd)
-	answer("GET /v1/devices", 200, []api.Device{fakeDev})
+	answer("GET /v1/devices", 200, []apiwire.Device{fakeDev})
 	answer("GET /v1/devices/{id}", 200, fakeDev)
 	answer("POST /v1/devices/{id}/presence/reset", 200, fakeDev)
 	answer("POST /v1/tasks", 201, fakeTsk)
@@ -239,12 +237,12 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	answer("POST /v1/tasks/{id}/rejections", 200, fakeTsk)
 	answer("GET /v1/tasks/{id}", 200, fakeTsk)
 	answer("POST /v1/grants", 200, fakeGrant)
-	answer("GET /v1/grants", 200, []api.GrantView{fakeGrant})
+	answer("GET /v1/grants", 200, []apiwire.GrantView{fakeGrant})
 	answer("DELETE /v1/grants/{id}", 200, fakeGrant)
 	answer("POST /v1/rollouts", 201, fakeRoll)
-	answer("GET /v1/rollouts", 200, []api.RolloutView{fakeRoll})
+	answer("GET /v1/rollouts", 200, []apiwire.RolloutView{fakeRoll})
 	answer("GET /v1/rollouts/{id}", 200, fakeRoll)
-	answer("GET /v1/rollouts/{id}/devices", 200, []api.RolloutDeviceView{fakeRDev})
+	answer("GET /v1/rollouts/{id}/devices", 200, []apiwire.RolloutDeviceView{fakeRDev})
 	answer("POST /v1/rollouts/{id}/pause", 200, fakeRoll)
 	answer("POST /v1/rollouts/{id}/resume", 200, fakeRoll)
 	answer("POST /v1/rollouts/{id}/cancel", 200, fakeRoll)
@@ -332,9 +330,9 @@ func TestJSONFromTheEnvironment(t *testing.T) {
 	t.Setenv("CONTROLLER_TOKEN", "s3cret")
 	code, out, stderr := run(t, "grant", "list")
 	require.Equal(t, 0, code, stderr)
-	var gs []api.GrantView
+	var gs []apiwire.GrantView
 	require.NoError(t, json.Unmarshal([]byte(out), &gs))
-	require.Equal(t, []api.GrantView{fakeGrant}, gs)
+	require.Equal(t, []apiwire.GrantView{fakeGrant}, gs)
 	require.Equal(t, "Bearer s3cret", f.last().Auth)
 }
 
@@ -411,7 +409,7 @@ func TestTaskTextView(t *testing.T) {
 	// Before approval: no requester, no operation ids, no window.
 	k := fakeTsk
 	k.Status, k.Reason, k.Requester, k.Approval, k.ExecuteAfter, k.ExecuteBefore = "waiting_approval", "", "", nil, nil, nil
-	k.Steps = []api.TaskStep{{Step: fakeTsk.Steps[0].Step}}
+	k.Steps = []apiwire.TaskStep{{Step: fakeTsk.Steps[0].Step}}
 	b.Reset()
 	require.NoError(t, printTask(&b, k, http.StatusCreated))
 	out = b.String()
@@ -437,7 +435,7 @@ func TestGrantTextView(t *testing.T) {
 	order(t, out, "grant", "g-1  [new]\n", "principal", "agent\n", "action", "restart\n", "devices", "device-*\n",
 		"created by", "admin\n", "created at", "2025-06-01T02:00:00Z\n", "revoked at", "- (live)\n")
 	b.Reset()
-	require.NoError(t, printGrants(&b, []api.GrantView{live, fakeGrant}))
+	require.NoError(t, printGrants(&b, []apiwire.GrantView{live, fakeGrant}))
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	require.Len(t, lines, 3)
 	require.Regexp(t, `^GRANT +PRINCIPAL +ACTION +DEVICES +CREATED BY +CREATED AT +REVOKED AT$`, lines[0])
@@ -543,15 +541,15 @@ func TestDeviceListFollowsThePages(t *testing.T) {
 		switch r.URL.Query().Get("after") {
 		case "":
 			w.Header().Set("Link", `</v1/devices?limit=2&after=device-2&online=false>; rel="next"`)
-			_ = json.NewEncoder(w).Encode([]api.Device{{DeviceID: "device-1"}, {DeviceID: "device-2"}})
+			_ = json.NewEncoder(w).Encode([]apiwire.Device{{DeviceID: "device-1"}, {DeviceID: "device-2"}})
 		default:
-			_ = json.NewEncoder(w).Encode([]api.Device{{DeviceID: "device-3"}})
+			_ = json.NewEncoder(w).Encode([]apiwire.Device{{DeviceID: "device-3"}})
 		}
 	}))
 	t.Cleanup(srv.Close)
 	code, out, stderr := run(t, "device", "list", "--online", "false", "--page-size", "2", "--json", "--server", srv.URL)
 	require.Equal(t, 0, code, stderr)
-	var devs []api.Device
+	var devs []apiwire.Device
 	require.NoError(t, json.Unmarshal([]byte(out), &devs))
 	require.Len(t, devs, 3)
 	require.Equal(t, "device-3", devs[2].DeviceID)

@@ -9,10 +9,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/cli/cmdline"
 	"github.com/fleetctl/fleetctl/internal/client"
-	"github.com/fleetctl/fleetctl/internal/store"
 )
 
 // clientFlags are the flags of every client subcommand, and only theirs:
@@ -50,7 +49,7 @@ func (cf *clientFlags) show(cmd *cobra.Command, v any, text func(io.Writer) erro
 
 func opCmd() *cobra.Command {
 	op, cf := clientGroup("op", "Submit and read operations")
-	var req api.SubmitRequest
+	var req apiwire.SubmitRequest
 	var params, key string
 	var wait time.Duration
 	submit := &cobra.Command{
@@ -119,7 +118,7 @@ still "started" is in doubt: ask again with the same id, never a new one.`,
 
 func cmdCmd() *cobra.Command {
 	c, cf := clientGroup("cmd", "Read, cancel and resolve commands")
-	showCommand := func(cmd *cobra.Command, out api.Command) error {
+	showCommand := func(cmd *cobra.Command, out apiwire.Command) error {
 		return cf.show(cmd, out, func(w io.Writer) error { return printCommand(w, out) })
 	}
 	get := &cobra.Command{
@@ -180,9 +179,9 @@ func deviceCmd() *cobra.Command {
   controller device list --online false --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if pageSize < 0 || pageSize > store.MaxPageLimit {
+			if pageSize < 0 || pageSize > apiwire.MaxPageLimit {
 				return cmdline.Usagef("--page-size %d: from 1 to %d (0: the server's default, %d)",
-					pageSize, store.MaxPageLimit, store.DefaultPageLimit)
+					pageSize, apiwire.MaxPageLimit, apiwire.DefaultPageLimit)
 			}
 			q := client.DeviceQuery{Limit: pageSize}
 			if online != "" {
@@ -205,7 +204,7 @@ func deviceCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return cf.show(cmd, dev, func(w io.Writer) error { return printDevices(w, []api.Device{dev}) })
+			return cf.show(cmd, dev, func(w io.Writer) error { return printDevices(w, []apiwire.Device{dev}) })
 		},
 	}
 	reset := &cobra.Command{
@@ -221,7 +220,7 @@ storage, or a forged retained message poisoned the rank. Its next presence messa
 			if err != nil {
 				return err
 			}
-			return cf.show(cmd, dev, func(w io.Writer) error { return printDevices(w, []api.Device{dev}) })
+			return cf.show(cmd, dev, func(w io.Writer) error { return printDevices(w, []apiwire.Device{dev}) })
 		},
 	}
 	d.AddCommand(list, get, reset)
@@ -230,10 +229,10 @@ storage, or a forged retained message poisoned the rank. Its next presence messa
 
 // parseSteps reads --steps: a JSON array of {step, action, target, params};
 // an unknown field is refused here, before anything is sent.
-func parseSteps(s string) ([]store.Step, error) {
+func parseSteps(s string) ([]apiwire.Step, error) {
 	dec := json.NewDecoder(bytes.NewReader([]byte(s)))
 	dec.DisallowUnknownFields()
-	var steps []store.Step
+	var steps []apiwire.Step
 	if err := dec.Decode(&steps); err != nil {
 		return nil, cmdline.Usagef(`--steps: want [{"step":"...","action":"...","target":"...","params":{}}]: %w`, err)
 	}
@@ -256,7 +255,7 @@ const stepsHelp = `the plan, a JSON array: [{"step":"...","action":"...","target
 
 func taskCmd() *cobra.Command {
 	t, cf := clientGroup("task", "Tasks: versioned plans, approvals, rejections")
-	showTask := func(cmd *cobra.Command, task api.TaskView, status int) error {
+	showTask := func(cmd *cobra.Command, task apiwire.TaskView, status int) error {
 		return cf.show(cmd, task, func(w io.Writer) error { return printTask(w, task, status) })
 	}
 	var steps, after, before, planHash, reason string
@@ -272,7 +271,7 @@ func taskCmd() *cobra.Command {
     --execute-after 2025-06-01T02:00:00Z --execute-before 2025-06-01T04:00:00Z`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			req := api.TaskRequest{TaskID: args[0]}
+			req := apiwire.TaskRequest{TaskID: args[0]}
 			var err error
 			if req.Steps, err = parseSteps(steps); err != nil {
 				return err
@@ -301,7 +300,7 @@ func taskCmd() *cobra.Command {
     --steps '[{"step":"restart-device","action":"restart","target":"device-1002","params":{}}]'`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var req api.PlanRequest
+			var req apiwire.PlanRequest
 			var err error
 			if req.Steps, err = parseSteps(steps); err != nil {
 				return err
@@ -326,7 +325,7 @@ func taskCmd() *cobra.Command {
   controller task approve task-88 --version 3 --plan-hash 9f86d081884c7d65... --token "$APPROVER_TOKEN"`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			a, status, err := cf.client().Approve(cmd.Context(), args[0], api.ApprovalRequest{Version: version, PlanHash: planHash})
+			a, status, err := cf.client().Approve(cmd.Context(), args[0], apiwire.ApprovalRequest{Version: version, PlanHash: planHash})
 			if err != nil {
 				return err
 			}
@@ -366,10 +365,10 @@ func taskCmd() *cobra.Command {
 
 func grantCmd() *cobra.Command {
 	g, cf := clientGroup("grant", "Grants: which principal may run which action on which devices")
-	showGrant := func(cmd *cobra.Command, gr api.GrantView, status int) error {
+	showGrant := func(cmd *cobra.Command, gr apiwire.GrantView, status int) error {
 		return cf.show(cmd, gr, func(w io.Writer) error { return printGrant(w, gr, status) })
 	}
-	var req api.GrantRequest
+	var req apiwire.GrantRequest
 	var all bool
 	add := &cobra.Command{
 		Use:     "add --principal P --action GLOB --devices GLOB",

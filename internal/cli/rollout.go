@@ -15,19 +15,18 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/cli/cmdline"
 	"github.com/fleetctl/fleetctl/internal/fsm"
-	"github.com/fleetctl/fleetctl/internal/rollout"
 )
 
 func rolloutCmd() *cobra.Command {
 	g, cf := clientGroup("rollout", "Rollouts: one action across a fleet, with rate, ramp, concurrency, abort thresholds and windows")
-	showRollout := func(cmd *cobra.Command, r api.RolloutView, status int) error {
+	showRollout := func(cmd *cobra.Command, r apiwire.RolloutView, status int) error {
 		return cf.show(cmd, r, func(w io.Writer) error { return printRollout(w, r, status) })
 	}
 	var (
-		req                   api.RolloutRequest
+		req                   apiwire.RolloutRequest
 		params, devices, file string
 		after, before         string
 		rampBase, rampEvery   int
@@ -64,7 +63,7 @@ body instead (ROLLOUT_ID then overrides its rollout_id when given).`,
 				if err != nil {
 					return cmdline.Usagef("--file: %w", err)
 				}
-				body = api.RolloutRequest{}
+				body = apiwire.RolloutRequest{}
 				if err := json.Unmarshal(b, &body); err != nil {
 					return cmdline.Usagef("--file %s: %w", file, err)
 				}
@@ -91,8 +90,8 @@ body instead (ROLLOUT_ID then overrides its rollout_id when given).`,
 	f.StringVar(&req.Action, "action", "", "the action, e.g. set-config or restart")
 	f.StringVar(&params, "params", "", "params as a JSON object")
 	f.StringVar(&devices, "devices", "", "a device glob (device-*), or ids separated by commas")
-	f.IntVar(&req.MaxPerMinute, "max-per-minute", 0, fmt.Sprintf("starts per minute at most (default %d)", rollout.DefaultMaxPerMinute))
-	f.IntVar(&req.MaxInFlight, "max-in-flight", 0, fmt.Sprintf("devices started and not finished at most (default %d)", rollout.DefaultMaxInFlight))
+	f.IntVar(&req.MaxPerMinute, "max-per-minute", 0, fmt.Sprintf("starts per minute at most (default %d)", apiwire.DefaultMaxPerMinute))
+	f.IntVar(&req.MaxInFlight, "max-in-flight", 0, fmt.Sprintf("devices started and not finished at most (default %d)", apiwire.DefaultMaxInFlight))
 	f.IntVar(&rampBase, "ramp-base", 0, "ramp: the first rate, per minute")
 	f.Float64Var(&rampFactor, "ramp-factor", 2, "ramp: the rate's factor at each step")
 	f.IntVar(&rampEvery, "ramp-every", 0, "ramp: a step each time this many more devices succeeded")
@@ -196,7 +195,7 @@ a JSON object.`,
 }
 
 // rolloutFlags fills a create request from the flags.
-func rolloutFlags(cmd *cobra.Command, r *api.RolloutRequest, params, devices, after, before string,
+func rolloutFlags(cmd *cobra.Command, r *apiwire.RolloutRequest, params, devices, after, before string,
 	rampBase int, rampFactor float64, rampEvery int, aborts, windows []string) error {
 	if r.Action == "" {
 		return cmdline.Usagef("--action is required (or --file)")
@@ -218,7 +217,7 @@ func rolloutFlags(cmd *cobra.Command, r *api.RolloutRequest, params, devices, af
 		r.Devices = b
 	}
 	if cmd.Flags().Changed("ramp-base") || cmd.Flags().Changed("ramp-every") {
-		r.Ramp = &rollout.Ramp{BasePerMinute: rampBase, Factor: rampFactor, EverySucceeded: rampEvery}
+		r.Ramp = &apiwire.Ramp{BasePerMinute: rampBase, Factor: rampFactor, EverySucceeded: rampEvery}
 	}
 	for _, a := range aborts {
 		parts := strings.Split(a, ":")
@@ -230,14 +229,14 @@ func rolloutFlags(cmd *cobra.Command, r *api.RolloutRequest, params, devices, af
 		if err1 != nil || err2 != nil {
 			return cmdline.Usagef("--abort %q: PERCENT a number, MIN_FINISHED an integer", a)
 		}
-		r.Abort = append(r.Abort, rollout.AbortRule{When: parts[0], Percent: pct, MinFinished: minFinished})
+		r.Abort = append(r.Abort, apiwire.AbortRule{When: parts[0], Percent: pct, MinFinished: minFinished})
 	}
 	for _, w := range windows {
 		fields := strings.Fields(w)
 		if len(fields) < 6 {
 			return cmdline.Usagef("--window %q: want 'CRON DURATION', e.g. '0 2 * * * 2h'", w)
 		}
-		r.Windows = append(r.Windows, rollout.Window{Cron: strings.Join(fields[:len(fields)-1], " "), Duration: fields[len(fields)-1]})
+		r.Windows = append(r.Windows, apiwire.MaintenanceWindow{Cron: strings.Join(fields[:len(fields)-1], " "), Duration: fields[len(fields)-1]})
 	}
 	var err error
 	if r.ExecuteAfter, err = parseTime("execute-after", after); err != nil {
@@ -319,11 +318,11 @@ func isTerminal(w io.Writer) bool {
 }
 
 // done counts the devices that will not start again: finished or cancelled.
-func done(r api.RolloutView) int {
+func done(r apiwire.RolloutView) int {
 	return r.Finished + r.Counts[string(fsm.DevCancelled)]
 }
 
-func bar(r api.RolloutView, width int) string {
+func bar(r apiwire.RolloutView, width int) string {
 	if r.DevicesTotal == 0 {
 		return ""
 	}
@@ -333,7 +332,7 @@ func bar(r api.RolloutView, width int) string {
 }
 
 // outcomes is the non-zero counts of the outcomes, in the machine's order.
-func outcomes(r api.RolloutView) string {
+func outcomes(r apiwire.RolloutView) string {
 	var parts []string
 	for _, st := range fsm.RolloutDevice.States() {
 		if st == fsm.DevPending || st == fsm.DevStarted {
@@ -346,7 +345,7 @@ func outcomes(r api.RolloutView) string {
 	return strings.Join(parts, " ")
 }
 
-func abortLine(r api.RolloutView) string {
+func abortLine(r apiwire.RolloutView) string {
 	if len(r.AbortState) == 0 {
 		return "no abort rule"
 	}
@@ -367,12 +366,12 @@ func abortLine(r api.RolloutView) string {
 	return s
 }
 
-func rateLine(r api.RolloutView) string {
+func rateLine(r apiwire.RolloutView) string {
 	return fmt.Sprintf("rate %.0f/min, %d started in the last minute", r.Rate.AllowedPerMinute, r.Rate.StartsLastMinute)
 }
 
 // progressLine is the one-line view (for logs and pipes).
-func progressLine(r api.RolloutView) string {
+func progressLine(r apiwire.RolloutView) string {
 	pct := 0
 	if r.DevicesTotal > 0 {
 		pct = done(r) * 100 / r.DevicesTotal
@@ -382,7 +381,7 @@ func progressLine(r api.RolloutView) string {
 }
 
 // progressLines is the view a terminal redraws in place.
-func progressLines(r api.RolloutView, now time.Time) []string {
+func progressLines(r apiwire.RolloutView, now time.Time) []string {
 	pct := 0
 	if r.DevicesTotal > 0 {
 		pct = done(r) * 100 / r.DevicesTotal
@@ -411,7 +410,7 @@ func progressLines(r api.RolloutView, now time.Time) []string {
 	return lines
 }
 
-func printRollout(w io.Writer, r api.RolloutView, status int) error {
+func printRollout(w io.Writer, r apiwire.RolloutView, status int) error {
 	tw := newTab(w)
 	fmt.Fprintf(tw, "rollout\t%s%s\n", r.RolloutID, answered(status))
 	fmt.Fprintf(tw, "status\t%s%s\n", r.Status, reasonSuffix(r.Reason))
@@ -464,7 +463,7 @@ func printRollout(w io.Writer, r api.RolloutView, status int) error {
 	return tw.Flush()
 }
 
-func printRollouts(w io.Writer, rs []api.RolloutView) error {
+func printRollouts(w io.Writer, rs []apiwire.RolloutView) error {
 	tw := newTab(w)
 	fmt.Fprintln(tw, "ROLLOUT\tSTATUS\tACTION\tDEVICES\tDONE\tIN FLIGHT\tSUCCEEDED\tFAILED\tCREATED")
 	for _, r := range rs {
@@ -474,7 +473,7 @@ func printRollouts(w io.Writer, rs []api.RolloutView) error {
 	return tw.Flush()
 }
 
-func printRolloutDevices(w io.Writer, ds []api.RolloutDeviceView) error {
+func printRolloutDevices(w io.Writer, ds []apiwire.RolloutDeviceView) error {
 	tw := newTab(w)
 	fmt.Fprintln(tw, "DEVICE\tSTATUS\tATTEMPTS\tSTARTED\tFINISHED\tOPERATION\tREASON")
 	for _, d := range ds {

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 )
 
 // The text views of the client subcommands: one "key  value" block per
@@ -76,7 +76,7 @@ func orDash(s string) string {
 	return s
 }
 
-func printOperation(w io.Writer, op api.Operation, status int) error {
+func printOperation(w io.Writer, op apiwire.Operation, status int) error {
 	tw := newTab(w)
 	fmt.Fprintf(tw, "operation\t%s\n", op.OperationID)
 	fmt.Fprintf(tw, "status\t%s", op.Status)
@@ -99,7 +99,7 @@ func printOperation(w io.Writer, op api.Operation, status int) error {
 	return tw.Flush()
 }
 
-func printCommand(w io.Writer, c api.Command) error {
+func printCommand(w io.Writer, c apiwire.Command) error {
 	tw := newTab(w)
 	fmt.Fprintf(tw, "command\t%s\n", c.CommandID)
 	fmt.Fprintf(tw, "operation\t%s\n", c.OperationID)
@@ -135,7 +135,7 @@ func printCommand(w io.Writer, c api.Command) error {
 	return tw.Flush()
 }
 
-func printDevices(w io.Writer, devs []api.Device) error {
+func printDevices(w io.Writer, devs []apiwire.Device) error {
 	tw := newTab(w)
 	fmt.Fprintln(tw, "DEVICE\tONLINE\tCONFIRMED\tSESSION\tDEDUPE\tQUERY\tSKEW\tSTALE PRESENCE\tLAST SEEN")
 	for _, d := range devs {
@@ -165,7 +165,7 @@ func window(after, before *time.Time) string {
 
 // printTask: id, status, reason, version, plan hash, requester, window,
 // approval; then the steps with their operation ids; then the history.
-func printTask(w io.Writer, t api.TaskView, status int) error {
+func printTask(w io.Writer, t apiwire.TaskView, status int) error {
 	tw := newTab(w)
 	fmt.Fprintf(tw, "task\t%s\n", t.TaskID)
 	fmt.Fprintf(tw, "status\t%s%s\n", t.Status, answered(status))
@@ -213,7 +213,7 @@ func printTask(w io.Writer, t api.TaskView, status int) error {
 	return tw.Flush()
 }
 
-func printApproval(w io.Writer, a api.ApprovalV, status int) error {
+func printApproval(w io.Writer, a apiwire.ApprovalV, status int) error {
 	tw := newTab(w)
 	fmt.Fprintf(tw, "task\t%s\n", a.TaskID)
 	fmt.Fprintf(tw, "approved version\t%d%s\n", a.Version, answered(status))
@@ -224,7 +224,7 @@ func printApproval(w io.Writer, a api.ApprovalV, status int) error {
 }
 
 // printGrant: id, principal, action, devices, created by and at, revoked at.
-func printGrant(w io.Writer, g api.GrantView, status int) error {
+func printGrant(w io.Writer, g apiwire.GrantView, status int) error {
 	tw := newTab(w)
 	fmt.Fprintf(tw, "grant\t%s%s\n", g.GrantID, answered(status))
 	fmt.Fprintf(tw, "principal\t%s\n", g.Principal)
@@ -240,7 +240,7 @@ func printGrant(w io.Writer, g api.GrantView, status int) error {
 	return tw.Flush()
 }
 
-func printGrants(w io.Writer, gs []api.GrantView) error {
+func printGrants(w io.Writer, gs []apiwire.GrantView) error {
 	tw := newTab(w)
 	fmt.Fprintln(tw, "GRANT\tPRINCIPAL\tACTION\tDEVICES\tCREATED BY\tCREATED AT\tREVOKED AT")
 	for _, g := range gs {

@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
@@ -114,7 +114,7 @@ func (c *Client) do(ctx context.Context, method, path string, header http.Header
 	}
 	if resp.StatusCode >= 300 {
 		e := &Error{Status: resp.StatusCode}
-		var body api.Error
+		var body apiwire.Error
 		if json.Unmarshal(raw, &body) == nil && body.Code != "" {
 			e.Code, e.Message = body.Code, body.Message
 		} else {
@@ -131,8 +131,8 @@ func (c *Client) do(ctx context.Context, method, path string, header http.Header
 }
 
 // Submit posts an operation. key, if not empty, is sent as Idempotency-Key.
-func (c *Client) Submit(ctx context.Context, req api.SubmitRequest, key string) (api.Operation, int, error) {
-	var op api.Operation
+func (c *Client) Submit(ctx context.Context, req apiwire.SubmitRequest, key string) (apiwire.Operation, int, error) {
+	var op apiwire.Operation
 	h := http.Header{}
 	if key != "" {
 		h.Set("Idempotency-Key", key)
@@ -142,8 +142,8 @@ func (c *Client) Submit(ctx context.Context, req api.SubmitRequest, key string) 
 }
 
 // Operation reads an operation; wait > 0 blocks until it leaves started.
-func (c *Client) Operation(ctx context.Context, id string, wait time.Duration) (api.Operation, error) {
-	var op api.Operation
+func (c *Client) Operation(ctx context.Context, id string, wait time.Duration) (apiwire.Operation, error) {
+	var op apiwire.Operation
 	path := "/v1/operations/" + url.PathEscape(id)
 	if wait > 0 {
 		path += "?wait=" + wait.String()
@@ -153,14 +153,14 @@ func (c *Client) Operation(ctx context.Context, id string, wait time.Duration) (
 }
 
 // Command reads a command with its receipts and events.
-func (c *Client) Command(ctx context.Context, id string) (api.Command, error) {
-	var cmd api.Command
+func (c *Client) Command(ctx context.Context, id string) (apiwire.Command, error) {
+	var cmd apiwire.Command
 	_, err := c.Do(ctx, http.MethodGet, "/v1/commands/"+url.PathEscape(id), nil, nil, &cmd)
 	return cmd, err
 }
 
 // Devices lists every device, following the pages.
-func (c *Client) Devices(ctx context.Context) ([]api.Device, error) {
+func (c *Client) Devices(ctx context.Context) ([]apiwire.Device, error) {
 	return c.ListDevices(ctx, DeviceQuery{})
 }
 
@@ -183,104 +183,104 @@ func (q DeviceQuery) path() string {
 
 // ListDevices lists every device that matches q, following the Link
 // header from page to page.
-func (c *Client) ListDevices(ctx context.Context, q DeviceQuery) ([]api.Device, error) {
-	return listAll[api.Device](ctx, c, q.path())
+func (c *Client) ListDevices(ctx context.Context, q DeviceQuery) ([]apiwire.Device, error) {
+	return listAll[apiwire.Device](ctx, c, q.path())
 }
 
 // DevicesPage reads one page of devices at path (a list path, such as
 // "/v1/devices?limit=10" or a previous page's Next).
-func (c *Client) DevicesPage(ctx context.Context, path string) ([]api.Device, Page, error) {
-	return listPage[api.Device](ctx, c, path)
+func (c *Client) DevicesPage(ctx context.Context, path string) ([]apiwire.Device, Page, error) {
+	return listPage[apiwire.Device](ctx, c, path)
 }
 
 // Device reads one device.
-func (c *Client) Device(ctx context.Context, id string) (api.Device, error) {
-	var d api.Device
+func (c *Client) Device(ctx context.Context, id string) (apiwire.Device, error) {
+	var d apiwire.Device
 	_, err := c.Do(ctx, http.MethodGet, "/v1/devices/"+url.PathEscape(id), nil, nil, &d)
 	return d, err
 }
 
 // ResetPresence forgets a device's presence rank (admin).
-func (c *Client) ResetPresence(ctx context.Context, id string) (api.Device, error) {
-	var d api.Device
+func (c *Client) ResetPresence(ctx context.Context, id string) (apiwire.Device, error) {
+	var d apiwire.Device
 	_, err := c.Do(ctx, http.MethodPost, "/v1/devices/"+url.PathEscape(id)+"/presence/reset", nil, nil, &d)
 	return d, err
 }
 
 // Cancel cancels a command that was never published.
-func (c *Client) Cancel(ctx context.Context, id string) (api.Command, error) {
-	var cmd api.Command
+func (c *Client) Cancel(ctx context.Context, id string) (apiwire.Command, error) {
+	var cmd apiwire.Command
 	_, err := c.Do(ctx, http.MethodPost, "/v1/commands/"+url.PathEscape(id)+"/cancel", nil, nil, &cmd)
 	return cmd, err
 }
 
 // Resolve records a person's outcome for a needs_attention command.
-func (c *Client) Resolve(ctx context.Context, id, outcome, note string) (api.Command, error) {
-	var cmd api.Command
+func (c *Client) Resolve(ctx context.Context, id, outcome, note string) (apiwire.Command, error) {
+	var cmd apiwire.Command
 	_, err := c.Do(ctx, http.MethodPost, "/v1/commands/"+url.PathEscape(id)+"/resolve", nil,
-		api.ResolveRequest{Outcome: outcome, Note: note}, &cmd)
+		apiwire.ResolveRequest{Outcome: outcome, Note: note}, &cmd)
 	return cmd, err
 }
 
 // CreateTask posts a task with plan version 1; the status is 201 for a new
 // task, 200 for a replay of the same request.
-func (c *Client) CreateTask(ctx context.Context, req api.TaskRequest) (api.TaskView, int, error) {
-	var t api.TaskView
+func (c *Client) CreateTask(ctx context.Context, req apiwire.TaskRequest) (apiwire.TaskView, int, error) {
+	var t apiwire.TaskView
 	status, err := c.Do(ctx, http.MethodPost, "/v1/tasks", nil, req, &t)
 	return t, status, err
 }
 
 // UpdatePlan proposes a new plan version.
-func (c *Client) UpdatePlan(ctx context.Context, taskID string, req api.PlanRequest) (api.TaskView, error) {
-	var t api.TaskView
+func (c *Client) UpdatePlan(ctx context.Context, taskID string, req apiwire.PlanRequest) (apiwire.TaskView, error) {
+	var t apiwire.TaskView
 	_, err := c.Do(ctx, http.MethodPut, "/v1/tasks/"+url.PathEscape(taskID)+"/plan", nil, req, &t)
 	return t, err
 }
 
 // Approve approves one plan version; the status is 201 for a new approval,
 // 200 for an exact replay.
-func (c *Client) Approve(ctx context.Context, taskID string, req api.ApprovalRequest) (api.ApprovalV, int, error) {
-	var a api.ApprovalV
+func (c *Client) Approve(ctx context.Context, taskID string, req apiwire.ApprovalRequest) (apiwire.ApprovalV, int, error) {
+	var a apiwire.ApprovalV
 	status, err := c.Do(ctx, http.MethodPost, "/v1/tasks/"+url.PathEscape(taskID)+"/approvals", nil, req, &a)
 	return a, status, err
 }
 
 // Reject rejects a task before it runs.
-func (c *Client) Reject(ctx context.Context, taskID, reason string) (api.TaskView, error) {
-	var t api.TaskView
+func (c *Client) Reject(ctx context.Context, taskID, reason string) (apiwire.TaskView, error) {
+	var t apiwire.TaskView
 	_, err := c.Do(ctx, http.MethodPost, "/v1/tasks/"+url.PathEscape(taskID)+"/rejections", nil,
-		api.RejectionRequest{Reason: reason}, &t)
+		apiwire.RejectionRequest{Reason: reason}, &t)
 	return t, err
 }
 
 // Task reads a task: status, plan, steps with their operation ids, history.
-func (c *Client) Task(ctx context.Context, taskID string) (api.TaskView, error) {
-	var t api.TaskView
+func (c *Client) Task(ctx context.Context, taskID string) (apiwire.TaskView, error) {
+	var t apiwire.TaskView
 	_, err := c.Do(ctx, http.MethodGet, "/v1/tasks/"+url.PathEscape(taskID), nil, nil, &t)
 	return t, err
 }
 
 // CreateGrant grants; the status is 201 for a new grant, 200 when the same
 // live grant exists.
-func (c *Client) CreateGrant(ctx context.Context, req api.GrantRequest) (api.GrantView, int, error) {
-	var g api.GrantView
+func (c *Client) CreateGrant(ctx context.Context, req apiwire.GrantRequest) (apiwire.GrantView, int, error) {
+	var g apiwire.GrantView
 	status, err := c.Do(ctx, http.MethodPost, "/v1/grants", nil, req, &g)
 	return g, status, err
 }
 
 // Grants lists the live grants, and with all the revoked ones too,
 // following the pages.
-func (c *Client) Grants(ctx context.Context, all bool) ([]api.GrantView, error) {
+func (c *Client) Grants(ctx context.Context, all bool) ([]apiwire.GrantView, error) {
 	path := "/v1/grants"
 	if all {
 		path += "?all=1"
 	}
-	return listAll[api.GrantView](ctx, c, path)
+	return listAll[apiwire.GrantView](ctx, c, path)
 }
 
 // RevokeGrant revokes a grant (again: the same answer).
-func (c *Client) RevokeGrant(ctx context.Context, grantID string) (api.GrantView, error) {
-	var g api.GrantView
+func (c *Client) RevokeGrant(ctx context.Context, grantID string) (apiwire.GrantView, error) {
+	var g apiwire.GrantView
 	_, err := c.Do(ctx, http.MethodDelete, "/v1/grants/"+url.PathEscape(grantID), nil, nil, &g)
 	return g, err
 }

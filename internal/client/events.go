@@ -11,13 +11,13 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/fleetctl/fleetctl/internal/events"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 )
 
 // StreamEvent is one event of GET /v1/events: its SSE id and its data.
 type StreamEvent struct {
 	Seq string // the SSE id, for Last-Event-ID
-	events.Payload
+	apiwire.EventData
 }
 
 // EventStream reads GET /v1/events.
@@ -91,7 +91,7 @@ func (s *EventStream) Next() (StreamEvent, error) {
 			if data == nil {
 				continue
 			}
-			if err := json.Unmarshal(data, &ev.Payload); err != nil {
+			if err := json.Unmarshal(data, &ev.EventData); err != nil {
 				return ev, fmt.Errorf("event %s: %w", ev.Seq, err)
 			}
 			if ev.Seq != "" {

@@ -38,7 +38,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/creds"
 	"github.com/fleetctl/fleetctl/internal/fsm"
@@ -464,7 +464,7 @@ func runBatch(ctx context.Context, c *client.Client, cfg Config, out io.Writer) 
 		go func() {
 			defer wg.Done()
 			for i := range work {
-				r := api.SubmitRequest{TaskID: fmt.Sprintf("demo-%03d", i), Step: "restart", Target: fmt.Sprintf("device-%d", i%cfg.Devices+1),
+				r := apiwire.SubmitRequest{TaskID: fmt.Sprintf("demo-%03d", i), Step: "restart", Target: fmt.Sprintf("device-%d", i%cfg.Devices+1),
 					BusinessVersion: "v1", Action: "restart", Params: []byte(`{"reason":"demo"}`)}
 				if i%4 == 1 {
 					r.Step, r.Action, r.Params = "set-config", "set-config", []byte(fmt.Sprintf(`{"interval_s":%d}`, 10+i))

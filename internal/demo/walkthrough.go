@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/mcpserver"
 )
@@ -24,7 +24,7 @@ func grantAgent(ctx context.Context, apiURL string) error {
 	admin := client.New(apiURL, "demo-admin")
 	for _, action := range []string{"restart", "set-config"} {
 		if _, err := admin.Do(ctx, http.MethodPost, "/v1/grants", nil,
-			api.GrantRequest{Principal: "agent", Action: action, Devices: "device-*"}, nil); err != nil {
+			apiwire.GrantRequest{Principal: "agent", Action: action, Devices: "device-*"}, nil); err != nil {
 			return fmt.Errorf("grant %s: %w", action, err)
 		}
 	}
@@ -79,7 +79,7 @@ func walkthrough(ctx context.Context, apiURL string, out io.Writer) error {
 	if _, err := alice.Do(ctx, http.MethodPost, "/v1/tasks/task-88/approvals", nil, map[string]any{"version": 2}, nil); err != nil {
 		fmt.Fprintf(out, "        alice approves the superseded v2: refused (%s)\n", client.Code(err))
 	}
-	var a api.ApprovalV
+	var a apiwire.ApprovalV
 	status, err := alice.Do(ctx, http.MethodPost, "/v1/tasks/task-88/approvals", nil, map[string]any{"version": 3, "plan_hash": v.PlanHash}, &a)
 	if err != nil {
 		return fmt.Errorf("approve: %w", err)

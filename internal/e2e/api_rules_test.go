@@ -13,14 +13,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/rollout"
 )
 
 // raw sends one request to the controller (a JSON body when body is not
 // "", header set as given) and returns its status, headers and error body.
-func (b *bundle) raw(method, path, body string, header map[string]string) (int, http.Header, api.Error) {
+func (b *bundle) raw(method, path, body string, header map[string]string) (int, http.Header, apiwire.Error) {
 	b.t.Helper()
 	var rd io.Reader
 	if body != "" {
@@ -38,7 +38,7 @@ func (b *bundle) raw(method, path, body string, header map[string]string) (int, 
 	require.NoError(b.t, err)
 	defer resp.Body.Close()
 	got, _ := io.ReadAll(resp.Body)
-	var e api.Error
+	var e apiwire.Error
 	if resp.StatusCode >= 300 && method != http.MethodHead {
 		require.NoError(b.t, json.Unmarshal(got, &e), "%s %s: %d %q", method, path, resp.StatusCode, got)
 	}
@@ -53,7 +53,7 @@ func (b *bundle) raw(method, path, body string, header map[string]string) (int, 
 func TestAPIRulesOnTheBinary(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{devices: 1})
-	op, _, err := b.client.Submit(b.ctx(), api.SubmitRequest{OperationID: "rules-1", Target: "device-1", Action: "restart"}, "")
+	op, _, err := b.client.Submit(b.ctx(), apiwire.SubmitRequest{OperationID: "rules-1", Target: "device-1", Action: "restart"}, "")
 	require.NoError(t, err)
 
 	// (a) 405 with Allow.
@@ -105,7 +105,7 @@ func TestAPIRulesOnTheBinary(t *testing.T) {
 		require.Contains(t, e.Message, field+" 0")
 	}
 	require.Equal(t, []string{"0"}, b.rows(`SELECT COUNT(*) FROM rollouts`), "nothing created")
-	r, status, err := b.client.CreateRollout(b.ctx(), api.RolloutRequest{RolloutID: "dflt", Action: "set-config",
+	r, status, err := b.client.CreateRollout(b.ctx(), apiwire.RolloutRequest{RolloutID: "dflt", Action: "set-config",
 		Devices: json.RawMessage(`["device-1"]`)})
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, status)
@@ -114,12 +114,12 @@ func TestAPIRulesOnTheBinary(t *testing.T) {
 
 	// (d) A principal is a name.
 	for _, p := range []string{"ali ce", "agent*", "agent?", "[ab]gent"} {
-		_, status, err := b.client.CreateGrant(b.ctx(), api.GrantRequest{Principal: p, Action: "restart", Devices: "device-*"})
+		_, status, err := b.client.CreateGrant(b.ctx(), apiwire.GrantRequest{Principal: p, Action: "restart", Devices: "device-*"})
 		require.Equal(t, http.StatusBadRequest, status, "%q: %v", p, err)
 		require.Equal(t, "invalid_request", client.Code(err))
 	}
 	require.Equal(t, []string{"0"}, b.rows(`SELECT COUNT(*) FROM grants`), "no grant stored")
-	_, status, err = b.client.CreateGrant(b.ctx(), api.GrantRequest{Principal: "alice@example.com", Action: "restart", Devices: "device-*"})
+	_, status, err = b.client.CreateGrant(b.ctx(), apiwire.GrantRequest{Principal: "alice@example.com", Action: "restart", Devices: "device-*"})
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, status)
 }
@@ -135,12 +135,12 @@ func TestRolloutOperationIdCannotBeTakenFirst(t *testing.T) {
 	const id = "claim:rollout:device-1:v1"
 	for _, tc := range []struct {
 		name string
-		req  api.SubmitRequest
+		req  apiwire.SubmitRequest
 		key  string
 	}{
-		{"whole", api.SubmitRequest{OperationID: id, Target: "device-1", Action: "set-config"}, ""},
-		{"derived", api.SubmitRequest{TaskID: "claim", Step: "rollout", Target: "device-1", BusinessVersion: "v1", Action: "set-config"}, ""},
-		{"Idempotency-Key", api.SubmitRequest{Target: "device-1", Action: "set-config"}, id},
+		{"whole", apiwire.SubmitRequest{OperationID: id, Target: "device-1", Action: "set-config"}, ""},
+		{"derived", apiwire.SubmitRequest{TaskID: "claim", Step: "rollout", Target: "device-1", BusinessVersion: "v1", Action: "set-config"}, ""},
+		{"Idempotency-Key", apiwire.SubmitRequest{Target: "device-1", Action: "set-config"}, id},
 	} {
 		_, status, err := b.client.Submit(b.ctx(), tc.req, tc.key)
 		require.Equal(t, http.StatusForbidden, status, "%s: %v", tc.name, err)
@@ -151,12 +151,12 @@ func TestRolloutOperationIdCannotBeTakenFirst(t *testing.T) {
 
 	// "claim:rollout" compensated with business_version v1 would be device
 	// "compensate" of rollout claim.
-	orig, _, err := b.client.Submit(b.ctx(), api.SubmitRequest{OperationID: "claim:rollout", Target: "device-2", Action: "set-config"}, "")
+	orig, _, err := b.client.Submit(b.ctx(), apiwire.SubmitRequest{OperationID: "claim:rollout", Target: "device-2", Action: "set-config"}, "")
 	require.NoError(t, err)
 	require.Equal(t, "succeeded", b.waitFinal(orig.OperationID).Status)
-	var comp api.Operation
+	var comp apiwire.Operation
 	status, err := b.client.Do(b.ctx(), http.MethodPost, "/v1/operations/claim:rollout/compensations", nil,
-		api.CompensationRequest{Action: "set-config", BusinessVersion: "v1"}, &comp)
+		apiwire.CompensationRequest{Action: "set-config", BusinessVersion: "v1"}, &comp)
 	require.Equal(t, http.StatusForbidden, status, "%v", err)
 	require.Equal(t, "reserved_operation_id", client.Code(err))
 

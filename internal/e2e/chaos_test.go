@@ -11,13 +11,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 )
 
 // submitUntilAnswered submits r until the controller answers 201 or 200,
 // backing off while it restarts, as a caller that retries with the same
 // operation_id does; it returns the answer and how many tries failed.
-func (b *bundle) submitUntilAnswered(ctx context.Context, r api.SubmitRequest) (api.Operation, int) {
+func (b *bundle) submitUntilAnswered(ctx context.Context, r apiwire.SubmitRequest) (apiwire.Operation, int) {
 	for failed := 0; ctx.Err() == nil; failed++ {
 		op, status, err := b.client.Submit(ctx, r, "")
 		if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
@@ -28,7 +28,7 @@ func (b *bundle) submitUntilAnswered(ctx context.Context, r api.SubmitRequest) (
 		case <-time.After(50 * time.Millisecond): // back off while the controller restarts
 		}
 	}
-	return api.Operation{}, 0
+	return apiwire.Operation{}, 0
 }
 
 // TestKill9DuringARun kills the controller with SIGKILL 20 times while 500

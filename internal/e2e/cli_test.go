@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 )
 
@@ -34,7 +34,7 @@ func TestClientSubcommands(t *testing.T) {
 
 	out, err = b.run("op", "get", "cli:set:device-1:v1", "--json")
 	require.NoError(t, err, out)
-	var op api.Operation
+	var op apiwire.Operation
 	require.NoError(t, json.Unmarshal([]byte(out), &op))
 	require.Equal(t, "succeeded", op.Status)
 
@@ -66,7 +66,7 @@ func TestClientSubcommands(t *testing.T) {
 	require.Regexp(t, `revoked at\s+- \(live\)`, out)
 	out, err = b.run("grant", "list", "--json")
 	require.NoError(t, err, out)
-	var grants []api.GrantView
+	var grants []apiwire.GrantView
 	require.NoError(t, json.Unmarshal([]byte(out), &grants))
 	require.Len(t, grants, 1)
 	require.Equal(t, "device-*", grants[0].Devices)
@@ -80,7 +80,7 @@ func TestClientSubcommands(t *testing.T) {
 	require.Regexp(t, `approved version\s+1  \[new\]`, out)
 	eventually(t, "cli-task completed", 30*time.Second, func() bool {
 		out, err = b.run("task", "get", "cli-task", "--json")
-		var task api.TaskView
+		var task apiwire.TaskView
 		return err == nil && json.Unmarshal([]byte(out), &task) == nil && task.Status == "completed"
 	})
 	out, err = b.run("task", "get", "cli-task")

@@ -13,7 +13,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 )
 
@@ -68,7 +68,7 @@ func TestConcurrentSubmitsOfOneOperation(t *testing.T) {
 		b := setup(t, setupOpts{backend: be})
 		const n = 100
 		type answer struct {
-			op     api.Operation
+			op     apiwire.Operation
 			status int
 			err    error
 		}
@@ -146,7 +146,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		resp, err := http.DefaultClient.Do(r)
 		require.NoError(t, err)
 		defer resp.Body.Close()
-		var e api.Error
+		var e apiwire.Error
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
 		require.NotEmpty(t, e.Message)
 		return resp.StatusCode, e.Code
@@ -194,7 +194,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	for _, w := range []string{"61s", "abc", "-1s"} {
 		resp, err := http.Get(b.ctl.URL + "/v1/operations/x?wait=" + w)
 		require.NoError(t, err)
-		var e api.Error
+		var e apiwire.Error
 		require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
 		resp.Body.Close()
 		require.Equal(t, 400, resp.StatusCode)
@@ -207,14 +207,14 @@ func TestBadInputChangesNothing(t *testing.T) {
 	b.verify()
 }
 
-func postOK(t *testing.T, url, body, key string) (int, api.Operation) {
+func postOK(t *testing.T, url, body, key string) (int, apiwire.Operation) {
 	r, _ := http.NewRequest(http.MethodPost, url+"/v1/operations", bytes.NewReader([]byte(body)))
 	r.Header.Set("Content-Type", "application/json")
 	r.Header.Set("Idempotency-Key", key)
 	resp, err := http.DefaultClient.Do(r)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	var op api.Operation
+	var op apiwire.Operation
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&op))
 	return resp.StatusCode, op
 }

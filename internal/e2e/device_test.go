@@ -10,22 +10,22 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 )
 
-func (b *bundle) command(id string) api.Command {
+func (b *bundle) command(id string) apiwire.Command {
 	b.t.Helper()
 	c, err := b.client.Command(b.ctx(), id)
 	require.NoError(b.t, err)
 	return c
 }
 
-func (b *bundle) waitCommand(id, status string) api.Command {
+func (b *bundle) waitCommand(id, status string) apiwire.Command {
 	b.t.Helper()
-	var c api.Command
+	var c apiwire.Command
 	eventually(b.t, "command "+id+" "+status, 30*time.Second, func() bool {
 		c = b.command(id)
 		return c.Status == status

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/creds"
 	"github.com/fleetctl/fleetctl/internal/testenv"
@@ -59,7 +59,7 @@ func TestIntrudersInASharedGroupTakeNoReceipts(t *testing.T) {
 	const ops = 20
 	start := time.Now()
 	var wg sync.WaitGroup
-	final := make([]api.Operation, ops)
+	final := make([]apiwire.Operation, ops)
 	took := make([]time.Duration, ops)
 	for i := range ops {
 		wg.Add(1)
@@ -156,7 +156,7 @@ func TestLargeSetConfigAndOversizedReceipts(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, len(params), 70_000)
 	for i, p := range []json.RawMessage{params, json.RawMessage(`{"k":1}`), params, json.RawMessage(`{"k":2}`)} {
-		r := api.SubmitRequest{TaskID: fmt.Sprintf("cfg-%d", i), Step: "set", Target: "device-1", BusinessVersion: "v1",
+		r := apiwire.SubmitRequest{TaskID: fmt.Sprintf("cfg-%d", i), Step: "set", Target: "device-1", BusinessVersion: "v1",
 			Action: "set-config", Params: p}
 		op, status, err := b.client.Submit(b.ctx(), r, "")
 		require.NoError(t, err)
@@ -202,7 +202,7 @@ func TestFlappingDeviceIsShownAtItsLatestSession(t *testing.T) {
 	}
 	publish(t, raw, "fleet/flap-1/presence", birth(21))
 	sent := time.Now()
-	var d api.Device
+	var d apiwire.Device
 	eventually(t, "flap-1 online at session 21", 10*time.Second, func() bool {
 		d, _ = b.client.Device(b.ctx(), "flap-1")
 		return d.Online && d.Session == 21

@@ -19,8 +19,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
-	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 )
 
 // refusedCounts reads every sample of controller_inputs_refused_total from
@@ -141,7 +140,7 @@ func send(ctx context.Context, hc *http.Client, base string, h hostile) (int, st
 		return 0, "", err
 	}
 	defer resp.Body.Close()
-	var e api.Error
+	var e apiwire.Error
 	raw, _ := io.ReadAll(resp.Body)
 	if err := json.Unmarshal(raw, &e); err != nil {
 		return resp.StatusCode, "", fmt.Errorf("answer %d is not an API error: %q", resp.StatusCode, raw)
@@ -336,7 +335,7 @@ func (p *publisher) wait() int64 {
 // opsLoad runs ordinary operations in workers, each one after another,
 // the next request of a worker from next (false: that worker is done), and
 // returns each one's final status and latency (submit to final state).
-func (b *bundle) opsLoad(ctx context.Context, workers int, next func(worker, i int) (api.SubmitRequest, bool)) (map[string]string, []time.Duration, error) {
+func (b *bundle) opsLoad(ctx context.Context, workers int, next func(worker, i int) (apiwire.SubmitRequest, bool)) (map[string]string, []time.Duration, error) {
 	var mu sync.Mutex
 	status := map[string]string{}
 	var lat []time.Duration
@@ -381,7 +380,7 @@ func (b *bundle) opsLoad(ctx context.Context, workers int, next func(worker, i i
 // normalLoad runs n operations named prefix-NNN over devices, workers at a time.
 func (b *bundle) normalLoad(ctx context.Context, prefix string, n, workers int, devices []string) (map[string]string, []time.Duration, error) {
 	var next atomic.Int64
-	return b.opsLoad(ctx, workers, func(int, int) (api.SubmitRequest, bool) {
+	return b.opsLoad(ctx, workers, func(int, int) (apiwire.SubmitRequest, bool) {
 		i := int(next.Add(1)) - 1
 		return req(fmt.Sprintf("%s-%03d", prefix, i), devices[i%len(devices)]), i < n
 	})
@@ -415,16 +414,16 @@ func TestHostileInputsChangeNothing(t *testing.T) {
 	// What the hostile requests are one change away from changing: a
 	// succeeded operation, a command waiting for an unseen device, a task
 	// waiting for approval, a grant.
-	base, _, err := b.client.Submit(ctx, api.SubmitRequest{OperationID: "base-op", Target: "device-1", Action: "restart"}, "")
+	base, _, err := b.client.Submit(ctx, apiwire.SubmitRequest{OperationID: "base-op", Target: "device-1", Action: "restart"}, "")
 	require.NoError(t, err)
 	require.Equal(t, "succeeded", b.waitFinal(base.OperationID).Status)
-	waiting, _, err := b.client.Submit(ctx, api.SubmitRequest{OperationID: "base-wait", Target: "device-404", Action: "restart"}, "")
+	waiting, _, err := b.client.Submit(ctx, apiwire.SubmitRequest{OperationID: "base-wait", Target: "device-404", Action: "restart"}, "")
 	require.NoError(t, err)
 	b.waitCommand(waiting.CommandID, "waiting_device")
-	_, _, err = b.client.CreateTask(ctx, api.TaskRequest{TaskID: "base-task",
-		Steps: []store.Step{{Step: "s1", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`)}}})
+	_, _, err = b.client.CreateTask(ctx, apiwire.TaskRequest{TaskID: "base-task",
+		Steps: []apiwire.Step{{Step: "s1", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`)}}})
 	require.NoError(t, err)
-	grant, _, err := b.client.CreateGrant(ctx, api.GrantRequest{Principal: "alice", Action: "restart", Devices: "device-*"})
+	grant, _, err := b.client.CreateGrant(ctx, apiwire.GrantRequest{Principal: "alice", Action: "restart", Devices: "device-*"})
 	require.NoError(t, err)
 
 	stable := func() []string {
@@ -688,7 +687,7 @@ func TestFloodingDeviceDoesNotStarveOthers(t *testing.T) {
 	loadCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	loadStart := time.Now()
-	status, lat, err := b.opsLoad(loadCtx, len(fleet), func(w, i int) (api.SubmitRequest, bool) {
+	status, lat, err := b.opsLoad(loadCtx, len(fleet), func(w, i int) (apiwire.SubmitRequest, bool) {
 		// Paced at 10 operations a second per device at most (30 receipts,
 		// under the limit of 50): on a fast machine back-to-back operations
 		// would be throttled by the same limit, and their drops would be

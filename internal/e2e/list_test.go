@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 )
 
@@ -85,7 +85,7 @@ func TestDevicesListPaged(t *testing.T) {
 	} {
 		out, err := b.run(tc.args...)
 		require.NoError(t, err, out)
-		var devs []api.Device
+		var devs []apiwire.Device
 		require.NoError(t, json.Unmarshal([]byte(out), &devs), out)
 		got := []string{}
 		for _, d := range devs {

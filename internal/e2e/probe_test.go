@@ -19,7 +19,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
@@ -223,7 +223,7 @@ func TestLargeParamsKeepTheirSizeAndOversizedCommandsAreRefused(t *testing.T) {
 	})
 	require.True(t, tok.WaitTimeout(5*time.Second))
 
-	big := api.SubmitRequest{OperationID: "big-1", Target: "device-1", Action: "restart",
+	big := apiwire.SubmitRequest{OperationID: "big-1", Target: "device-1", Action: "restart",
 		Params: json.RawMessage(`{"s":"` + strings.Repeat("<", 200<<10) + `"}`)}
 	op, status, err := b.client.Submit(b.ctx(), big, "")
 	require.NoError(t, err)
@@ -235,7 +235,7 @@ func TestLargeParamsKeepTheirSizeAndOversizedCommandsAreRefused(t *testing.T) {
 	require.Less(t, seen[0], 201<<10, "one byte per '<' on the wire")
 	mu.Unlock()
 
-	tooBig := api.SubmitRequest{OperationID: "big-2", Target: "device-1", Action: "restart",
+	tooBig := apiwire.SubmitRequest{OperationID: "big-2", Target: "device-1", Action: "restart",
 		Params: json.RawMessage(`{"s":"` + strings.Repeat("x", 300<<10) + `"}`)}
 	_, status, err = b.client.Submit(b.ctx(), tooBig, "")
 	require.Error(t, err)
@@ -339,7 +339,7 @@ func TestInputEdges(t *testing.T) {
 		resp, err := http.DefaultClient.Do(rq)
 		require.NoError(t, err)
 		defer resp.Body.Close()
-		var e api.Error
+		var e apiwire.Error
 		_ = json.NewDecoder(resp.Body).Decode(&e)
 		return resp.StatusCode, e.Code + " " + e.Message
 	}
@@ -373,7 +373,7 @@ func TestDeviceReceivesParamsAsSent(t *testing.T) {
 	got := make(chan string, 4)
 	tok := sniff.Subscribe("fleet/device-1/commands", 1, func(_ mqtt.Client, m mqtt.Message) { got <- string(m.Payload()) })
 	require.True(t, tok.WaitTimeout(5*time.Second))
-	r := api.SubmitRequest{OperationID: "as-sent", Target: "device-1", Action: "restart",
+	r := apiwire.SubmitRequest{OperationID: "as-sent", Target: "device-1", Action: "restart",
 		Params: json.RawMessage(`{"z": "<b>&", "n": 9007199254740991, "f": 1.50}`)}
 	op, _, err := b.client.Submit(b.ctx(), r, "")
 	require.NoError(t, err)

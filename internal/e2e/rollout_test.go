@@ -14,7 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/sim"
@@ -40,7 +40,7 @@ func rolloutFleet(t *testing.T, def int) int {
 	return def
 }
 
-func (b *bundle) rollout(c *client.Client, id string) api.RolloutView {
+func (b *bundle) rollout(c *client.Client, id string) apiwire.RolloutView {
 	b.t.Helper()
 	r, err := c.Rollout(b.ctx(), id)
 	require.NoError(b.t, err)
@@ -48,9 +48,9 @@ func (b *bundle) rollout(c *client.Client, id string) api.RolloutView {
 }
 
 // waitRollout waits for cond on the rollout, read through c.
-func (b *bundle) waitRollout(c *client.Client, id, what string, timeout time.Duration, cond func(api.RolloutView) bool) api.RolloutView {
+func (b *bundle) waitRollout(c *client.Client, id, what string, timeout time.Duration, cond func(apiwire.RolloutView) bool) apiwire.RolloutView {
 	b.t.Helper()
-	var r api.RolloutView
+	var r apiwire.RolloutView
 	deadline := time.Now().Add(timeout)
 	for {
 		got, err := c.Rollout(b.ctx(), id)
@@ -69,7 +69,7 @@ func (b *bundle) waitRollout(c *client.Client, id, what string, timeout time.Dur
 }
 
 // over: ended, and nothing in flight.
-func over(r api.RolloutView) bool {
+func over(r apiwire.RolloutView) bool {
 	return r.EndedAt != nil && r.InFlight == 0
 }
 
@@ -168,9 +168,9 @@ func checkOnce(t *testing.T, spans []span, devices int, all bool) {
 	}
 }
 
-func rolloutJSON(id, action, devices string, spec rollout.Spec) api.RolloutRequest {
-	return api.RolloutRequest{RolloutID: id, Action: action, Params: json.RawMessage(`{"fw":"4.2"}`),
-		Devices: json.RawMessage(devices), Spec: spec}
+func rolloutJSON(id, action, devices string, spec rollout.Spec) apiwire.RolloutRequest {
+	return apiwire.RolloutRequest{RolloutID: id, Action: action, Params: json.RawMessage(`{"fw":"4.2"}`),
+		Devices: json.RawMessage(devices), RolloutSpec: apiwire.RolloutSpec(spec)}
 }
 
 // slowFleet: every device's action takes fast, those whose id ends in 7
@@ -377,7 +377,7 @@ func TestRolloutSurvivesSchedulerKills(t *testing.T) {
 	require.NoError(t, err)
 	var kills []string
 	for i, at := range []float64{0.2, 0.45, 0.7} {
-		cur := b.waitRollout(pc, "kills", fmt.Sprintf("%.0f%% done", at*100), 5*time.Minute, func(r api.RolloutView) bool {
+		cur := b.waitRollout(pc, "kills", fmt.Sprintf("%.0f%% done", at*100), 5*time.Minute, func(r apiwire.RolloutView) bool {
 			return float64(r.Finished) >= at*float64(n)
 		})
 		owner := cur.Scheduler.Owner
@@ -386,14 +386,14 @@ func TestRolloutSurvivesSchedulerKills(t *testing.T) {
 		kills = append(kills, fmt.Sprintf("kill -9 of %s (token %d) at %d/%d finished", owner, token, cur.Finished, n))
 		if i == 0 {
 			ctls[owner].restart()
-			got := b.waitRollout(ctls[owner].c, "kills", "reclaimed by the restarted instance", time.Minute, func(r api.RolloutView) bool {
+			got := b.waitRollout(ctls[owner].c, "kills", "reclaimed by the restarted instance", time.Minute, func(r apiwire.RolloutView) bool {
 				return r.Scheduler.FencingToken > token
 			})
 			kills[i] += fmt.Sprintf(", restarted at once: reclaimed by %s with token %d", got.Scheduler.Owner, got.Scheduler.FencingToken)
 			continue
 		}
 		survivor := ctls[other[owner]].c
-		got := b.waitRollout(survivor, "kills", "taken over by the peer", time.Minute, func(r api.RolloutView) bool {
+		got := b.waitRollout(survivor, "kills", "taken over by the peer", time.Minute, func(r apiwire.RolloutView) bool {
 			return r.Scheduler.Owner == other[owner] && r.Scheduler.FencingToken > token
 		})
 		kills[i] += fmt.Sprintf(", taken over by %s with token %d", got.Scheduler.Owner, got.Scheduler.FencingToken)
@@ -494,7 +494,7 @@ func TestRolloutPauseAcrossRestart(t *testing.T) {
 	b := setup(t, setupOpts{devices: n, args: []string{"--lease-ttl", "2s"}})
 	_, _, err := b.client.CreateRollout(b.ctx(), rolloutJSON("pause", "restart", `"device-*"`, rollout.Spec{MaxPerMinute: 60}))
 	require.NoError(t, err)
-	b.waitRollout(b.client, "pause", "3 started", time.Minute, func(r api.RolloutView) bool { return r.Rate.Starts >= 3 })
+	b.waitRollout(b.client, "pause", "3 started", time.Minute, func(r apiwire.RolloutView) bool { return r.Rate.Starts >= 3 })
 	paused, err := b.client.MoveRollout(b.ctx(), "pause", "pause")
 	require.NoError(t, err)
 	require.Equal(t, "paused", paused.Status)
@@ -506,12 +506,12 @@ func TestRolloutPauseAcrossRestart(t *testing.T) {
 	// The restarted instance reclaims the rollout (a new token) and makes
 	// passes over it (each extends the lease): two lease extensions after
 	// the reclaim, still nothing started.
-	r := b.waitRollout(b.client, "pause", "reclaimed after the restart", time.Minute, func(r api.RolloutView) bool {
+	r := b.waitRollout(b.client, "pause", "reclaimed after the restart", time.Minute, func(r apiwire.RolloutView) bool {
 		return r.Scheduler.FencingToken > token
 	})
 	lease := r.Scheduler.LeaseExpiresAt
 	for i := 0; i < 2; i++ {
-		r = b.waitRollout(b.client, "pause", "a pass of the new scheduler", time.Minute, func(r api.RolloutView) bool {
+		r = b.waitRollout(b.client, "pause", "a pass of the new scheduler", time.Minute, func(r apiwire.RolloutView) bool {
 			return r.Scheduler.LeaseExpiresAt.After(lease)
 		})
 		lease = r.Scheduler.LeaseExpiresAt

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/store"
@@ -171,14 +171,14 @@ func TestInstancesListEachOther(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{backend: "postgres", devices: 2, args: []string{"--lease-ttl", "2s"}})
 	i2, cl2 := b.peer("i2", nil, "--lease-ttl", "2s")
-	list := func(c *client.Client, q string) []api.InstanceView {
-		var out []api.InstanceView
+	list := func(c *client.Client, q string) []apiwire.InstanceView {
+		var out []apiwire.InstanceView
 		status, err := c.Do(b.ctx(), http.MethodGet, "/v1/instances"+q, nil, nil, &out)
 		require.NoError(t, err)
 		require.Equal(t, http.StatusOK, status)
 		return out
 	}
-	ids := func(vs []api.InstanceView) []string {
+	ids := func(vs []apiwire.InstanceView) []string {
 		var out []string
 		for _, v := range vs {
 			out = append(out, v.InstanceID)

@@ -19,7 +19,7 @@ import (
 	_ "github.com/mattn/go-sqlite3"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/creds"
 	"github.com/fleetctl/fleetctl/internal/mqttx"
@@ -181,13 +181,13 @@ func (b *bundle) ctx() context.Context {
 	return ctx
 }
 
-func req(task, target string) api.SubmitRequest {
-	return api.SubmitRequest{TaskID: task, Step: "restart", Target: target, BusinessVersion: "v1", Action: "restart",
+func req(task, target string) apiwire.SubmitRequest {
+	return apiwire.SubmitRequest{TaskID: task, Step: "restart", Target: target, BusinessVersion: "v1", Action: "restart",
 		Params: []byte(`{"reason":"stuck"}`)}
 }
 
 // waitFinal waits until the operation leaves started.
-func (b *bundle) waitFinal(id string) api.Operation {
+func (b *bundle) waitFinal(id string) apiwire.Operation {
 	b.t.Helper()
 	deadline := time.Now().Add(45 * time.Second)
 	for time.Now().Before(deadline) {
@@ -197,7 +197,7 @@ func (b *bundle) waitFinal(id string) api.Operation {
 		}
 	}
 	b.t.Fatalf("operation %s still started after 45s\n%s", id, b.ctl.Output())
-	return api.Operation{}
+	return apiwire.Operation{}
 }
 
 // executions counts the device witness lines per operation_id.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/sim"
 )
@@ -43,7 +43,7 @@ func setupTasks(t *testing.T, o setupOpts) *taskBundle {
 		admin: client.New(b.ctl.URL, "t-admin"), viewer: b.client}
 	for _, who := range []string{"agent", "bob"} {
 		for _, action := range []string{"restart", "set-config"} {
-			status, err := tb.admin.Do(b.ctx(), http.MethodPost, "/v1/grants", nil, api.GrantRequest{Principal: who, Action: action, Devices: "device-*"}, nil)
+			status, err := tb.admin.Do(b.ctx(), http.MethodPost, "/v1/grants", nil, apiwire.GrantRequest{Principal: who, Action: action, Devices: "device-*"}, nil)
 			require.NoError(t, err)
 			require.Equal(t, http.StatusCreated, status)
 		}
@@ -55,15 +55,15 @@ func steps(target string) []map[string]any {
 	return []map[string]any{{"step": "restart-device", "action": "restart", "target": target, "params": map[string]any{"reason": "stuck"}}}
 }
 
-func (tb *taskBundle) task(id string) api.TaskView {
-	var v api.TaskView
+func (tb *taskBundle) task(id string) apiwire.TaskView {
+	var v apiwire.TaskView
 	_, err := tb.viewer.Do(tb.ctx(), http.MethodGet, "/v1/tasks/"+id, nil, nil, &v)
 	require.NoError(tb.t, err)
 	return v
 }
 
-func (tb *taskBundle) waitTask(id, status string) api.TaskView {
-	var v api.TaskView
+func (tb *taskBundle) waitTask(id, status string) apiwire.TaskView {
+	var v apiwire.TaskView
 	eventually(tb.t, "task "+id+" "+status, 30*time.Second, func() bool {
 		v = tb.task(id)
 		return v.Status == status
@@ -81,7 +81,7 @@ func TestWalkthroughTask88(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be string) {
 		tb := setupTasks(t, setupOpts{backend: be})
 		// 1-2: an agent submits a plan; its hash and version are stored.
-		var v api.TaskView
+		var v apiwire.TaskView
 		status, code := do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-88", "steps": steps("device-1")}, &v)
 		require.Equal(t, http.StatusCreated, status, code)
 		require.Equal(t, 1, v.Version)
@@ -96,7 +96,7 @@ func TestWalkthroughTask88(t *testing.T) {
 		require.Equal(t, "waiting_approval", v.Status)
 		require.Nil(t, v.Steps[0].OperationID)
 		// 4: a person approves version 3.
-		var a api.ApprovalV
+		var a apiwire.ApprovalV
 		status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-88/approvals", map[string]any{"version": 3, "plan_hash": v.PlanHash}, &a)
 		require.Equal(t, http.StatusCreated, status, code)
 		require.Equal(t, "alice", a.Approver)
@@ -158,7 +158,7 @@ func TestPlanRetryAndStaleApproval(t *testing.T) {
 	tb := setupTasks(t, setupOpts{})
 	status, code := do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-p", "steps": steps("device-1")}, nil)
 	require.Equal(t, http.StatusCreated, status, code)
-	var v api.TaskView
+	var v apiwire.TaskView
 	// A plan update retried after a lost response: no new version.
 	for range 2 {
 		status, code := do(t, tb.agent, http.MethodPut, "/v1/tasks/task-p/plan", map[string]any{"steps": steps("device-2")}, &v)
@@ -194,7 +194,7 @@ func TestGrantRevokedBeforeTheWindowOpens(t *testing.T) {
 	t.Parallel()
 	tb := setupTasks(t, setupOpts{})
 	sn := sniff(t, tb.broker.URL())
-	var grants []api.GrantView
+	var grants []apiwire.GrantView
 	_, err := tb.viewer.Do(tb.ctx(), http.MethodGet, "/v1/grants", nil, nil, &grants)
 	require.NoError(t, err)
 	after := time.Now().Add(3 * time.Second).UTC()
@@ -206,7 +206,7 @@ func TestGrantRevokedBeforeTheWindowOpens(t *testing.T) {
 	require.Equal(t, "approved", tb.task("task-w").Status, "waits for the window")
 	for _, g := range grants {
 		if g.Principal == "agent" && g.Action == "restart" {
-			var rv api.GrantView
+			var rv apiwire.GrantView
 			status, code = do(t, tb.admin, http.MethodDelete, "/v1/grants/"+g.GrantID, nil, &rv)
 			require.Equal(t, http.StatusOK, status, code)
 			require.NotNil(t, rv.RevokedAt)
@@ -235,13 +235,13 @@ func TestPermissionsAndFourEyes(t *testing.T) {
 	require.Equal(t, http.StatusForbidden, status)
 	require.Equal(t, "forbidden", code)
 	// A grant limited to one device.
-	status, _ = do(t, tb.admin, http.MethodPost, "/v1/grants", api.GrantRequest{Principal: "carol", Action: "restart", Devices: "device-1"}, nil)
+	status, _ = do(t, tb.admin, http.MethodPost, "/v1/grants", apiwire.GrantRequest{Principal: "carol", Action: "restart", Devices: "device-1"}, nil)
 	require.Equal(t, http.StatusCreated, status)
-	status, _ = do(t, tb.admin, http.MethodPost, "/v1/grants", api.GrantRequest{Principal: "carol", Action: "restart", Devices: "device-1"}, nil)
+	status, _ = do(t, tb.admin, http.MethodPost, "/v1/grants", apiwire.GrantRequest{Principal: "carol", Action: "restart", Devices: "device-1"}, nil)
 	require.Equal(t, http.StatusOK, status, "a live grant posted again")
 	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "t-nodev", "steps": steps("device-9")}, nil)
 	require.Equal(t, http.StatusCreated, status, "agent may restart device-*: %s", code)
-	status, code = do(t, tb.admin, http.MethodPost, "/v1/grants", api.GrantRequest{Principal: "agent", Action: "reboot", Devices: "device-1"}, nil)
+	status, code = do(t, tb.admin, http.MethodPost, "/v1/grants", apiwire.GrantRequest{Principal: "agent", Action: "reboot", Devices: "device-1"}, nil)
 	require.Equal(t, http.StatusCreated, status, code)
 	status, code = do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "t-other",
 		"steps": []map[string]any{{"step": "s", "action": "reboot", "target": "device-2"}}}, nil)
@@ -251,7 +251,7 @@ func TestPermissionsAndFourEyes(t *testing.T) {
 	_, status, err := tb.agent.Submit(tb.ctx(), req("direct", "device-1"), "")
 	require.Equal(t, http.StatusForbidden, status)
 	require.Equal(t, "approval_required", client.Code(err))
-	_, status, err = tb.agent.Submit(tb.ctx(), api.SubmitRequest{OperationID: "x:s:device-1:approval-v1", Target: "device-1", Action: "set-config"}, "")
+	_, status, err = tb.agent.Submit(tb.ctx(), apiwire.SubmitRequest{OperationID: "x:s:device-1:approval-v1", Target: "device-1", Action: "set-config"}, "")
 	require.Equal(t, http.StatusForbidden, status)
 	require.Equal(t, "reserved_operation_id", client.Code(err))
 	require.Equal(t, []string{"0"}, tb.rows(`SELECT COUNT(*) FROM operations`))
@@ -335,7 +335,7 @@ func TestCompensation(t *testing.T) {
 	t.Parallel()
 	tb := setupTasks(t, setupOpts{faults: sim.Profile{Devices: []sim.Override{{Match: "device-2", Faults: sim.Faults{
 		SlowExecution: sim.ActionFault{Trigger: sim.Trigger{P: 1}, Delay: sim.Duration(1500 * time.Millisecond)}}}}}})
-	orig := api.SubmitRequest{OperationID: "cfg-1", Target: "device-2", Action: "set-config", Params: json.RawMessage(`{"interval_s":5}`)}
+	orig := apiwire.SubmitRequest{OperationID: "cfg-1", Target: "device-2", Action: "set-config", Params: json.RawMessage(`{"interval_s":5}`)}
 	op, status, err := tb.agent.Submit(tb.ctx(), orig, "")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, status)
@@ -348,7 +348,7 @@ func TestCompensation(t *testing.T) {
 	before, err := tb.viewer.Operation(tb.ctx(), "cfg-1", 0)
 	require.NoError(t, err)
 
-	var c api.Operation
+	var c apiwire.Operation
 	status, code = do(t, tb.agent, http.MethodPost, path, comp, &c)
 	require.Equal(t, http.StatusCreated, status, code)
 	require.Equal(t, "cfg-1:compensate:v1", c.OperationID)

@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/testenv"
@@ -238,8 +239,8 @@ func TestDashboardInChromium(t *testing.T) {
 	// Commands: one submitted through the API appears and moves to
 	// succeeded on the open page.
 	c.do("open commands", chromedp.Click(chromedp.CSS(`#nav a[data-view="commands"]`)), chromedp.WaitVisible(chromedp.CSS("#commands")))
-	var op api.Operation
-	status, err := tb.agent.Do(tb.ctx(), http.MethodPost, "/v1/operations", nil, api.SubmitRequest{TaskID: "ui", Step: "configure",
+	var op apiwire.Operation
+	status, err := tb.agent.Do(tb.ctx(), http.MethodPost, "/v1/operations", nil, apiwire.SubmitRequest{TaskID: "ui", Step: "configure",
 		Target: "device-1", BusinessVersion: "v1", Action: "set-config", Params: []byte(`{"fw":"4.2"}`)}, &op)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, status)
@@ -258,7 +259,7 @@ func TestDashboardInChromium(t *testing.T) {
 	c.screenshot("command")
 
 	// Approvals: the agent's task waits; alice approves it from the page.
-	_, status, err = tb.agent.CreateTask(tb.ctx(), api.TaskRequest{TaskID: "task-ui", Steps: stepsOf("device-1001")})
+	_, status, err = tb.agent.CreateTask(tb.ctx(), apiwire.TaskRequest{TaskID: "task-ui", Steps: stepsOf("device-1001")})
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, status)
 	c.do("open approvals", chromedp.Click(chromedp.CSS(`#nav a[data-view="approvals"]`)), chromedp.WaitVisible(chromedp.CSS("#approvals")))
@@ -284,7 +285,7 @@ func TestDashboardInChromium(t *testing.T) {
 	c.screenshot("approvals-done")
 
 	// A rejection with a reason: the task ends rejected, nothing runs.
-	_, status, err = tb.agent.CreateTask(tb.ctx(), api.TaskRequest{TaskID: "task-no", Steps: stepsOf("device-2")})
+	_, status, err = tb.agent.CreateTask(tb.ctx(), apiwire.TaskRequest{TaskID: "task-no", Steps: stepsOf("device-2")})
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, status)
 	no := `#waiting article.task[data-id="task-no"]`
@@ -306,7 +307,7 @@ func TestDashboardInChromium(t *testing.T) {
 
 	// Sign out; a wrong token is refused; a reader without the approver
 	// role sees a waiting task with approve and reject off.
-	_, status, err = tb.agent.CreateTask(tb.ctx(), api.TaskRequest{TaskID: "task-wait", Steps: stepsOf("device-1")})
+	_, status, err = tb.agent.CreateTask(tb.ctx(), apiwire.TaskRequest{TaskID: "task-wait", Steps: stepsOf("device-1")})
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, status)
 	c.do("sign out", chromedp.Click(chromedp.CSS("#signout")), chromedp.WaitVisible(chromedp.CSS("#login-form")))
@@ -322,8 +323,8 @@ func TestDashboardInChromium(t *testing.T) {
 	t.Logf("screenshots in %s", c.shot)
 }
 
-func stepsOf(target string) []store.Step {
-	return []store.Step{{Step: "restart-device", Action: "restart", Target: target, Params: []byte(`{"reason":"stuck"}`)}}
+func stepsOf(target string) []apiwire.Step {
+	return []apiwire.Step{{Step: "restart-device", Action: "restart", Target: target, Params: []byte(`{"reason":"stuck"}`)}}
 }
 
 // feed is the store's observer in an in-process server: each committed

@@ -35,6 +35,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
 
@@ -74,15 +75,6 @@ type Event struct {
 	Status string
 	At     time.Time
 	Data   []byte
-}
-
-// Payload is an event's JSON form, the stream's contract: the data of each
-// event of GET /v1/events.
-type Payload struct {
-	Kind   string    `json:"kind"`
-	ID     string    `json:"id"`
-	Status string    `json:"status"`
-	At     time.Time `json:"at"`
 }
 
 // Config configures a Bus.
@@ -187,7 +179,7 @@ func (s *Sub) signal() {
 // subscriber the event leaves more than ClientBuffer events behind is
 // dropped. It returns the event's number (0 once the bus is closed).
 func (b *Bus) Publish(kind, id, status string, at time.Time) uint64 {
-	data, err := json.Marshal(Payload{Kind: kind, ID: id, Status: status, At: at.UTC()})
+	data, err := json.Marshal(apiwire.EventData{Kind: kind, ID: id, Status: status, At: at.UTC()})
 	if err != nil {
 		return 0 // strings and a time always encode
 	}

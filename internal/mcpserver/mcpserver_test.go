@@ -17,7 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/mcpserver"
 	"github.com/fleetctl/fleetctl/internal/mcpserver/mcptest"
 )
@@ -264,7 +264,7 @@ func TestTaskThroughTheTools(t *testing.T) {
 	require.Equal(t, "waiting_approval", got.Task.Status)
 	require.Nil(t, got.Task.Steps[0].OperationID)
 
-	_, status, err := b.alice.Approve(ctx(t), "t-task", api.ApprovalRequest{Version: 2})
+	_, status, err := b.alice.Approve(ctx(t), "t-task", apiwire.ApprovalRequest{Version: 2})
 	require.NoError(t, err)
 	require.Equal(t, http.StatusCreated, status)
 	const id = "t-task:restart-device:device-2:approval-v2"

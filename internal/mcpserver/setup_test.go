@@ -15,7 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/fleetctl/fleetctl/internal/api"
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/controller"
 	"github.com/fleetctl/fleetctl/internal/mcpserver"
@@ -89,7 +89,7 @@ func start(t *testing.T) *bundle {
 	require.NoError(t, fleet.WaitOnline(wctx))
 	for _, who := range []string{"agent", "bob"} {
 		for _, action := range []string{"restart", "set-config"} {
-			_, _, err := b.admin.CreateGrant(wctx, api.GrantRequest{Principal: who, Action: action, Devices: "device-*"})
+			_, _, err := b.admin.CreateGrant(wctx, apiwire.GrantRequest{Principal: who, Action: action, Devices: "device-*"})
 			require.NoError(t, err)
 		}
 	}

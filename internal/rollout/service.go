@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/command"
 	"github.com/fleetctl/fleetctl/internal/jcs"
 	"github.com/fleetctl/fleetctl/internal/opid"
@@ -76,7 +77,7 @@ func refuse(kind ops.Kind, code, format string, args ...any) *ops.Error {
 // store.ErrKeyReused. Every device needs a grant of who's for the action
 // (when grants are enforced); an action whose policy needs approval makes
 // the rollout wait for one.
-func (s *Service) Create(ctx context.Context, req Request, who string) (store.Rollout, bool, error) {
+func (s *Service) Create(ctx context.Context, req apiwire.RolloutRequest, who string) (store.Rollout, bool, error) {
 	if _, err := opid.Derive(opid.Parts{TaskID: req.RolloutID, Step: Step, Target: "d", BusinessVersion: "v1"}); err != nil {
 		return store.Rollout{}, false, fmt.Errorf("rollout_id: %w", err)
 	}
@@ -87,7 +88,7 @@ func (s *Service) Create(ctx context.Context, req Request, who string) (store.Ro
 	if err != nil {
 		return store.Rollout{}, false, err
 	}
-	spec := req.Spec
+	spec := Spec(req.RolloutSpec)
 	if err := spec.Validate(); err != nil {
 		return store.Rollout{}, false, err
 	}

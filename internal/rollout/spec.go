@@ -10,57 +10,24 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/opid"
 )
 
-// Request is the body of POST /v1/rollouts.
-type Request struct {
-	RolloutID string          `json:"rollout_id"`
-	Action    string          `json:"action"`
-	Params    json.RawMessage `json:"params,omitempty"`
-	// Devices is a glob ("device-*") or a list of device ids.
-	Devices json.RawMessage `json:"devices"`
-	Spec
-}
-
 // Spec is a rollout's rules: everything that decides when a device starts
-// and when the rollout ends. It is stored as canonical JSON.
-type Spec struct {
-	MaxPerMinute  int         `json:"max_per_minute,omitempty"`
-	Ramp          *Ramp       `json:"ramp,omitempty"`
-	MaxInFlight   int         `json:"max_in_flight,omitempty"`
-	Abort         []AbortRule `json:"abort,omitempty"`
-	ExecuteAfter  *time.Time  `json:"execute_after,omitempty"`
-	ExecuteBefore *time.Time  `json:"execute_before,omitempty"`
-	Windows       []Window    `json:"windows,omitempty"`
-	Retries       int         `json:"retries,omitempty"`
-}
+// and when the rollout ends. It is stored as canonical JSON. Its fields and
+// their JSON are apiwire.RolloutSpec's, the body of POST /v1/rollouts, so
+// that what is sent and what is stored cannot drift; Spec adds the methods
+// that apply the rules.
+type Spec apiwire.RolloutSpec
 
-// Ramp: the start rate begins at BasePerMinute and is multiplied by Factor
-// each time EverySucceeded more devices have succeeded, up to MaxPerMinute.
-type Ramp struct {
-	BasePerMinute  int     `json:"base_per_minute"`
-	Factor         float64 `json:"factor"`
-	EverySucceeded int     `json:"every_succeeded"`
-}
-
-// AbortRule: once at least MinFinished devices have finished, if the share
-// of the finished ones whose outcome is When reaches Percent, the rollout
-// is aborted.
-type AbortRule struct {
-	When        string  `json:"when"`
-	Percent     float64 `json:"percent"`
-	MinFinished int     `json:"min_finished"`
-}
-
-// Window is a recurring maintenance window, in UTC: it opens at each time
-// Cron names and stays open for Duration. Cron has five fields (minute
-// hour day month weekday, "0 2 * * *") or six with seconds first.
-type Window struct {
-	Cron     string `json:"cron"`
-	Duration string `json:"duration"`
-}
+// Ramp, AbortRule and Window are the parts of a Spec (see apiwire).
+type (
+	Ramp      = apiwire.Ramp
+	AbortRule = apiwire.AbortRule
+	Window    = apiwire.MaintenanceWindow
+)
 
 // Outcomes an abort rule can name (when).
 var abortWhens = []string{string(fsm.DevFailed), string(fsm.DevTimeout), string(fsm.DevRejected),
@@ -68,8 +35,8 @@ var abortWhens = []string{string(fsm.DevFailed), string(fsm.DevTimeout), string(
 
 // Limits of the rules.
 const (
-	DefaultMaxPerMinute = 60
-	DefaultMaxInFlight  = 100
+	DefaultMaxPerMinute = apiwire.DefaultMaxPerMinute
+	DefaultMaxInFlight  = apiwire.DefaultMaxInFlight
 	MaxRetries          = 10
 	maxRate             = 1_000_000
 	maxWindow           = 7 * 24 * time.Hour
@@ -92,7 +59,8 @@ func invalid(format string, args ...any) error {
 // max_per_minute or max_in_flight as 0. Absent (or null) means the default;
 // 0 given is no rate at all, not a request for the default, and Validate,
 // which sees only the decoded Spec (where both are 0), cannot tell them
-// apart. A Go caller's Request omits a zero limit (omitempty): the default.
+// apart. A Go caller's apiwire.RolloutRequest omits a zero limit
+// (omitempty): the default.
 func CheckGivenLimits(body []byte) error {
 	var given struct {
 		MaxPerMinute *int `json:"max_per_minute"`
