@@ -1,6 +1,6 @@
 // Package failpoint puts a running controller exactly inside one of its
 // failure windows, on purpose, so that tests, scenarios and an operator's
-// game day can check what the code does there (DESIGN.md, "Failpoints").
+// game day can check what the code does there (docs/design.md, "Failpoints").
 //
 // # Arming
 //

@@ -15,7 +15,7 @@ import (
 // EnvVar is the environment variable FromEnv reads.
 const EnvVar = "CONTROLLER_FAILPOINTS"
 
-// The controller's failure windows (DESIGN.md, "Failpoints").
+// The controller's failure windows (docs/design.md, "Failpoints").
 const (
 	// SubmitBeforeCommit: submit, before its transaction commits. error:
 	// the transaction rolls back and the caller gets 503.

@@ -3,7 +3,7 @@
 // The controller hashes canonical JSON wherever two spellings of the same
 // value must compare equal: request_hash is the SHA-256 of the JCS of
 // {action, target, params}, and plan_hash the SHA-256 of the JCS of a plan's
-// steps array (see DESIGN.md). A retry whose body differs only in member
+// steps array (see docs/api.md). A retry whose body differs only in member
 // order, whitespace, string escapes or number spelling ("1.0", "1", "1e0")
 // therefore hashes the same, and a retry with other params does not.
 //

@@ -1,5 +1,5 @@
 // Package rollout runs one action across a fleet: the contract's
-// "Rollouts" (DESIGN.md), with invariant 8 (a rollout starts each device at
+// "Rollouts" (docs/rollouts.md), with invariant 8 (a rollout starts each device at
 // most once per version and never exceeds its rate or in-flight limits,
 // across restarts and instances).
 //

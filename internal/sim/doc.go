@@ -1,5 +1,5 @@
 // Package sim simulates a fleet of devices that speak the controller's MQTT
-// protocol (package wire, ../shared/DESIGN.md), with fault injection. It runs
+// protocol (package wire, docs/protocol.md), with fault injection. It runs
 // as the devicesim binary (cmd/devicesim) and in-process, in the
 // controller's tests, against a real broker.
 //

@@ -909,7 +909,7 @@ const reasonKeyReused = "idempotency_key_reused"
 // operation o) of a device whose outcome was settled from a
 // failed_retryable operation (timeout, rejected, failed, or waiting for
 // its retry) that a late final receipt has decided since: it follows the
-// operation (DESIGN.md "Rollouts"). A late success moves any of them; a
+// operation (docs/rollouts.md). A late success moves any of them; a
 // late failure moves the outcomes only a failed_retryable operation gives
 // (timeout, retry): a rejected or failed device may have been settled
 // from a failed_final operation already, which never changes.

@@ -1,8 +1,8 @@
 // Package wire defines the MQTT wire protocol between the controller and
 // devices: the topics, the JSON payloads and their validation. It is the
-// single Go definition of the protocol in ../shared/DESIGN.md; the
+// single Go definition of the protocol that docs/protocol.md specifies; the
 // controller and the device simulator both build on it, and device firmware
-// written elsewhere is built against the same text.
+// written elsewhere is built against that page.
 //
 // Topics, under a configurable root (default "fleet"), {d} the device id:
 //
