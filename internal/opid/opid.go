@@ -5,7 +5,9 @@
 // [A-Za-z0-9._-]{1,64} (no ':' inside a part, so parts never collide); a
 // caller may give the whole id instead ([A-Za-z0-9._:-]{1,200}). Ids ending in
 // ":approval-v<N>" are reserved for the task runner, and ids of the shape
-// {rollout_id}:rollout:{device}:v<N> for the rollout scheduler. request_hash is the
+// {rollout_id}:rollout:{device}:v<N> for the rollout scheduler, and ids
+// ending in :compensate:{business_version} for compensations (made by
+// POST .../compensations, never by a direct submit). request_hash is the
 // SHA-256 of the RFC 8785 canonical JSON of {action, target, params}, so key
 // order and number spelling never change it.
 package opid
@@ -29,6 +31,7 @@ var (
 	actionPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 	reserved      = regexp.MustCompile(`:approval-v[0-9]+$`)
 	rolloutShape  = regexp.MustCompile(`^[A-Za-z0-9._-]+:rollout:[A-Za-z0-9._-]+:v[0-9]+$`)
+	compensation  = regexp.MustCompile(`.:compensate:[A-Za-z0-9._-]{1,64}$`)
 	approvalLike  = regexp.MustCompile(`^approval-v[0-9]+$`)
 )
 
@@ -75,6 +78,14 @@ func Reserved(id string) bool { return reserved.MatchString(id) }
 // that device in a rollout created later. The parts are not held to their
 // 64-character limit: the shape alone is reserved, whatever its length.
 func RolloutShaped(id string) bool { return rolloutShape.MatchString(id) }
+
+// CompensationShaped reports whether id has the shape of a compensation,
+// {operation_id}:compensate:{business_version}, which only POST
+// .../compensations may create: a direct submit of it first would take the
+// compensation's id without its link to the original (a derived id whose
+// target is a device named "compensate" has the shape too, and is refused
+// with it).
+func CompensationShaped(id string) bool { return compensation.MatchString(id) }
 
 // ApprovalLike reports whether a business_version looks like approval-v<N>.
 func ApprovalLike(v string) bool { return approvalLike.MatchString(v) }

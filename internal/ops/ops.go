@@ -122,6 +122,10 @@ func (s *Service) Submit(ctx context.Context, in Intent, key, who string) (store
 	if err := reserved(id); err != nil {
 		return store.Operation{}, false, err
 	}
+	if opid.CompensationShaped(id) {
+		return store.Operation{}, false, refuse(KindForbidden, "reserved_operation_id",
+			"operation id %s has the shape {operation_id}:compensate:{business_version}, which belongs to compensations: POST /v1/operations/{id}/compensations", id)
+	}
 	n, err := s.Prepare(ctx, id, in)
 	if err != nil {
 		return store.Operation{}, false, err

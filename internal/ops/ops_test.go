@@ -317,7 +317,7 @@ func TestRolloutShapedIdsAreReserved(t *testing.T) {
 
 	// Near the shape but not it: ordinary ids.
 	for _, id := range []string{"fw-42:rollout:device-1", "fw-42:rollout:device-1:v", "fw-42:rollout:device-1:version1",
-		"x:fw-42:rollout:device-1:v1", "fw-42:rollouts:device-1:v1", "fw-42:rollout:device-1:v1:compensate:v2"} {
+		"x:fw-42:rollout:device-1:v1", "fw-42:rollouts:device-1:v1", "fw-42:rollout:device-1:v1:compensate-v2"} {
 		_, created, err := b.svc.Submit(b.ctx, Intent{OperationID: id, Target: "device-1", Action: "restart"}, "", "alice")
 		require.NoError(t, err, id)
 		require.True(t, created, id)
@@ -361,5 +361,32 @@ func TestGrantPrincipalRule(t *testing.T) {
 		_, created, err := b.svc.CreateGrant(b.ctx, p, "restart", "device-*", "admin")
 		require.NoError(t, err, p)
 		require.True(t, created, p)
+	}
+}
+
+// A compensation's id is made by POST .../compensations only: a direct
+// submit of that shape is refused (403 reserved_operation_id) and stores
+// nothing, so nobody can take a compensation's id first; the compensation
+// itself is still made.
+func TestCompensationShapedIdsAreReserved(t *testing.T) {
+	b := setup(t, false)
+	orig, _, err := b.svc.Submit(b.ctx, Intent{OperationID: "orig-1", Target: "device-1", Action: "restart"}, "", "alice")
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name, key string
+		in        Intent
+	}{
+		{"whole", "", Intent{OperationID: "orig-1:compensate:v1", Target: "device-1", Action: "restart"}},
+		{"header", "orig-1:compensate:v1", Intent{Target: "device-1", Action: "restart"}},
+		{"derived, a device named compensate", "", Intent{TaskID: "t", Step: "s", Target: "compensate", BusinessVersion: "v1", Action: "restart"}},
+	} {
+		_, _, err := b.svc.Submit(b.ctx, tc.in, tc.key, "alice")
+		require.Equal(t, "reserved_operation_id", code(err), "%s: %v", tc.name, err)
+	}
+	_, err = b.st.GetOperation(b.ctx, "orig-1:compensate:v1")
+	require.ErrorIs(t, err, store.ErrNotFound)
+	require.True(t, opid.CompensationShaped(orig.OperationID+":compensate:v1"))
+	for _, id := range []string{"orig-1:compensate", "orig-1:compensate:", "compensate:v1", "orig-1:compensated:v1", "orig-1:compensate:v1:x"} {
+		require.False(t, opid.CompensationShaped(id), id)
 	}
 }
