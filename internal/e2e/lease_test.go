@@ -225,3 +225,27 @@ func TestTwoInstancesRaceOnTheSameOperations(t *testing.T) {
 		b.verify()
 	})
 }
+
+// A lone instance whose heartbeat stalls past its lease ttl (here the
+// before-lease-renew failpoint sleeps 8 s, the ttl is 2 s) holds leases that
+// ran out and that no heartbeat can revive, and there is no peer to take
+// them: once they have been expired for a ttl more it takes them over
+// itself, with new tokens, and asks about the command it could not decide
+// about meanwhile. Before, the operation stayed started for good (until a
+// restart reclaimed it): a starved host stalled one kill -9 test for 45 s.
+func TestLoneInstanceTakesBackItsExpiredLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{env: []string{"CONTROLLER_FAILPOINTS=before-lease-renew=1*sleep(8s)"},
+		args: []string{"--lease-ttl", "2s", "--ack-timeout", "3s"},
+		faults: sim.Profile{Devices: []sim.Override{{Match: "device-1", Faults: sim.Faults{
+			DropCommand: sim.Trigger{Count: 1}}}}}})
+	op, _, err := b.client.Submit(b.ctx(), req("lone-stall", "device-1"), "")
+	require.NoError(t, err)
+	final := b.waitFinal(op.OperationID)
+	require.Equal(t, "succeeded", final.Status)
+	require.Equal(t, "i1", final.Owner)
+	require.GreaterOrEqual(t, b.metric("controller_takeovers_total"), 1.0, "it took its own expired lease")
+	require.Equal(t, map[string]int{op.OperationID: 1}, b.executions())
+	require.Len(t, final.CommandIDs, 1, "the same command_id, asked about, then re-sent")
+	b.verify()
+}

@@ -175,6 +175,15 @@ func (s *DB) forgetQuestionsOf(ctx context.Context, operationIDs []string) error
 // makes their open commands due with the last question forgotten: the new
 // holder asks each device about its in-doubt command_id before any re-send
 // or new command_id. It returns the operation ids taken.
+//
+// Owner's own expired leases are taken too, once they have been expired
+// for a whole ttl more: a heartbeat cannot revive a lease that ran out
+// (RenewLeases), so an instance that stalled past its lease ttl (a starved
+// host, a long pause) with no peer to take over would otherwise never
+// decide about those operations again. The extra ttl leaves them to a live
+// peer first (whose heartbeats come every third of a ttl), rather than to
+// the instance whose heartbeat just proved unreliable. The new token fences
+// whatever the stalled process still had in flight.
 func (s *DB) TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error) {
 	var ids []string
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
@@ -182,12 +191,13 @@ func (s *DB) TakeOver(ctx context.Context, owner string, ttl time.Duration, limi
 		rows, err := t.QueryContext(ctx, `UPDATE operations SET owner = ?, fencing_token = fencing_token + 1,
 				lease_expires_at = ?, updated_at = ?
 			WHERE operation_id IN (SELECT operation_id FROM operations
-				WHERE status = 'started' AND lease_expires_at <= ? AND owner != ? LIMIT ?`+t.s.b.skipLocked()+`)
+				WHERE status = 'started' AND lease_expires_at <= ?
+					AND (owner != ? OR lease_expires_at <= ?) LIMIT ?`+t.s.b.skipLocked()+`)
 				-- again on the row itself: PostgreSQL re-checks these against
 				-- the newest version of a row another instance took first
-				AND status = 'started' AND lease_expires_at <= ? AND owner != ?
+				AND status = 'started' AND lease_expires_at <= ? AND (owner != ? OR lease_expires_at <= ?)
 			RETURNING operation_id, fencing_token`,
-			owner, ms(t.now.Add(ttl)), ms(t.now), ms(t.now), owner, limit, ms(t.now), owner)
+			owner, ms(t.now.Add(ttl)), ms(t.now), ms(t.now), owner, ms(t.now.Add(-ttl)), limit, ms(t.now), owner, ms(t.now.Add(-ttl)))
 		if err != nil {
 			return fmt.Errorf("take over expired leases: %w", err)
 		}

@@ -271,6 +271,26 @@ func TestDecisionsAreFenced(t *testing.T) {
 		c, err := b.s.GetCommand(b.ctx, "c-1")
 		require.NoError(t, err)
 		require.Equal(t, 0, c.Queries, "nothing a fenced decision tried was applied")
+
+		// ... but its holder, alive again after the stall, takes it over
+		// itself with a new token (no peer may be there to do it), and the
+		// command is due for a question: once it has been expired for a
+		// whole ttl more, which leaves it to a live peer first.
+		taken, err := b.s.TakeOver(b.ctx, "i1", 10*time.Second, 10)
+		require.NoError(t, err)
+		require.Empty(t, taken, "expired for 1 s: a peer's to take")
+		b.clk.Advance(10 * time.Second)
+		taken, err = b.s.TakeOver(b.ctx, "i1", 10*time.Second, 10)
+		require.NoError(t, err)
+		require.Equal(t, []string{"op-1"}, taken)
+		op, err := b.s.GetOperation(b.ctx, "op-1")
+		require.NoError(t, err)
+		require.EqualValues(t, 3, op.FencingToken)
+		require.Equal(t, "i1", op.Owner)
+		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+		require.ErrorIs(t, err, ErrFenced, "the stalled decision's token is stale")
+		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-2", fsm.CmdSent, 0, true, Fence{Owner: "i1", Token: 3}, b.clk.Now())
+		require.NoError(t, err)
 	})
 }
 
