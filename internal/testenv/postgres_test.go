@@ -108,10 +108,11 @@ func TestStartPostgresRemovesItsClusterWhenTheTestEnds(t *testing.T) {
 // search), a cluster starts in a private directory of postgres's under
 // /tmp instead, the private directory untouched, and is removed when the
 // test ends.
+//
+// Not as root the programs run as the test's own user, who reaches its
+// private directory: the cluster then only has to start and be removed.
 func TestPostgresStartsWhenTMPDIRIsPrivate(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("only as root do the PostgreSQL programs run as another user (postgres)")
-	}
+	asRoot := os.Geteuid() == 0
 	private, err := os.MkdirTemp("", "private") // 0700, as mktemp -d makes it
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(private) })
@@ -136,6 +137,9 @@ func TestPostgresStartsWhenTMPDIRIsPrivate(t *testing.T) {
 		dir = p.Dir
 		postmaster = openPidfd(t, p.postmasterPID())
 		require.NoError(t, openPG(t, p.NewDatabase(t)).PingContext(pgCtx(t)))
+		if !asRoot {
+			return
+		}
 		require.False(t, strings.HasPrefix(dir, private+"/"), "the cluster is not under the private %s: %s", private, dir)
 		fi, err := os.Stat(dir)
 		require.NoError(t, err)
