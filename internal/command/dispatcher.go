@@ -467,8 +467,10 @@ func (d *Dispatcher) ask(ctx context.Context, c store.Command, f store.Fence, de
 // reconcile asks about every open command this instance holds, whatever its
 // state: after a broker (re)connect a final receipt may have been lost.
 func (d *Dispatcher) reconcile(ctx context.Context) {
-	d.cfg.Metrics.Reconciles.Inc()
 	open, err := d.cfg.Store.DueCommands(ctx, d.cfg.Instance, d.cfg.Now(), true, 1<<30)
+	// Counted once the pass knows which commands it asks about: a command
+	// submitted after the count went up is not one of them.
+	d.cfg.Metrics.Reconciles.Inc()
 	if err != nil {
 		d.cfg.Logger.Error("reconcile: list open commands", "err", err)
 		return

@@ -138,6 +138,12 @@ func setup(t testing.TB, o setupOpts) *bundle {
 	}
 	b.client = client.New(b.ctl.URL, o.token)
 	b.waitFleetSeen()
+	// The pass after the connect asks about every open command: a command
+	// submitted before it listed them would be asked about too, and the
+	// device's answer recorded as a duplicate receipt.
+	eventually(t, "the controller's pass after its connect", 30*time.Second, func() bool {
+		return b.metric("controller_reconciles_total") >= 1
+	})
 	return b
 }
 
