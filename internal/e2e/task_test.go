@@ -307,7 +307,12 @@ func TestTaskSurvivesCrashes(t *testing.T) {
 		status, code := do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-c", "steps": steps("device-1")}, nil)
 		require.Equal(t, http.StatusCreated, status, code)
 		status, code = do(t, tb.alice, http.MethodPost, "/v1/tasks/task-c/approvals", map[string]any{"version": 1}, nil)
-		require.Equal(t, http.StatusCreated, status, code)
+		// The runner may reach the step, and crash, before the approval's
+		// answer is written (on a loaded machine): the approval is committed
+		// either way, which the task completing after the restart shows.
+		if status != 0 {
+			require.Equal(t, http.StatusCreated, status, code)
+		}
 		require.Equal(t, 137, tb.ctl.ExitCode(), "crashed between approval and execution")
 		tb.ctl.Restart()
 		tb.waitTask("task-c", "completed")
