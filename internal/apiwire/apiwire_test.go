@@ -2,13 +2,10 @@ package apiwire
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"sort"
@@ -17,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/golden.txt from the types (a deliberate change of the wire format)")
@@ -128,27 +127,11 @@ func TestClientsLinkNoDatabase(t *testing.T) {
 	forbidden := []string{"github.com/jackc/pgx", "github.com/mattn/go-sqlite3", "github.com/lib/pq",
 		module + "internal/store", module + "internal/api", module + "internal/ops", module + "internal/rollout",
 		module + "internal/controller"}
-	// go test puts its own GOROOT/bin first on the test's PATH: this is the
-	// toolchain that runs the test.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	for _, pkg := range clean {
-		out, err := exec.CommandContext(ctx, "go", "list", "-deps", pkg).Output()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			t.Fatalf("go list -deps %s: %v: %s", pkg, err, ee.Stderr)
-		}
-		require.NoError(t, err, "go list -deps %s", pkg)
-		deps := strings.Fields(string(out))
+		deps := testenv.Deps(t, pkg)
 		require.Contains(t, deps, pkg, "go list -deps %s listed nothing of it", pkg)
 		for _, f := range forbidden {
-			var linked []string
-			for _, dep := range deps {
-				if dep == f || strings.HasPrefix(dep, f+"/") {
-					linked = append(linked, dep)
-				}
-			}
-			if len(linked) > 0 {
+			if linked := testenv.Linked(deps, f); len(linked) > 0 {
 				t.Errorf("%s links %s (%s)", pkg, f, strings.Join(linked, ", "))
 			}
 		}
