@@ -20,6 +20,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/command"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 )
 
 type limitsBundle struct {
@@ -34,7 +35,7 @@ type limitsBundle struct {
 func setupLimits(t *testing.T, listen string, extra ...string) *limitsBundle {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
+	st, err := backend.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	svc := ops.New(ops.Config{Store: st, Instance: "i1", LeaseTTL: 10 * time.Second,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
@@ -32,7 +33,7 @@ type listBundle struct {
 func setupList(t *testing.T, n int) *listBundle {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
+	st, err := backend.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	caps := &wire.Capabilities{Dedupe: true, Query: true}

@@ -20,6 +20,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
@@ -33,7 +34,7 @@ type routesBundle struct {
 func setupRoutes(t *testing.T) *routesBundle {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
+	st, err := backend.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	caps := wire.Capabilities{}

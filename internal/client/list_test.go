@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/api"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 )
 
 // TestListDevicesFollowsEveryPage: 10,001 devices behind the real API and
@@ -25,7 +26,7 @@ func TestListDevicesFollowsEveryPage(t *testing.T) {
 	t.Parallel()
 	const n = 10001
 	path := filepath.Join(t.TempDir(), "c.db")
-	st, err := store.Open(context.Background(), store.Config{Path: path, Instance: "i1"})
+	st, err := backend.Open(context.Background(), store.Config{Path: path, Instance: "i1"})
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	// 10,001 births through the store would be 10,001 commits; one

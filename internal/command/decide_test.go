@@ -14,6 +14,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
@@ -133,7 +134,7 @@ func (p *fakePublisher) topics() []string {
 func storeWithDevice(t *testing.T) (*store.DB, *clock.Fake) {
 	t.Helper()
 	clk := clock.NewFake(t0)
-	st, err := store.Open(context.Background(), store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
+	st, err := backend.Open(context.Background(), store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	_, err = st.ApplyPresence(context.Background(), "d1", wire.Presence{Online: true, Session: 1,

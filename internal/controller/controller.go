@@ -31,6 +31,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/receipt"
 	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/task"
 	"github.com/fleetctl/fleetctl/internal/ui"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -211,7 +212,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	// it committed (with its id), the way it tells the metrics.
 	c.bus = events.New(events.Config{First: uint64(time.Now().UnixMicro())})
 	met.Registry.MustRegister(c.bus.Collectors()...)
-	db, err := store.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: observer{met, c.bus}})
+	db, err := backend.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: observer{met, c.bus}})
 	if err != nil {
 		return nil, err
 	}
@@ -233,9 +234,10 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	}
 
 	policy := policies.For
-	// With SQLite one instance applies every receipt, from a persistent
-	// session that keeps them while it is away. With PostgreSQL several
-	// instances may share the database: each subscribes to every receipt
+	// With a database of one writer (SQLite) one instance applies every
+	// receipt, from a persistent session that keeps them while it is away.
+	// When several instances may share the database (the backend's
+	// SharedWriters, PostgreSQL): each subscribes to every receipt
 	// with a clean session and applies those of the devices it owns
 	// (package peers: a division the controllers compute, not a broker's
 	// shared group that any device account could join); a receipt lost
@@ -243,7 +245,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	// taker-over asks first). Presence goes to every instance: its rank
 	// makes all but the first application stale.
 	receipts := wire.Wildcard(cfg.TopicRoot, wire.KindReceipts)
-	shared := store.IsPostgres(cfg.DB)
+	caps := db.Capabilities()
+	shared := caps.SharedWriters
 	if shared {
 		c.peers = peers.New(peers.Config{Self: cfg.InstanceID, Store: db, Logger: log})
 	}
@@ -296,11 +299,12 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	if err != nil {
 		return nil, err
 	}
-	// Other instances' changes: on PostgreSQL their wake-ups arrive through
-	// NOTIFY and polling is the rare fallback; instances sharing an SQLite
-	// file have only the polling.
+	// Other instances' changes: with the backend's Notifications
+	// (PostgreSQL's NOTIFY) their wake-ups arrive by notification and
+	// polling is the rare fallback; instances sharing an SQLite file have
+	// only the polling.
 	waitPoll := 250 * time.Millisecond
-	if shared {
+	if caps.Notifications {
 		waitPoll = 2 * time.Second
 	}
 	// Rollouts: the service for the API, the scheduler that drives them
@@ -324,7 +328,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
 		ReceiptRate: receipt.ReceiptRate(cfg.ReceiptRate), PresenceRate: receipt.DefaultPresenceRate,
-		GroupReceipts: !shared, Owns: c.owns(), ProbeTopic: c.probe.topic, OnProbe: c.probe.arrived,
+		GroupReceipts: caps.GroupReceipts, Owns: c.owns(), ProbeTopic: c.probe.topic, OnProbe: c.probe.arrived,
 		OnReceipt: func(out store.ReceiptOutcome) {
 			if out.OperationID != "" && out.OperationMayChange() {
 				c.api.Changed(out.OperationID) // a ?wait= caller reads it again

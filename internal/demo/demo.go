@@ -43,6 +43,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/creds"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/tlsgen"
 	"github.com/fleetctl/fleetctl/internal/witness"
 )
@@ -538,7 +539,7 @@ func bar(out io.Writer, done, total int) {
 }
 
 func summary(ctx context.Context, c *client.Client, cfg Config, db, stateDir string, res batchResult, out io.Writer) error {
-	a, err := store.OpenAudit(ctx, db)
+	a, err := backend.OpenAudit(ctx, db)
 	if err != nil {
 		return err
 	}

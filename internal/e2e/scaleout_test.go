@@ -15,7 +15,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/sim"
-	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 )
 
@@ -143,7 +143,7 @@ func TestThreeInstancesOnPostgresDivideTheWorkThroughKills(t *testing.T) {
 	}
 	b.verify() // invariants 1-7, 6 among them: no decision with a stale token applied
 
-	a, err := store.OpenAudit(context.Background(), b.db)
+	a, err := backend.OpenAudit(context.Background(), b.db)
 	require.NoError(t, err)
 	defer a.Close()
 	byInstance, err := a.ReceiptsByInstance(context.Background())

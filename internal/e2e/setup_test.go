@@ -24,7 +24,6 @@ import (
 	"github.com/fleetctl/fleetctl/internal/creds"
 	"github.com/fleetctl/fleetctl/internal/mqttx"
 	"github.com/fleetctl/fleetctl/internal/sim"
-	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 	"github.com/fleetctl/fleetctl/internal/witness"
 )
@@ -222,7 +221,7 @@ func (b *bundle) executions() map[string]int {
 func (b *bundle) rows(query string, args ...any) []string {
 	b.t.Helper()
 	driver, dsn := "sqlite3", "file:"+b.db+"?mode=ro&_busy_timeout=5000"
-	if store.IsPostgres(b.db) {
+	if testenv.MadeDatabase(b.db) {
 		driver, dsn = "pgx", b.db
 		for n := 1; strings.Contains(query, "?"); n++ {
 			query = strings.Replace(query, "?", fmt.Sprintf("$%d", n), 1)

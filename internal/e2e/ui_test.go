@@ -28,6 +28,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 	"github.com/fleetctl/fleetctl/internal/ui"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -408,7 +409,7 @@ func TestDashboardPagesTenThousandDevicesAndShowsRollouts(t *testing.T) {
 	t.Parallel()
 	const n = 10000
 	bus := events.New(events.Config{})
-	st, err := store.Open(context.Background(), store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Observer: feed{bus}})
+	st, err := backend.Open(context.Background(), store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Observer: feed{bus}})
 	require.NoError(t, err)
 	defer st.Close()
 	var wg sync.WaitGroup

@@ -19,6 +19,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 )
 
 func TestTrustMargin(t *testing.T) {
@@ -204,7 +205,7 @@ func TestKeeperOnARealStore(t *testing.T) {
 	ctx := context.Background()
 	t0 := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	clk := clock.NewFake(t0)
-	s, err := store.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
+	s, err := backend.Open(ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Now: clk.Now})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	const ttl = 10 * time.Second

@@ -20,6 +20,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/jcs"
 	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 )
 
 // validPart and validWhole are the contract's rules written out:
@@ -117,7 +118,7 @@ func FuzzOperationID(f *testing.F) {
 // operation is prepared from the stored, canonical plan with the same
 // request_hash as a direct submit of the same params.
 func FuzzStepParams(f *testing.F) {
-	st, err := store.Open(context.Background(), store.Config{Path: filepath.Join(f.TempDir(), "c.db"), Instance: "i1"})
+	st, err := backend.Open(context.Background(), store.Config{Path: filepath.Join(f.TempDir(), "c.db"), Instance: "i1"})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
@@ -29,7 +30,7 @@ type testBundle struct {
 func setup(t *testing.T, enforceGrants bool) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: context.Background()}
-	st, err := store.Open(b.ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
+	st, err := backend.Open(b.ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	b.st = st

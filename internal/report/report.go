@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/verify"
 	"github.com/fleetctl/fleetctl/internal/witness"
 )
@@ -67,7 +68,7 @@ func Write(ctx context.Context, w io.Writer, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	a, err := store.OpenAudit(ctx, cfg.DB)
+	a, err := backend.OpenAudit(ctx, cfg.DB)
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/clock"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/wire"
 	"github.com/fleetctl/fleetctl/internal/witness"
 )
@@ -90,7 +91,7 @@ func TestWrite(t *testing.T) {
 	ctx := context.Background()
 	db := filepath.Join(t.TempDir(), "c.db")
 	clk := clock.NewFake(t0)
-	s, err := store.Open(ctx, store.Config{Path: db, Instance: "i1", Now: clk.Now})
+	s, err := backend.Open(ctx, store.Config{Path: db, Instance: "i1", Now: clk.Now})
 	require.NoError(t, err)
 	_, err = s.Submit(ctx, store.NewOperation{OperationID: "op-1", Action: "restart", Target: "device-1",
 		Params: json.RawMessage(`{}`), RequestHash: "h1", CommandID: "c-1", CommandTTL: time.Hour, QoS: 1,
@@ -162,7 +163,7 @@ func TestWriteEmptyRun(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := filepath.Join(t.TempDir(), "c.db")
-	s, err := store.Open(ctx, store.Config{Path: db, Instance: "i1"})
+	s, err := backend.Open(ctx, store.Config{Path: db, Instance: "i1"})
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 	var b strings.Builder

@@ -10,10 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/store/driver"
 )
 
 // Audit reads a controller's database for the invariant checker (verify),
@@ -37,26 +35,13 @@ type Audit struct {
 // mode=ro neither creates the file nor applies migrations; or a postgres://
 // URL, in a READ ONLY REPEATABLE READ transaction) and takes its snapshot.
 // A missing or unreadable database is an error here, not at the first read.
-func OpenAudit(ctx context.Context, dsn string) (*Audit, error) {
+func OpenAudit(ctx context.Context, d driver.Driver, dsn string) (*Audit, error) {
 	if dsn == "" {
 		return nil, errors.New("store: empty database path")
 	}
-	b := backendFor(dsn)
-	var db *sql.DB
-	var opts *sql.TxOptions
-	if b.name() == "postgres" {
-		cfg, err := pgx.ParseConfig(dsn)
-		if err != nil {
-			return nil, fmt.Errorf("--db: %w", err)
-		}
-		db = stdlib.OpenDB(*cfg)
-		opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
-	} else {
-		var err error
-		db, err = sql.Open("sqlite3", "file:"+url.PathEscape(dsn)+"?mode=ro&_busy_timeout=5000")
-		if err != nil {
-			return nil, fmt.Errorf("open %s read-only: %w", dsn, err)
-		}
+	db, opts, err := d.OpenSnapshot(ctx, dsn)
+	if err != nil {
+		return nil, err
 	}
 	db.SetMaxOpenConns(1) // the transaction's connection; no query runs outside it
 	// The transaction outlives ctx: it ends at Close, not when ctx is done.
@@ -73,7 +58,7 @@ func OpenAudit(ctx context.Context, dsn string) (*Audit, error) {
 		db.Close()
 		return nil, fmt.Errorf("open %s read-only: %w", redact(dsn), err)
 	}
-	return &Audit{db: db, tx: tx, q: auditQueries{tx: tx, b: b}}, nil
+	return &Audit{db: db, tx: tx, q: auditQueries{tx: tx, d: d}}, nil
 }
 
 // redact hides a URL's password in messages.
@@ -91,15 +76,15 @@ func redact(dsn string) string {
 // backend's placeholders.
 type auditQueries struct {
 	tx *sql.Tx
-	b  backend
+	d  driver.Driver
 }
 
 func (q auditQueries) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	return q.tx.QueryContext(ctx, q.b.rebind(query), args...)
+	return q.tx.QueryContext(ctx, q.d.Rebind(query), args...)
 }
 
 func (q auditQueries) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	return q.tx.QueryRowContext(ctx, q.b.rebind(query), args...)
+	return q.tx.QueryRowContext(ctx, q.d.Rebind(query), args...)
 }
 
 // Close ends the snapshot and closes the connection. Calling it again does

@@ -74,7 +74,7 @@ func newAuditRun(t *testing.T, be string) *auditRun {
 	t.Helper()
 	r := &auditRun{path: testDSN(t, be), now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
 	r.t0 = r.now
-	s, err := Open(context.Background(), Config{Path: r.path, Instance: "i1", Now: r.clock})
+	s, err := testOpen(context.Background(), Config{Path: r.path, Instance: "i1", Now: r.clock})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	r.s = s
@@ -117,7 +117,7 @@ func newAuditRun(t *testing.T, be string) *auditRun {
 
 func openAudit(t *testing.T, path string) *Audit {
 	t.Helper()
-	a, err := OpenAudit(context.Background(), path)
+	a, err := testOpenAudit(context.Background(), path)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, a.Close()) })
 	return a
@@ -307,13 +307,13 @@ func TestAuditReadsOneSnapshot(t *testing.T) {
 func TestOpenAuditNeverCreatesOrWrites(t *testing.T) {
 	t.Parallel()
 	missing := filepath.Join(t.TempDir(), "missing.db")
-	_, err := OpenAudit(context.Background(), missing)
+	_, err := testOpenAudit(context.Background(), missing)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), missing)
 	_, statErr := os.Stat(missing)
 	require.ErrorIs(t, statErr, os.ErrNotExist, "mode=ro does not create the file")
 
-	_, err = OpenAudit(context.Background(), "")
+	_, err = testOpenAudit(context.Background(), "")
 	require.Error(t, err)
 
 	r := newAuditRun(t, "sqlite")
@@ -328,7 +328,7 @@ func TestOpenAuditNeverCreatesOrWrites(t *testing.T) {
 func TestAuditCloseTwice(t *testing.T) {
 	t.Parallel()
 	r := newAuditRun(t, "sqlite")
-	a, err := OpenAudit(context.Background(), r.path)
+	a, err := testOpenAudit(context.Background(), r.path)
 	require.NoError(t, err)
 	require.NoError(t, a.Close())
 	require.NoError(t, a.Close())
@@ -342,7 +342,7 @@ func TestOpenAuditPathIsAFileName(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "a dir?x=1#frag%20")
 	require.NoError(t, os.Mkdir(dir, 0o755))
 	path := filepath.Join(dir, "c.db")
-	s, err := Open(context.Background(), Config{Path: path, Instance: "i1"})
+	s, err := testOpen(context.Background(), Config{Path: path, Instance: "i1"})
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 	a := openAudit(t, path)

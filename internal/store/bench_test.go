@@ -15,7 +15,7 @@ import (
 
 // benchStore is a store on a new SQLite file, closed when b ends.
 func benchStore(b *testing.B) *DB {
-	s, err := Open(context.Background(), Config{Path: filepath.Join(b.TempDir(), "c.db"), Instance: "i1"})
+	s, err := testOpen(context.Background(), Config{Path: filepath.Join(b.TempDir(), "c.db"), Instance: "i1"})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -17,7 +17,7 @@ func openGuarded(t *testing.T) (s *DB, inst *Instance, path string) {
 	t.Helper()
 	path = filepath.Join(t.TempDir(), "data", "c.db")
 	require.NoError(t, os.Mkdir(filepath.Dir(path), 0o755))
-	s, err := Open(context.Background(), Config{Path: path, Instance: "i1"})
+	s, err := testOpen(context.Background(), Config{Path: path, Instance: "i1"})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	inst, err = s.LockInstance(context.Background(), "i1")
@@ -128,7 +128,7 @@ func TestFileGuardQuietWhileFilesStay(t *testing.T) {
 // its instance lock (four stats), made twice per committed batch.
 func BenchmarkFileGuardCheck(b *testing.B) {
 	path := filepath.Join(b.TempDir(), "c.db")
-	s, err := Open(context.Background(), Config{Path: path, Instance: "i1"})
+	s, err := testOpen(context.Background(), Config{Path: path, Instance: "i1"})
 	require.NoError(b, err)
 	defer s.Close()
 	inst, err := s.LockInstance(context.Background(), "i1")

@@ -2,12 +2,14 @@ package store
 
 import (
 	"context"
-	"errors"
+	"strings"
 	"sync"
+
+	"github.com/fleetctl/fleetctl/internal/store/driver"
 )
 
 // ErrInstanceRunning: another live process holds this instance id.
-var ErrInstanceRunning = errors.New("an instance with this id is already running")
+var ErrInstanceRunning = driver.ErrInstanceRunning
 
 // Kinds of wake-up one instance sends the others when its commit changes
 // what they wait on.
@@ -44,8 +46,8 @@ func newInstance(id string, wakes chan Wake, closeFn func()) *Instance {
 	return &Instance{ID: id, wakes: wakes, lost: make(chan error, 1), close: closeFn}
 }
 
-// Wakes delivers other instances' wake-ups; never with SQLite, where
-// instances poll. A wake-up that finds the channel full is dropped: the
+// Wakes delivers other instances' wake-ups; never without the backend's
+// Notifications (SQLite), where instances poll. A wake-up that finds the channel full is dropped: the
 // sweeps' polling is the fallback.
 func (i *Instance) Wakes() <-chan Wake { return i.wakes }
 
@@ -66,7 +68,78 @@ func (i *Instance) fail(err error) {
 }
 
 // LockInstance holds the instance id exclusively for this process, or
-// returns ErrInstanceRunning while another live process holds it.
+// returns ErrInstanceRunning while another live process holds it. A file
+// the hold keeps (SQLite's lock beside the database) is guarded with the
+// database's files (guard.go): Lost fires when any of them left its path.
 func (s *DB) LockInstance(ctx context.Context, id string) (*Instance, error) {
-	return s.b.lockInstance(ctx, s, id)
+	var wakes chan Wake
+	if s.caps.Notifications {
+		wakes = make(chan Wake, 4096)
+	}
+	inst := newInstance(id, wakes, nil)
+	h, err := s.d.LockInstance(ctx, s.dsn, id, driver.HoldEvents{
+		Notification: func(payload string) {
+			if w, ok := parseWake(payload, id); ok {
+				inst.deliver(w)
+			}
+		},
+		Missed: func() { inst.deliver(Wake{Kind: WakeAll}) }, // what was sent meanwhile is lost
+		Lost:   inst.fail,
+	})
+	if err != nil {
+		return nil, err
+	}
+	var added []string
+	for _, f := range h.Files {
+		if err := s.files.add(f.What, f.Path, f.Open); err != nil {
+			for _, p := range added {
+				s.files.remove(p)
+			}
+			h.Release()
+			return nil, err
+		}
+		added = append(added, f.Path)
+	}
+	if len(added) == 0 {
+		inst.close = h.Release
+		return inst, nil
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	inst.close = func() {
+		close(stop)
+		<-done
+		for _, p := range added {
+			s.files.remove(p)
+		}
+		h.Release()
+	}
+	go func() {
+		defer close(done)
+		select {
+		case <-s.files.lostC():
+			inst.fail(s.files.failed())
+		case <-stop:
+		}
+	}()
+	return inst, nil
+}
+
+func (i *Instance) deliver(w Wake) {
+	select {
+	case i.wakes <- w:
+	default: // full: the sweeps' polling finds it
+	}
+}
+
+// wakePayload is one notification's payload: "instance kind id" (ids have
+// no spaces).
+func wakePayload(instance, kind, id string) string { return instance + " " + kind + " " + id }
+
+// parseWake reads a payload, skipping the instance's own.
+func parseWake(payload, self string) (Wake, bool) {
+	parts := strings.SplitN(payload, " ", 3)
+	if len(parts) != 3 || parts[0] == self {
+		return Wake{}, false
+	}
+	return Wake{Kind: parts[1], ID: parts[2]}, true
 }

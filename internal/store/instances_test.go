@@ -22,7 +22,7 @@ func peers(t *testing.T, be string, n int, clk *clock.Fake) []*DB {
 	dsn := testDSN(t, be)
 	out := make([]*DB, n)
 	for i := range out {
-		s, err := Open(context.Background(), Config{Path: dsn, Instance: fmt.Sprintf("i%d", i+1), Now: clk.Now})
+		s, err := testOpen(context.Background(), Config{Path: dsn, Instance: fmt.Sprintf("i%d", i+1), Now: clk.Now})
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() })
 		out[i] = s
@@ -196,7 +196,7 @@ func TestLostConnectionFailsTheBatchAndTheNextOneReconnects(t *testing.T) {
 	var pid int
 	require.NoError(t, b.s.w.QueryRowContext(b.ctx, `SELECT pg_backend_pid()`).Scan(&pid))
 
-	admin, err := Open(b.ctx, Config{Path: b.s.dsn, Instance: "admin"})
+	admin, err := testOpen(b.ctx, Config{Path: b.s.dsn, Instance: "admin"})
 	require.NoError(t, err)
 	defer admin.Close()
 	err = b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
@@ -296,7 +296,7 @@ func TestADecisionHoldsItsFenceUntilItCommits(t *testing.T) {
 	dsn := testDSN(t, "postgres")
 	start := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	open := func(id string, clk *clock.Fake) *DB {
-		s, err := Open(context.Background(), Config{Path: dsn, Instance: id, Now: clk.Now})
+		s, err := testOpen(context.Background(), Config{Path: dsn, Instance: id, Now: clk.Now})
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() })
 		return s
@@ -461,7 +461,7 @@ func newCrossing(t *testing.T) *crossing {
 	c := &crossing{t: t, clk: clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))}
 	for i := 0; i < 2; i++ {
 		o := newObserver()
-		s, err := Open(context.Background(), Config{Path: dsn, Instance: fmt.Sprintf("i%d", i+1), Now: c.clk.Now, Observer: o})
+		s, err := testOpen(context.Background(), Config{Path: dsn, Instance: fmt.Sprintf("i%d", i+1), Now: c.clk.Now, Observer: o})
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() })
 		c.ss, c.obs = append(c.ss, s), append(c.obs, o)

@@ -21,7 +21,7 @@ func (s *DB) RenewLeases(ctx context.Context, owner string, ttl time.Duration) (
 		// finishing its operation) is renewed at the next heartbeat.
 		r, err := t.Exec(`UPDATE operations SET lease_expires_at = ?
 			WHERE operation_id IN (SELECT operation_id FROM operations
-				WHERE owner = ? AND status = 'started' AND lease_expires_at > ?`+t.s.b.skipLocked()+`)
+				WHERE owner = ? AND status = 'started' AND lease_expires_at > ?`+t.s.d.Locks().SkipLocked+`)
 				AND owner = ? AND status = 'started' AND lease_expires_at > ?`,
 			ms(until), owner, ms(t.now), owner, ms(t.now))
 		if err != nil {
@@ -112,7 +112,7 @@ func (s *DB) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (i
 			var err error
 			ids, err = queryStrings(ctx, t, `UPDATE operations SET fencing_token = fencing_token + 1, lease_expires_at = ?
 				WHERE operation_id IN (SELECT operation_id FROM operations
-					WHERE owner = ? AND status = 'started' AND lease_expires_at < ? LIMIT 500`+t.s.b.skipLocked()+`)
+					WHERE owner = ? AND status = 'started' AND lease_expires_at < ? LIMIT 500`+t.s.d.Locks().SkipLocked+`)
 					AND owner = ? AND status = 'started' AND lease_expires_at < ?
 				RETURNING operation_id`, until, owner, until, owner, until)
 			if err != nil {
@@ -192,7 +192,7 @@ func (s *DB) TakeOver(ctx context.Context, owner string, ttl time.Duration, limi
 				lease_expires_at = ?, updated_at = ?
 			WHERE operation_id IN (SELECT operation_id FROM operations
 				WHERE status = 'started' AND lease_expires_at <= ?
-					AND (owner != ? OR lease_expires_at <= ?) LIMIT ?`+t.s.b.skipLocked()+`)
+					AND (owner != ? OR lease_expires_at <= ?) LIMIT ?`+t.s.d.Locks().SkipLocked+`)
 				-- again on the row itself: PostgreSQL re-checks these against
 				-- the newest version of a row another instance took first
 				AND status = 'started' AND lease_expires_at <= ? AND (owner != ? OR lease_expires_at <= ?)

@@ -81,11 +81,11 @@ func readPage[T any](ctx context.Context, s *DB, k keyset[T], p Page) (Listed[T]
 		return out, fmt.Errorf("list %s: %w", k.table, err)
 	}
 	defer rtx.Rollback()
-	if err := rtx.QueryRowContext(ctx, s.b.rebind(countQ), s.args(append([]any(nil), k.args...))...).Scan(&out.Total); err != nil {
+	if err := rtx.QueryRowContext(ctx, s.d.Rebind(countQ), s.args(append([]any(nil), k.args...))...).Scan(&out.Total); err != nil {
 		return out, fmt.Errorf("count %s: %w", k.table, err)
 	}
 	args := append(append([]any(nil), k.args...), p.After, limit+1)
-	rows, err := rtx.QueryContext(ctx, s.b.rebind(pageQ), s.args(args)...)
+	rows, err := rtx.QueryContext(ctx, s.d.Rebind(pageQ), s.args(args)...)
 	if err != nil {
 		return out, fmt.Errorf("list %s: %w", k.table, err)
 	}

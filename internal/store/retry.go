@@ -27,7 +27,7 @@ func (t *tx) startRetry(ctx context.Context, op Operation, owner string, leaseTT
 	// after any decision whose fence holds it (see fencedCommand).
 	if err := t.cas(ctx, ch, nil, `UPDATE operations SET status = ?, reason = '', owner = ?, fencing_token = fencing_token + 1,
 			lease_expires_at = ?, retry_until = ?, version = version + 1, updated_at = ?
-		WHERE `+lockedKey("operations", "operation_id", t.s.b.tokenLock())+` AND status = ? AND version = ?`,
+		WHERE `+lockedKey("operations", "operation_id", t.s.d.Locks().TokenLock)+` AND status = ? AND version = ?`,
 		fsm.OpStarted, owner, ms(t.now.Add(leaseTTL)), ms(t.now.Add(retryFor)), now, op.OperationID, fsm.OpFailedRetryable, op.Version); err != nil {
 		return err
 	}

@@ -206,7 +206,7 @@ func TestRolloutSpacingFromCommittedStarts(t *testing.T) {
 		dsn := testDSN(t, be)
 		clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
 		open := func(instance string) *DB {
-			s, err := Open(context.Background(), Config{Path: dsn, Instance: instance, Now: clk.Now})
+			s, err := testOpen(context.Background(), Config{Path: dsn, Instance: instance, Now: clk.Now})
 			require.NoError(t, err)
 			t.Cleanup(func() { s.Close() })
 			return s

@@ -12,6 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/store/driver"
+	"github.com/fleetctl/fleetctl/internal/store/postgres"
+	"github.com/fleetctl/fleetctl/internal/store/sqlite"
 )
 
 // The schema's CHECK lists are the state machines of package fsm, written a
@@ -132,17 +135,17 @@ func (s schema) apply(stmt string) error {
 	return nil
 }
 
-// migratedSchema replays the migration files of dir (a backend's
-// migrations()) in the order migrate applies them.
-func migratedSchema(t *testing.T, dir string) schema {
+// migratedSchema replays the migration files of a backend
+// (driver.Driver's Migrations) in the order migrate applies them.
+func migratedSchema(t *testing.T, migrations fs.FS) schema {
 	t.Helper()
-	files, err := fs.Glob(migrationFS, dir+"/*.sql")
+	files, err := fs.Glob(migrations, "*.sql")
 	require.NoError(t, err)
-	require.NotEmpty(t, files, dir)
+	require.NotEmpty(t, files)
 	sort.Strings(files)
 	s := schema{}
 	for _, f := range files {
-		body, err := migrationFS.ReadFile(f)
+		body, err := fs.ReadFile(migrations, f)
 		require.NoError(t, err)
 		// Statements split at ';': a trigger's or a function's body falls
 		// apart into fragments that match nothing and carry no CHECK.
@@ -179,10 +182,10 @@ func checkSchema(t *testing.T, s schema) {
 // TestSchemaChecksMatchFSM replays each backend's migration files.
 func TestSchemaChecksMatchFSM(t *testing.T) {
 	t.Parallel()
-	for _, b := range []backend{sqliteBackend{}, &postgresBackend{}} {
-		t.Run(b.name(), func(t *testing.T) {
+	for _, b := range []driver.Driver{sqlite.New(), postgres.New()} {
+		t.Run(b.Name(), func(t *testing.T) {
 			t.Parallel()
-			checkSchema(t, migratedSchema(t, b.migrations()))
+			checkSchema(t, migratedSchema(t, b.Migrations()))
 		})
 	}
 }
@@ -194,7 +197,7 @@ func TestSchemaReplayMatchesDatabase(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
-		replayed := migratedSchema(t, b.s.b.migrations())
+		replayed := migratedSchema(t, b.s.d.Migrations())
 		got := schema{}
 		if be == "sqlite" {
 			rows, err := b.s.r.QueryContext(b.ctx, `SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL`)

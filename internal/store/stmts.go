@@ -87,8 +87,8 @@ type readers struct {
 
 func (r readers) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	r.s.trips.Add(1)
-	query, args = r.s.b.rebind(query), r.s.args(args)
-	if !r.s.b.prepares() {
+	query, args = r.s.d.Rebind(query), r.s.args(args)
+	if !r.s.caps.Prepares {
 		return r.c.db.QueryContext(ctx, query, args...)
 	}
 	st, err := r.c.getOrPrepare(ctx, query)
@@ -100,8 +100,8 @@ func (r readers) QueryContext(ctx context.Context, query string, args ...any) (*
 
 func (r readers) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	r.s.trips.Add(1)
-	query, args = r.s.b.rebind(query), r.s.args(args)
-	if !r.s.b.prepares() {
+	query, args = r.s.d.Rebind(query), r.s.args(args)
+	if !r.s.caps.Prepares {
 		return r.c.db.QueryRowContext(ctx, query, args...)
 	}
 	st, err := r.c.getOrPrepare(ctx, query)
@@ -119,7 +119,7 @@ func (r readers) QueryRowContext(ctx context.Context, query string, args ...any)
 func (t *tx) stmt(query string) *sql.Stmt { return t.s.writerStmt(query) }
 
 func (s *DB) writerStmt(query string) *sql.Stmt {
-	if !s.b.prepares() {
+	if !s.caps.Prepares {
 		return nil
 	}
 	if st := s.wstmts.get(query); st != nil {
@@ -131,7 +131,7 @@ func (s *DB) writerStmt(query string) *sql.Stmt {
 
 func (t *tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	t.s.trips.Add(1)
-	query, args = t.s.b.rebind(query), t.s.args(args)
+	query, args = t.s.d.Rebind(query), t.s.args(args)
 	if st := t.stmt(query); st != nil {
 		return t.Tx.StmtContext(ctx, st).ExecContext(ctx, args...)
 	}
@@ -144,7 +144,7 @@ func (t *tx) Exec(query string, args ...any) (sql.Result, error) {
 
 func (t *tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	t.s.trips.Add(1)
-	query, args = t.s.b.rebind(query), t.s.args(args)
+	query, args = t.s.d.Rebind(query), t.s.args(args)
 	if st := t.stmt(query); st != nil {
 		return t.Tx.StmtContext(ctx, st).QueryContext(ctx, args...)
 	}
@@ -153,7 +153,7 @@ func (t *tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.
 
 func (t *tx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	t.s.trips.Add(1)
-	query, args = t.s.b.rebind(query), t.s.args(args)
+	query, args = t.s.d.Rebind(query), t.s.args(args)
 	if st := t.stmt(query); st != nil {
 		return t.Tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
 	}

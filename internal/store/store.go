@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,11 +14,9 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/store/driver"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
-
-//go:embed migrations/sqlite/*.sql migrations/postgres/*.sql
-var migrationFS embed.FS
 
 // Errors returned by the store. Handlers map them to HTTP codes in one place.
 var (
@@ -97,6 +94,9 @@ func (nopObserver) Deadlock()                         {}
 
 // Config configures a Store.
 type Config struct {
+	// Driver is the database backend (package backend picks it from a
+	// --db value); Path is its DSN: an SQLite file or a postgres:// URL.
+	Driver   driver.Driver
 	Path     string
 	Instance string           // written into events and receipts
 	Now      func() time.Time // injectable clock; time.Now by default
@@ -110,7 +110,9 @@ type Config struct {
 
 // DB is the store, on either backend. It is safe for concurrent use.
 type DB struct {
-	b        backend
+	d        driver.Driver
+	q        *driver.Statements // d's statements
+	caps     driver.Capabilities
 	dsn      string
 	w, r     *sql.DB
 	now      func() time.Time
@@ -141,6 +143,9 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if cfg.Path == "" {
 		return nil, errors.New("store: empty database path")
 	}
+	if cfg.Driver == nil {
+		return nil, errors.New("store: no driver (open through package internal/store/backend)")
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -156,12 +161,12 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = DefaultMaxBatch
 	}
-	b := backendFor(cfg.Path)
-	w, r, err := b.open(ctx, cfg.Path, cfg.Readers)
+	d := cfg.Driver
+	w, r, err := d.Open(ctx, cfg.Path, cfg.Readers)
 	if err != nil {
 		return nil, err
 	}
-	s := &DB{b: b, dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
+	s := &DB{d: d, q: d.Statements(), caps: d.Capabilities(), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
 		queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch,
 		quit: make(chan struct{}), stopped: make(chan struct{})}
 	s.changes, _ = cfg.Observer.(ChangeObserver)
@@ -170,7 +175,7 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 		r.Close()
 		return nil, err
 	}
-	if s.files, err = newFileGuard(b.files(cfg.Path), guardInterval); err != nil {
+	if s.files, err = newFileGuard(guardedFiles(d.Files(cfg.Path)), guardInterval); err != nil {
 		w.Close()
 		r.Close()
 		return nil, err
@@ -197,26 +202,26 @@ func (s *DB) Close() error {
 }
 
 func (s *DB) migrate(ctx context.Context) error {
-	tx, err := s.b.beginMigrations(ctx, s.w)
+	tx, err := s.d.BeginMigrations(ctx, s.w)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, s.b.schemaTable()); err != nil {
+	if _, err := tx.ExecContext(ctx, s.q.SchemaTable); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	var current int
-	if err := tx.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
+	if err := tx.QueryRowContext(ctx, s.q.SchemaVersion).Scan(&current); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	dir := s.b.migrations()
-	names, err := fs.Glob(migrationFS, dir+"/*.sql")
+	migrations := s.d.Migrations()
+	names, err := fs.Glob(migrations, "*.sql")
 	if err != nil {
 		return err
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		base := strings.TrimPrefix(name, dir+"/")
+		base := name
 		v, err := strconv.Atoi(strings.SplitN(base, "_", 2)[0])
 		if err != nil {
 			return fmt.Errorf("migration %s: name must start with a number", base)
@@ -224,14 +229,14 @@ func (s *DB) migrate(ctx context.Context) error {
 		if v <= current {
 			continue
 		}
-		body, err := migrationFS.ReadFile(name)
+		body, err := fs.ReadFile(migrations, name)
 		if err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, string(body)); err != nil {
 			return fmt.Errorf("migration %s: %w", base, err)
 		}
-		if _, err := tx.ExecContext(ctx, s.b.rebind(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`),
+		if _, err := tx.ExecContext(ctx, s.q.SchemaApplied,
 			v, base, ms(s.now())); err != nil {
 			return fmt.Errorf("migration %s: %w", base, err)
 		}
@@ -462,11 +467,11 @@ func commandFenced(lock string) string {
 // is locked first, by an InitPlan that runs before the fence: the order in
 // which a receipt locks the two (the command, then its operation).
 func (t *tx) fencedCommand(more string) string {
-	row := lockedKey("commands", "command_id", t.s.b.forUpdate())
+	row := lockedKey("commands", "command_id", t.s.d.Locks().ForUpdate)
 	if more != "" {
 		row += ` AND ` + more
 	}
-	return row + ` AND ` + commandFenced(t.s.b.fenceLock())
+	return row + ` AND ` + commandFenced(t.s.d.Locks().FenceLock)
 }
 
 // lockedKey is the condition "key = ?" on a table's primary key, which

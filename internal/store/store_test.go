@@ -85,7 +85,7 @@ func setup(t *testing.T, be string) *testBundle {
 	t.Helper()
 	clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
 	obs := newObserver()
-	s, err := Open(context.Background(), Config{Path: testDSN(t, be), Instance: "i1", Now: clk.Now, Observer: obs})
+	s, err := testOpen(context.Background(), Config{Path: testDSN(t, be), Instance: "i1", Now: clk.Now, Observer: obs})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return &testBundle{s: s, clk: clk, obs: obs, ctx: context.Background()}

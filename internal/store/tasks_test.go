@@ -97,7 +97,7 @@ func TestChangeObserverSeesCommittedChangesWithIDs(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
 		log := &changeLog{countingObserver: newObserver()}
-		s, err := Open(b.ctx, Config{Path: testDSN(t, be), Instance: "i1", Now: b.clk.Now, Observer: log})
+		s, err := testOpen(b.ctx, Config{Path: testDSN(t, be), Instance: "i1", Now: b.clk.Now, Observer: log})
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() })
 

@@ -153,7 +153,7 @@ func (s *DB) runWriter() {
 		}
 		s.commitBatch(batch)
 		clear(batch)
-		if s.b.prepares() {
+		if s.caps.Prepares {
 			s.wstmts.prepareMissed(context.Background())
 		}
 	}
@@ -166,7 +166,7 @@ func (s *DB) commitBatch(batch []*job) {
 	start := time.Now()
 	res := make([]applied, len(batch))
 	fellBack, err := s.applyBatch(batch, res)
-	for run := 1; err != nil && s.b.conflict(err); run++ {
+	for run := 1; err != nil && s.d.Conflict(err); run++ {
 		s.obs.Deadlock()
 		if run == maxConflictRuns {
 			break
@@ -273,7 +273,7 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 	if err := (&tx{Tx: sqlTx, s: s}).insertEvents(ctx, events); err != nil {
 		return nil, err
 	}
-	sent, err := s.b.notify(ctx, sqlTx, wakes)
+	sent, err := s.d.Notify(ctx, sqlTx, wakes)
 	if sent {
 		s.trips.Add(1)
 	}
@@ -317,7 +317,7 @@ func lockCommands(ids ...string) rowLocks { return rowLocks{commands: ids} }
 // other, and one of them lost a deadlock, a second of waiting each time
 // (the server's deadlock_timeout) before it ran again.
 func (s *DB) preLock(ctx context.Context, sqlTx *sql.Tx, batch []*job) error {
-	if s.b.forUpdate() == "" {
+	if !s.caps.RowLocks {
 		return nil
 	}
 	var cmds, ops, devs, devRows []string
@@ -329,9 +329,7 @@ func (s *DB) preLock(ctx context.Context, sqlTx *sql.Tx, batch []*job) error {
 	}
 	t := &tx{Tx: sqlTx, s: s}
 	if len(cmds)+len(ops)+len(devs) > 0 {
-		if err := lockRows(ctx, t, `SELECT command_id FROM commands
-			WHERE command_id = ANY(?) OR ((operation_id = ANY(?) OR device_id = ANY(?)) AND status NOT IN `+terminalCommands+`)
-			ORDER BY command_id`+s.b.forUpdate(), cmds, ops, devs); err != nil {
+		if err := lockRows(ctx, t, s.q.PreLockCommands, cmds, ops, devs); err != nil {
 			return fmt.Errorf("lock the batch's commands: %w", err)
 		}
 	}
@@ -339,13 +337,10 @@ func (s *DB) preLock(ctx context.Context, sqlTx *sql.Tx, batch []*job) error {
 		// A device seen for the first time is inserted here, in the same
 		// order: two instances inserting the same new devices (every
 		// instance applies every presence) wait on the same key first.
-		if _, err := t.ExecContext(ctx, `INSERT INTO devices (device_id, updated_at)
-			SELECT d, ? FROM unnest(CAST(? AS text[])) AS d ORDER BY d COLLATE "C" ON CONFLICT (device_id) DO NOTHING`,
-			ms(s.now()), devRows); err != nil {
+		if _, err := t.ExecContext(ctx, s.q.PreLockInsertDevices, ms(s.now()), devRows); err != nil {
 			return fmt.Errorf("insert the batch's devices: %w", err)
 		}
-		if err := lockRows(ctx, t, `SELECT device_id FROM devices WHERE device_id = ANY(?)
-			ORDER BY device_id`+s.b.forUpdate(), devRows); err != nil {
+		if err := lockRows(ctx, t, s.q.PreLockDevices, devRows); err != nil {
 			return fmt.Errorf("lock the batch's devices: %w", err)
 		}
 	}
@@ -401,7 +396,7 @@ func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun,
 func (s *DB) runOptimistic(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun, error) {
 	t := s.newTx(sqlTx, j)
 	ferr := runChange(ctx, j.fn, t)
-	if ferr != nil && (s.b.endsTransaction(ferr) || s.b.conflict(ferr)) {
+	if ferr != nil && (s.d.EndsTransaction(ferr) || s.d.Conflict(ferr)) {
 		return changeRun{}, ferr
 	}
 	return changeRun{tx: t, err: ferr}, nil
@@ -440,7 +435,7 @@ func (t *tx) savepoint(ctx context.Context, name string, fn, release func() erro
 	}
 	notes, wakes, events := len(t.notes), len(t.wakes), len(t.events)
 	if ferr = fn(); ferr != nil {
-		if t.s.b.endsTransaction(ferr) || t.s.b.conflict(ferr) {
+		if t.s.d.EndsTransaction(ferr) || t.s.d.Conflict(ferr) {
 			return ferr, ferr
 		}
 		if err := t.execFixed(ctx, `ROLLBACK TO SAVEPOINT `+name); err != nil {

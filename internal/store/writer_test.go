@@ -130,7 +130,7 @@ func TestGroupCommitFailsTheWholeBatchWhenTheDiskIsFull(t *testing.T) {
 func TestSubmitIsShedWhenTheQueueIsFull(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
-		s, err := Open(context.Background(), Config{Path: testDSN(t, be), Instance: "i1", QueueSize: 1})
+		s, err := testOpen(context.Background(), Config{Path: testDSN(t, be), Instance: "i1", QueueSize: 1})
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() })
 		ctx := context.Background()
@@ -166,7 +166,7 @@ func TestAChangeGivenUpBeforeItsTurnWritesNothing(t *testing.T) {
 func TestClosedStoreRefusesChanges(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
-		s, err := Open(context.Background(), Config{Path: testDSN(t, be), Instance: "i1"})
+		s, err := testOpen(context.Background(), Config{Path: testDSN(t, be), Instance: "i1"})
 		require.NoError(t, err)
 		require.NoError(t, s.Close())
 		_, err = s.Submit(context.Background(), newOp("op-1", "c-1"), nil)

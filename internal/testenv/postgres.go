@@ -168,7 +168,19 @@ func (p *Postgres) NewDatabase(t testing.TB) string {
 			t.Errorf("postgres: drop database %s: %v", name, err)
 		}
 	})
+	made.Store(p.URL(name), true)
 	return p.URL(name)
+}
+
+// made holds the URLs NewDatabase returned.
+var made sync.Map
+
+// MadeDatabase reports whether dsn is a PostgreSQL database NewDatabase
+// made: what a test helper asks instead of parsing a --db value (the
+// store's backend package is the one place that does).
+func MadeDatabase(dsn string) bool {
+	_, ok := made.Load(dsn)
+	return ok
 }
 
 // Stop ends the server as a crash would (pg_ctl stop -m immediate: no

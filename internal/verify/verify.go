@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
@@ -52,7 +53,7 @@ func Run(ctx context.Context, cfg Config) ([]Verdict, error) {
 			return nil, err
 		}
 	}
-	a, err := store.OpenAudit(ctx, cfg.DB)
+	a, err := backend.OpenAudit(ctx, cfg.DB)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,110 @@
+package driver
+
+import (
+	"bufio"
+	"fmt"
+	"reflect"
+	"strings"
+)
+
+// Statements are a backend's whole statements, each in the backend's own
+// dialect (its placeholders, its lock clauses written in), by name. Each
+// backend fills its set from its embedded queries.sql, whose statements
+// start with a "-- name: <Field>" line (sqlc's and River's style); Parse
+// refuses a file that misses a field, names one twice or names one that
+// does not exist, so a misspelt name fails at init, and the store refers
+// to statements by field, so a misspelt reference fails to compile.
+// Whole-line comments ("--" first) are the file's own and are dropped.
+type Statements struct {
+	// Migrations.
+	SchemaTable, SchemaVersion, SchemaApplied string
+
+	// The batch's pre-lock (Capabilities.RowLocks).
+	PreLockCommands, PreLockInsertDevices, PreLockDevices string
+}
+
+// Parse reads a queries.sql file into a Statements.
+func Parse(src string) (*Statements, error) {
+	out := &Statements{}
+	v := reflect.ValueOf(out).Elem()
+	seen := map[string]bool{}
+	var name string
+	var body strings.Builder
+	flush := func() error {
+		if name == "" {
+			if strings.TrimSpace(body.String()) != "" {
+				return fmt.Errorf("queries: text before the first -- name: line")
+			}
+			return nil
+		}
+		f := v.FieldByName(name)
+		if !f.IsValid() || f.Kind() != reflect.String {
+			return fmt.Errorf("queries: %s is not a statement of driver.Statements", name)
+		}
+		if seen[name] {
+			return fmt.Errorf("queries: %s is defined twice", name)
+		}
+		seen[name] = true
+		text := strings.TrimSpace(body.String())
+		text = strings.TrimSuffix(text, ";")
+		if text == "" {
+			return fmt.Errorf("queries: %s is empty", name)
+		}
+		f.SetString(text)
+		return nil
+	}
+	sc := bufio.NewScanner(strings.NewReader(src))
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if n, ok := strings.CutPrefix(strings.TrimSpace(line), "-- name:"); ok {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+			name = strings.TrimSpace(n)
+			body.Reset()
+			continue
+		}
+		if strings.HasPrefix(strings.TrimSpace(line), "--") {
+			continue // a comment line: not part of any statement
+		}
+		body.WriteString(line)
+		body.WriteByte('\n')
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	for _, n := range Names() {
+		if !seen[n] {
+			return nil, fmt.Errorf("queries: %s is missing", n)
+		}
+	}
+	return out, nil
+}
+
+// MustParse is Parse for a backend's init.
+func MustParse(src string) *Statements {
+	s, err := Parse(src)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Names are the statements' names, in field order.
+func Names() []string {
+	t := reflect.TypeOf(Statements{})
+	out := make([]string, t.NumField())
+	for i := range out {
+		out[i] = t.Field(i).Name
+	}
+	return out
+}
+
+// ByName returns the statement called name, for tests.
+func (s *Statements) ByName(name string) string {
+	return reflect.ValueOf(s).Elem().FieldByName(name).String()
+}

@@ -1,0 +1,77 @@
+package store
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/store/driver"
+	"github.com/fleetctl/fleetctl/internal/store/postgres"
+	"github.com/fleetctl/fleetctl/internal/store/sqlite"
+)
+
+// TestStatementsNames: both backends define exactly the statements of
+// driver.Statements (each queries.sql parsed whole, none missing, none
+// extra, none empty), and the store's code uses every one of them.
+func TestStatementsNames(t *testing.T) {
+	names := driver.Names()
+	require.NotEmpty(t, names)
+	for _, d := range []driver.Driver{sqlite.New(), postgres.New()} {
+		for _, n := range names {
+			require.NotEmpty(t, d.Statements().ByName(n), "%s: %s", d.Name(), n)
+		}
+	}
+	for _, file := range []string{"sqlite/queries.sql", "postgres/queries.sql"} {
+		src, err := os.ReadFile(file)
+		require.NoError(t, err)
+		defined := regexp.MustCompile(`(?m)^-- name: (\w+)\s*$`).FindAllStringSubmatch(string(src), -1)
+		var got []string
+		for _, m := range defined {
+			got = append(got, m[1])
+		}
+		require.ElementsMatch(t, names, got, file)
+	}
+
+	files, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	var code strings.Builder
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		code.Write(b)
+	}
+	for _, n := range names {
+		require.Regexp(t, `\.q\.`+n+`\b`, code.String(), "statement %s is never used", n)
+	}
+}
+
+// TestStatementsParse: a misspelt, repeated or missing name fails the
+// parse (at a backend's init).
+func TestStatementsParse(t *testing.T) {
+	var whole strings.Builder
+	for _, n := range driver.Names() {
+		whole.WriteString("-- name: " + n + "\nSELECT 1\n")
+	}
+	_, err := driver.Parse(whole.String())
+	require.NoError(t, err)
+	_, err = driver.Parse(whole.String() + "-- name: NoSuchStatement\nSELECT 1\n")
+	require.ErrorContains(t, err, "NoSuchStatement")
+	_, err = driver.Parse(whole.String() + "-- name: " + driver.Names()[0] + "\nSELECT 1\n")
+	require.ErrorContains(t, err, "twice")
+	_, err = driver.Parse(strings.SplitAfterN(whole.String(), "SELECT 1\n", 2)[1])
+	require.ErrorContains(t, err, "missing")
+}
+
+// TestStatementsStateLists: a state list written into a backend's
+// statements is the one the fsm tables give.
+func TestStatementsStateLists(t *testing.T) {
+	pg := postgres.New().Statements()
+	require.Contains(t, pg.PreLockCommands, "status NOT IN "+terminalCommands)
+}
