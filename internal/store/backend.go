@@ -1,6 +1,8 @@
 package store
 
 import (
+	"fmt"
+
 	"github.com/fleetctl/fleetctl/internal/store/driver"
 )
 
@@ -19,14 +21,17 @@ func (s *DB) Backend() string { return s.d.Name() }
 // whether instances wake each other by notification).
 func (s *DB) Capabilities() driver.Capabilities { return s.caps }
 
-// lockingRead is query with the backend's row lock when q is a write
-// transaction (reads outside one take no lock). Transitional: for the
-// statements still written inline (see doc.go).
-func lockingRead(q queryer, query string) string {
-	if t, ok := q.(*tx); ok {
-		return query + t.s.d.Locks().ForUpdate
+// statementsOf is the statements of the backend q reads, and whether q is
+// a write transaction, whose reads of a row it will write lock it (the
+// ...ForUpdate statements); reads outside one take no lock.
+func statementsOf(q queryer) (st *driver.Statements, locking bool) {
+	switch q := q.(type) {
+	case *tx:
+		return q.s.q, true
+	case readers:
+		return q.s.q, false
 	}
-	return query
+	panic(fmt.Sprintf("store: statementsOf(%T)", q))
 }
 
 // args converts a statement's arguments for the backend.

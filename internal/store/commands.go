@@ -75,7 +75,12 @@ func scanCommand(row interface{ Scan(...any) error }) (Command, error) {
 }
 
 func getCommand(ctx context.Context, q queryer, id string) (Command, error) {
-	c, err := scanCommand(q.QueryRowContext(ctx, lockingRead(q, `SELECT `+commandColumns+` FROM commands WHERE command_id = ?`), id))
+	st, locking := statementsOf(q)
+	query := st.CommandGet
+	if locking {
+		query = st.CommandGetForUpdate
+	}
+	c, err := scanCommand(q.QueryRowContext(ctx, query, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Command{}, fmt.Errorf("command %s: %w", id, ErrNotFound)
 	}
@@ -194,7 +199,7 @@ type Decision struct {
 // decision is the change of a fenced decision about a command.
 func (t *tx) decision(ctx context.Context, commandID string, from, to fsm.CommandState, f Fence) change {
 	return change{machine: "command", id: commandID, from: string(from), to: string(to), token: f.Token,
-		explain: t.fenceExplainer(ctx, `SELECT 1 FROM commands WHERE command_id = ? AND `+commandFenced(""), commandID, f)}
+		explain: t.fenceExplainer(ctx, t.s.q.CommandFenceHeld, commandID, f)}
 }
 
 // scanInto reads a RETURNING row of commandColumns into c.
@@ -240,10 +245,7 @@ func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.Command
 			}
 		}
 		now := ms(t.now)
-		err := t.cas(ctx, t.decision(ctx, commandID, expect, to, f), t.decided(ctx, &d),
-			`UPDATE commands SET status = ?, attempt = attempt + 1, version = version + 1, qos = ?,
-				next_check_at = ?, last_sent_at = ?, last_query_id = '', last_answer = '', updated_at = ?
-			WHERE `+t.fencedCommand(`status = ? AND attempt = ?`)+` RETURNING `+commandColumns,
+		err := t.cas(ctx, t.decision(ctx, commandID, expect, to, f), t.decided(ctx, &d), t.s.q.CommandClaimSend,
 			append([]any{to, qos, ms(nextCheck), now, now, commandID, expect, expectAttempt}, f.args(t.now)...)...)
 		if err != nil {
 			return err
@@ -262,9 +264,7 @@ func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect f
 	var d Decision
 	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		now := ms(t.now)
-		err := t.cas(ctx, t.decision(ctx, commandID, expect, expect, f), t.decided(ctx, &d),
-			`UPDATE commands SET queries = queries + ?, last_query_id = ?, last_answer = '', next_check_at = ?, updated_at = ?
-			WHERE `+t.fencedCommand(`status = ? AND queries = ?`)+` RETURNING `+commandColumns,
+		err := t.cas(ctx, t.decision(ctx, commandID, expect, expect, f), t.decided(ctx, &d), t.s.q.CommandClaimQuery,
 			append([]any{counted, queryID, ms(nextCheck), now, commandID, expect, expectQueries}, f.args(t.now)...)...)
 		if err != nil {
 			return err
@@ -283,7 +283,7 @@ func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect f
 // was decided), only returned.
 func (s *DB) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
 	return s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
-		r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE `+t.fencedCommand(`version = ?`),
+		r, err := t.Exec(t.s.q.CommandPostpone,
 			append([]any{ms(next), commandID, expectVersion}, f.args(t.now)...)...)
 		if err != nil {
 			return fmt.Errorf("postpone %s: %w", commandID, err)
@@ -311,11 +311,7 @@ func (s *DB) Move(ctx context.Context, commandID string, from fsm.CommandState, 
 		// is back, a command published before is asked about afresh.
 		forget := to == fsm.CmdWaitingDevice
 		var d Decision
-		err := t.cas(ctx, t.decision(ctx, commandID, from, to, f), t.decided(ctx, &d),
-			`UPDATE commands SET status = ?, reason = ?, version = version + 1, next_check_at = ?, updated_at = ?,
-				last_query_id = CASE WHEN ? = 1 THEN '' ELSE last_query_id END,
-				last_answer = CASE WHEN ? = 1 THEN '' ELSE last_answer END
-			WHERE `+t.fencedCommand(`status = ? AND version = ?`)+` RETURNING `+commandColumns,
+		err := t.cas(ctx, t.decision(ctx, commandID, from, to, f), t.decided(ctx, &d), t.s.q.CommandMove,
 			append([]any{to, reason, ms(nextCheck), ms(t.now), forget, forget, commandID, from, expectVersion}, f.args(t.now)...)...)
 		if err != nil {
 			return err

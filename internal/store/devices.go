@@ -200,9 +200,7 @@ func (t *tx) touchDevice(device string) error {
 	now := ms(t.now)
 	// A row another instance's change holds is being written by it (touched
 	// by another receipt, or its presence applied): this touch is skipped.
-	if _, err := t.Exec(`UPDATE devices SET confirmed = 1, last_seen_at = ?, updated_at = ?
-		WHERE device_id IN (SELECT device_id FROM devices WHERE device_id = ?
-			AND (confirmed = 0 OR last_seen_at IS NULL OR last_seen_at <= ?)`+t.s.d.Locks().SkipLocked+`)`,
+	if _, err := t.Exec(t.s.q.DeviceTouch,
 		now, now, device, now-lastSeenResolution.Milliseconds()); err != nil {
 		return fmt.Errorf("touch device %s: %w", device, err)
 	}
@@ -218,8 +216,7 @@ const lastSeenResolution = time.Second
 func (s *DB) UnconfirmAll(ctx context.Context) error {
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		// A device whose row another change holds is speaking right now.
-		_, err := t.Exec(`UPDATE devices SET confirmed = 0 WHERE device_id IN
-			(SELECT device_id FROM devices WHERE confirmed = 1` + t.s.d.Locks().SkipLocked + `) AND confirmed = 1`)
+		_, err := t.Exec(t.s.q.DeviceUnconfirmAll)
 		return err
 	})
 }

@@ -316,7 +316,8 @@ func TestADecisionHoldsItsFenceUntilItCommits(t *testing.T) {
 	defer letGo() // a failed check must not leave the writer waiting
 	go func() {
 		decided <- i1.write(ctx, func(ctx context.Context, t *tx) error {
-			r, err := t.Exec(`UPDATE commands SET next_check_at = ?, version = version + 1 WHERE `+t.fencedCommand(`version = ?`),
+			// A fenced decision's statement (the backend's, with its locks).
+			r, err := t.Exec(t.s.q.CommandPostpone,
 				append([]any{ms(start.Add(2 * time.Second)), "c-1", c.Command.Version}, fence.args(t.now)...)...)
 			if err != nil {
 				return err

@@ -19,10 +19,7 @@ func (s *DB) RenewLeases(ctx context.Context, owner string, ttl time.Duration) (
 		until = t.now.Add(ttl)
 		// A lease another instance's change holds right now (a receipt
 		// finishing its operation) is renewed at the next heartbeat.
-		r, err := t.Exec(`UPDATE operations SET lease_expires_at = ?
-			WHERE operation_id IN (SELECT operation_id FROM operations
-				WHERE owner = ? AND status = 'started' AND lease_expires_at > ?`+t.s.d.Locks().SkipLocked+`)
-				AND owner = ? AND status = 'started' AND lease_expires_at > ?`,
+		r, err := t.Exec(t.s.q.LeaseRenew,
 			ms(until), owner, ms(t.now), owner, ms(t.now))
 		if err != nil {
 			return fmt.Errorf("renew leases of %s: %w", owner, err)
@@ -110,11 +107,7 @@ func (s *DB) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (i
 		left := 0
 		err := s.write(ctx, func(ctx context.Context, t *tx) error {
 			var err error
-			ids, err = queryStrings(ctx, t, `UPDATE operations SET fencing_token = fencing_token + 1, lease_expires_at = ?
-				WHERE operation_id IN (SELECT operation_id FROM operations
-					WHERE owner = ? AND status = 'started' AND lease_expires_at < ? LIMIT 500`+t.s.d.Locks().SkipLocked+`)
-					AND owner = ? AND status = 'started' AND lease_expires_at < ?
-				RETURNING operation_id`, until, owner, until, owner, until)
+			ids, err = queryStrings(ctx, t, t.s.q.LeaseReclaimOwn, until, owner, until, owner, until)
 			if err != nil {
 				return fmt.Errorf("reclaim leases of %s: %w", owner, err)
 			}
@@ -188,15 +181,7 @@ func (s *DB) TakeOver(ctx context.Context, owner string, ttl time.Duration, limi
 	var ids []string
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		ids = ids[:0] // a change may run twice (its batch fell back, or lost a deadlock)
-		rows, err := t.QueryContext(ctx, `UPDATE operations SET owner = ?, fencing_token = fencing_token + 1,
-				lease_expires_at = ?, updated_at = ?
-			WHERE operation_id IN (SELECT operation_id FROM operations
-				WHERE status = 'started' AND lease_expires_at <= ?
-					AND (owner != ? OR lease_expires_at <= ?) LIMIT ?`+t.s.d.Locks().SkipLocked+`)
-				-- again on the row itself: PostgreSQL re-checks these against
-				-- the newest version of a row another instance took first
-				AND status = 'started' AND lease_expires_at <= ? AND (owner != ? OR lease_expires_at <= ?)
-			RETURNING operation_id, fencing_token`,
+		rows, err := t.QueryContext(ctx, t.s.q.LeaseTakeOver,
 			owner, ms(t.now.Add(ttl)), ms(t.now), ms(t.now), owner, ms(t.now.Add(-ttl)), limit, ms(t.now), owner, ms(t.now.Add(-ttl)))
 		if err != nil {
 			return fmt.Errorf("take over expired leases: %w", err)

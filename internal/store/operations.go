@@ -184,7 +184,12 @@ func insertCommand(t *tx, commandID, operationID, device, action string, params 
 // commands and compensations (a write that decides by its state needs no
 // more).
 func getOperationRow(ctx context.Context, q queryer, id string) (Operation, error) {
-	op, err := scanOperation(q.QueryRowContext(ctx, lockingRead(q, `SELECT `+operationColumns+` FROM operations WHERE operation_id = ?`), id))
+	st, locking := statementsOf(q)
+	query := st.OperationGetRow
+	if locking {
+		query = st.OperationGetRowForUpdate
+	}
+	op, err := scanOperation(q.QueryRowContext(ctx, query, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Operation{}, fmt.Errorf("operation %s: %w", id, ErrNotFound)
 	}
@@ -230,12 +235,12 @@ func scanOperation(row interface{ Scan(...any) error }, more ...any) (Operation,
 // (their charset is [A-Za-z0-9._:-]).
 func getOperation(ctx context.Context, q queryer, id string) (Operation, error) {
 	var cmds, comps string
-	op, err := scanOperation(q.QueryRowContext(ctx, lockingRead(q, `SELECT `+operationColumns+`,
-		COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
-			FROM commands c WHERE c.operation_id = o.operation_id), ''),
-		COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
-			FROM operations k WHERE k.compensates = o.operation_id), '')
-		FROM operations o WHERE o.operation_id = ?`), id), &cmds, &comps)
+	st, locking := statementsOf(q)
+	query := st.OperationGet
+	if locking {
+		query = st.OperationGetForUpdate
+	}
+	op, err := scanOperation(q.QueryRowContext(ctx, query, id), &cmds, &comps)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Operation{}, fmt.Errorf("operation %s: %w", id, ErrNotFound)
 	}

@@ -25,9 +25,7 @@ func (t *tx) startRetry(ctx context.Context, op Operation, owner string, leaseTT
 	ch := change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(fsm.OpStarted), token: op.FencingToken}
 	// A new token: the row is locked as a takeover locks it (tokenLock),
 	// after any decision whose fence holds it (see fencedCommand).
-	if err := t.cas(ctx, ch, nil, `UPDATE operations SET status = ?, reason = '', owner = ?, fencing_token = fencing_token + 1,
-			lease_expires_at = ?, retry_until = ?, version = version + 1, updated_at = ?
-		WHERE `+lockedKey("operations", "operation_id", t.s.d.Locks().TokenLock)+` AND status = ? AND version = ?`,
+	if err := t.cas(ctx, ch, nil, t.s.q.OperationStartRetry,
 		fsm.OpStarted, owner, ms(t.now.Add(leaseTTL)), ms(t.now.Add(retryFor)), now, op.OperationID, fsm.OpFailedRetryable, op.Version); err != nil {
 		return err
 	}
@@ -43,7 +41,7 @@ func (t *tx) startRetry(ctx context.Context, op Operation, owner string, leaseTT
 // operationDecision is the change of a fenced decision about an operation.
 func (t *tx) operationDecision(ctx context.Context, op Operation, to fsm.OperationState, f Fence) change {
 	return change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(to), token: f.Token,
-		explain: t.fenceExplainer(ctx, `SELECT 1 FROM operations WHERE operation_id = ? AND `+leaseHeld, op.OperationID, f)}
+		explain: t.fenceExplainer(ctx, t.s.q.OperationFenceHeld, op.OperationID, f)}
 }
 
 // Retrying is an operation whose retry is asking about its last command.

@@ -282,7 +282,12 @@ func scanRolloutDevice(row interface{ Scan(...any) error }) (RolloutDevice, erro
 }
 
 func getRolloutRow(ctx context.Context, q queryer, id string) (Rollout, error) {
-	r, err := scanRollout(q.QueryRowContext(ctx, lockingRead(q, `SELECT `+rolloutColumns+` FROM rollouts WHERE rollout_id = ?`), id))
+	st, locking := statementsOf(q)
+	query := st.RolloutGetRow
+	if locking {
+		query = st.RolloutGetRowForUpdate
+	}
+	r, err := scanRollout(q.QueryRowContext(ctx, query, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Rollout{}, fmt.Errorf("rollout %s: %w", id, ErrNotFound)
 	}

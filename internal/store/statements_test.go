@@ -48,7 +48,7 @@ func TestStatementsNames(t *testing.T) {
 		code.Write(b)
 	}
 	for _, n := range names {
-		require.Regexp(t, `\.q\.`+n+`\b`, code.String(), "statement %s is never used", n)
+		require.Regexp(t, `\b(q|st)\.`+n+`\b`, code.String(), "statement %s is never used", n)
 	}
 }
 

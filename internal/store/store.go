@@ -424,12 +424,13 @@ func (t *tx) cas(ctx context.Context, ch change, scan func(rowScanner) error, qu
 }
 
 // fenceExplainer explains a refused decision: fenced when the caller's
-// fence no longer holds on the row that held (one id argument, then the
-// fence's), stale when the fence holds but the row moved on.
+// fence no longer holds on the row that held (held: a statement of one
+// id argument, then the fence's, such as CommandFenceHeld), stale when the
+// fence holds but the row moved on.
 func (t *tx) fenceExplainer(ctx context.Context, held, id string, f Fence) func() (string, error) {
 	return func() (string, error) {
 		var ok bool
-		if err := t.QueryRowContext(ctx, `SELECT EXISTS (`+held+`)`, append([]any{id}, f.args(t.now)...)...).Scan(&ok); err != nil {
+		if err := t.QueryRowContext(ctx, held, append([]any{id}, f.args(t.now)...)...).Scan(&ok); err != nil {
 			return "", fmt.Errorf("read lease of %s: %w", id, err)
 		}
 		if ok {
@@ -444,46 +445,9 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 // leaseHeld is the one fence condition, on an operations row: the caller's
 // owner and token, with a lease that has not run out by the transaction's
-// clock. Its arguments are Fence.args.
+// clock. Its arguments are Fence.args. (The backends' statements write it
+// out; this is for those still written inline here.)
 const leaseHeld = `owner = ? AND fencing_token = ? AND lease_expires_at > ?`
-
-// commandFenced is leaseHeld applied to a command's operation, with lock
-// added to its read of the operations row.
-func commandFenced(lock string) string {
-	return `EXISTS (SELECT 1 FROM operations WHERE operations.operation_id = commands.operation_id AND ` + leaseHeld + lock + `)`
-}
-
-// fencedCommand is the condition of a fenced decision about one command:
-// its command_id (the first argument), the caller's other conditions
-// (more, with their arguments next), then the fence (Fence.args last).
-//
-// With row locks (PostgreSQL) the fence holds its operation's row
-// (fenceLock) until the commit. A takeover passes over held rows and a
-// retry by another instance waits, so neither commits between the
-// decision's statement and its commit: a decision made under the current
-// token is committed before the token changes, the events log shows the
-// two in that order (invariant 6), and the lease the decision reads back
-// for its trust window is its own, not its successor's. The command's row
-// is locked first, by an InitPlan that runs before the fence: the order in
-// which a receipt locks the two (the command, then its operation).
-func (t *tx) fencedCommand(more string) string {
-	row := lockedKey("commands", "command_id", t.s.d.Locks().ForUpdate)
-	if more != "" {
-		row += ` AND ` + more
-	}
-	return row + ` AND ` + commandFenced(t.s.d.Locks().FenceLock)
-}
-
-// lockedKey is the condition "key = ?" on a table's primary key, which
-// with a lock first locks that row, in an InitPlan: before anything else
-// the statement's conditions read, and in the lock's mode rather than the
-// one its UPDATE would take.
-func lockedKey(table, key, lock string) string {
-	if lock == "" {
-		return key + ` = ?`
-	}
-	return key + ` = (SELECT ` + key + ` FROM ` + table + ` WHERE ` + key + ` = ?` + lock + `)`
-}
 
 func (f Fence) args(now time.Time) []any { return []any{f.Owner, f.Token, ms(now)} }
 

@@ -21,6 +21,21 @@ type Statements struct {
 
 	// The batch's pre-lock (Capabilities.RowLocks).
 	PreLockCommands, PreLockInsertDevices, PreLockDevices string
+
+	// Reads of one row, plain and inside a write transaction.
+	CommandGet, CommandGetForUpdate           string
+	OperationGetRow, OperationGetRowForUpdate string
+	OperationGet, OperationGetForUpdate       string
+	RolloutGetRow, RolloutGetRowForUpdate     string
+
+	// Fenced decisions about a command, and the fences' explanations.
+	CommandClaimSend, CommandClaimQuery, CommandPostpone, CommandMove string
+	CommandFenceHeld, OperationFenceHeld                              string
+
+	// Changes that move a lease to a new token or take rows in bulk.
+	OperationStartRetry                        string
+	LeaseRenew, LeaseReclaimOwn, LeaseTakeOver string
+	DeviceTouch, DeviceUnconfirmAll            string
 }
 
 // Parse reads a queries.sql file into a Statements.
