@@ -30,8 +30,16 @@ func statementsOf(q queryer) (st *driver.Statements, locking bool) {
 		return q.s.q, true
 	case readers:
 		return q.s.q, false
+	case auditQueries:
+		return q.d.Statements(), false
 	}
 	panic(fmt.Sprintf("store: statementsOf(%T)", q))
+}
+
+// stmts is the statements of the backend q reads.
+func stmts(q queryer) *driver.Statements {
+	st, _ := statementsOf(q)
+	return st
 }
 
 // args converts a statement's arguments for the backend.

@@ -130,8 +130,7 @@ func (s *DB) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, e
 }
 
 func listReceipts(ctx context.Context, q queryer, commandID string) ([]ReceiptRecord, error) {
-	rows, err := q.QueryContext(ctx, `SELECT command_id, sent_as, device_id, status, seq, at, received_at, query_id,
-		effect, error, result, instance FROM receipts WHERE command_id = ? ORDER BY id`, commandID)
+	rows, err := q.QueryContext(ctx, stmts(q).ReceiptList, commandID)
 	if err != nil {
 		return nil, fmt.Errorf("list receipts of %s: %w", commandID, err)
 	}
@@ -219,7 +218,7 @@ func (t *tx) decided(ctx context.Context, d *Decision) func(rowScanner) error {
 			return err
 		}
 		var lease int64
-		if err := t.QueryRowContext(ctx, `SELECT lease_expires_at FROM operations WHERE operation_id = ?`, c.OperationID).Scan(&lease); err != nil {
+		if err := t.QueryRowContext(ctx, t.s.q.OperationLeaseExpiry, c.OperationID).Scan(&lease); err != nil {
 			return fmt.Errorf("read lease of %s: %w", c.OperationID, err)
 		}
 		d.Command, d.LeaseExpiresAt = c, fromMS(lease)
@@ -269,7 +268,7 @@ func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect f
 		if err != nil {
 			return err
 		}
-		if _, err := t.Exec(`INSERT INTO queries (query_id, command_id, instance, fencing_token, sent_at) VALUES (?, ?, ?, ?, ?)`,
+		if _, err := t.Exec(s.q.QueryInsert,
 			queryID, commandID, t.instance, f.Token, now); err != nil {
 			return fmt.Errorf("insert query %s: %w", queryID, err)
 		}
@@ -333,8 +332,7 @@ func (s *DB) Wake(ctx context.Context, device string) ([]string, error) {
 	var ids []string
 	err := s.writeLocking(ctx, rowLocks{devices: []string{device}}, func(ctx context.Context, t *tx) error {
 		var err error
-		ids, err = queryStrings(ctx, t, `UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
-			AND status NOT IN `+terminalCommands+` RETURNING command_id`, ms(t.now), device)
+		ids, err = queryStrings(ctx, t, s.q.CommandWakeDevice, ms(t.now), device)
 		for _, id := range ids {
 			t.wake(WakeCommand, id) // their holders may be other instances
 		}

@@ -51,7 +51,7 @@ func scanDevice(row interface{ Scan(...any) error }) (Device, error) {
 
 // GetDevice reads one device; a device never seen is ErrNotFound.
 func (s *DB) GetDevice(ctx context.Context, id string) (Device, error) {
-	d, err := scanDevice(s.rq.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, id))
+	d, err := scanDevice(s.rq.QueryRowContext(ctx, s.q.DeviceGet, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Device{}, fmt.Errorf("device %s: %w", id, ErrNotFound)
 	}
@@ -108,13 +108,13 @@ func (s *DB) ApplyPresence(ctx context.Context, device string, p wire.Presence) 
 func (t *tx) presence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error) {
 	var out PresenceOutcome
 	now := ms(t.now)
-	if _, err := t.Exec(`INSERT INTO devices (device_id, updated_at) VALUES (?, ?) ON CONFLICT (device_id) DO NOTHING`,
+	if _, err := t.Exec(t.s.q.DeviceInsert,
 		device, now); err != nil {
 		return out, fmt.Errorf("insert device %s: %w", device, err)
 	}
 	// No row lock: the rank is the guard. Most presence messages are
 	// retained ones re-delivered to every instance, and change nothing.
-	before, err := scanDevice(t.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, device))
+	before, err := scanDevice(t.QueryRowContext(ctx, t.s.q.DeviceGet, device))
 	if err != nil {
 		return out, fmt.Errorf("read device %s: %w", device, err)
 	}
@@ -124,8 +124,7 @@ func (t *tx) presence(ctx context.Context, device string, p wire.Presence) (Pres
 		// Lower: stale, counted so a device whose births are ignored shows.
 		if rank < before.PresenceRank {
 			out.Stale = true
-			if _, err := t.Exec(`UPDATE devices SET stale_presence = stale_presence + 1, last_stale_session = ?
-				WHERE device_id = ?`, p.Session, device); err != nil {
+			if _, err := t.Exec(t.s.q.DeviceStalePresence, p.Session, device); err != nil {
 				return out, fmt.Errorf("count stale presence of %s: %w", device, err)
 			}
 		}
@@ -142,9 +141,7 @@ func (t *tx) presence(ctx context.Context, device string, p wire.Presence) (Pres
 			skew = p.At.Sub(t.now).Milliseconds()
 		}
 	}
-	r, err := t.Exec(`UPDATE devices SET online = ?, confirmed = 1, seen = ?, session = ?, presence_rank = ?,
-			dedupe = ?, query = ?, clock_skew_ms = ?, last_seen_at = ?, updated_at = ?
-		WHERE device_id = ? AND presence_rank < ?`,
+	r, err := t.Exec(t.s.q.DevicePresence,
 		p.Online, seen, p.Session, rank, caps.Dedupe, caps.Query, skew, now, now, device, rank)
 	if err != nil {
 		return out, fmt.Errorf("apply presence of %s: %w", device, err)
@@ -159,7 +156,7 @@ func (t *tx) presence(ctx context.Context, device string, p wire.Presence) (Pres
 		return out, err
 	}
 	out.Applied, out.WentOnline = true, p.Online && !before.Online
-	out.Device, err = scanDevice(t.QueryRowContext(ctx, `SELECT `+deviceColumns+` FROM devices WHERE device_id = ?`, device))
+	out.Device, err = scanDevice(t.QueryRowContext(ctx, t.s.q.DeviceGet, device))
 	return out, err
 }
 
@@ -179,8 +176,7 @@ func (s *DB) ResetPresence(ctx context.Context, device, who string) (Device, err
 	var out Device
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
-		out, err = scanDevice(t.QueryRowContext(ctx, `UPDATE devices SET presence_rank = -1, stale_presence = 0,
-				last_stale_session = 0, updated_at = ? WHERE device_id = ? RETURNING `+deviceColumns, ms(t.now), device))
+		out, err = scanDevice(t.QueryRowContext(ctx, s.q.DeviceResetPresence, ms(t.now), device))
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("device %s: %w", device, ErrNotFound)
 		}

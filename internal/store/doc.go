@@ -17,8 +17,9 @@
 //
 // Transitional: the statements of tasks.go and grants.go, and of the
 // files not yet moved to the backends' queries.sql, are still written here
-// with ? placeholders, which the driver rebinds (driver.Driver.Rebind),
-// and splice the driver's lock clauses (driver.Driver.Locks).
+// with ? placeholders, which the driver rebinds (driver.Driver.Rebind).
+// None of them takes a row lock: every statement that does is a whole,
+// named statement of its backend.
 //
 // SQLite: one writer connection (SetMaxOpenConns(1), _txlock=immediate, WAL,
 // busy_timeout, synchronous=FULL so a commit the API reported survives a

@@ -57,9 +57,7 @@ type InstanceInfo struct {
 // ListInstances lists the instances that ever ran on this database, live
 // or not, by id, with the leases each holds now.
 func (s *DB) ListInstances(ctx context.Context) ([]InstanceInfo, error) {
-	rows, err := s.rq.QueryContext(ctx, `SELECT i.instance_id, i.started_at, i.heartbeat_at, i.lease_ttl_ms,
-			(SELECT COUNT(*) FROM operations o WHERE o.status = 'started' AND o.owner = i.instance_id)
-		FROM instances i ORDER BY i.instance_id`)
+	rows, err := s.rq.QueryContext(ctx, s.q.InstanceList)
 	if err != nil {
 		return nil, fmt.Errorf("list instances: %w", err)
 	}
@@ -94,7 +92,7 @@ func (s *DB) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (i
 	// left: lease_expires_at < until marks the ones not reclaimed yet.
 	until := ms(s.now().Add(ttl))
 	var last sql.NullInt64
-	if err := s.rq.QueryRowContext(ctx, `SELECT MAX(lease_expires_at) FROM operations WHERE owner = ? AND status = 'started'`,
+	if err := s.rq.QueryRowContext(ctx, s.q.LeaseLastExpiry,
 		owner).Scan(&last); err != nil {
 		return 0, fmt.Errorf("reclaim leases of %s: %w", owner, err)
 	}
@@ -111,7 +109,7 @@ func (s *DB) ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (i
 			if err != nil {
 				return fmt.Errorf("reclaim leases of %s: %w", owner, err)
 			}
-			return t.QueryRowContext(ctx, `SELECT COUNT(*) FROM operations WHERE owner = ? AND status = 'started' AND lease_expires_at < ?`,
+			return t.QueryRowContext(ctx, s.q.LeaseCountExpired,
 				owner, until).Scan(&left)
 		})
 		if err != nil {
@@ -222,8 +220,7 @@ func (s *DB) TakeOver(ctx context.Context, owner string, ttl time.Duration, limi
 // forgetQuestions makes an operation's open commands due now with no
 // question outstanding, so that their new holder asks first.
 func (t *tx) forgetQuestions(operationID string) error {
-	_, err := t.Exec(`UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = ?
-		WHERE operation_id = ? AND status NOT IN `+terminalCommands, ms(t.now), operationID)
+	_, err := t.Exec(t.s.q.CommandForgetQuestions, ms(t.now), operationID)
 	if err != nil {
 		return fmt.Errorf("forget questions of %s: %w", operationID, err)
 	}

@@ -100,11 +100,7 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	// Most submissions are new: the INSERT comes first, and only one that
 	// meets the UNIQUE key reads what holds it.
 	now := ms(t.now)
-	r, err := t.Exec(`INSERT INTO operations (operation_id, action, target, params, request_hash, status,
-			attempt, command_id, version, owner, lease_expires_at, fencing_token,
-			task_id, step, business_version, compensates, started_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, 'started', 1, ?, 1, ?, ?, 1, ?, ?, ?, NULLIF(?, ''), ?, ?)
-		ON CONFLICT (operation_id) DO NOTHING`,
+	r, err := t.Exec(t.s.q.OperationInsert,
 		n.OperationID, n.Action, n.Target, string(n.Params), n.RequestHash, n.CommandID,
 		n.Owner, ms(t.now.Add(n.LeaseTTL)), n.TaskID, n.Step, n.BusinessVersion, n.Compensates, now, now)
 	if err != nil {
@@ -167,9 +163,7 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 // would find it.
 func insertCommand(t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int) (Command, error) {
 	now, expires := ms(t.now), ms(t.now.Add(ttl))
-	_, err := t.Exec(`INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
-			status, qos, version, next_check_at, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, 1, ?, ?, ?)`,
+	_, err := t.Exec(t.s.q.CommandInsert,
 		commandID, operationID, device, action, string(params), now, expires, qos, now, now, now)
 	if err != nil {
 		return Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
@@ -319,8 +313,7 @@ func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.Command
 		res = string(result)
 	}
 	ch := change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(to), token: op.FencingToken}
-	err = t.cas(ctx, ch, nil, `UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
-		WHERE operation_id = ? AND status = ? AND version = ?`,
+	err = t.cas(ctx, ch, nil, t.s.q.OperationFinish,
 		to, res, reason, ms(t.now), op.OperationID, op.Status, op.Version)
 	if errors.Is(err, ErrRefused) {
 		return nil // recorded; the operation moved on under us
@@ -351,8 +344,7 @@ func (t *tx) supersede(ctx context.Context, newer, ran string) error {
 		return nil // published (or already over): it stays, and its answers change nothing
 	}
 	ch := change{machine: "command", id: newer, from: string(c.Status), to: string(fsm.CmdCancelled)}
-	if err := t.cas(ctx, ch, nil, `UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
-		WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0`,
+	if err := t.cas(ctx, ch, nil, t.s.q.CommandSupersede,
 		fsm.CmdCancelled, fsm.ReasonCancelled, ms(t.now), newer, c.Status, c.Version); err != nil {
 		return err
 	}

@@ -169,11 +169,11 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 	target := r.CommandID
 	if r.QueryID != "" {
 		var asked string
-		err := t.QueryRowContext(ctx, `SELECT command_id FROM queries WHERE query_id = ?`, r.QueryID).Scan(&asked)
+		err := t.QueryRowContext(ctx, t.s.q.QueryCommand, r.QueryID).Scan(&asked)
 		switch {
 		case err == nil:
 			target = asked
-			if _, err := t.Exec(`UPDATE queries SET answered_at = ?, answer = ? WHERE query_id = ? AND answered_at IS NULL`,
+			if _, err := t.Exec(t.s.q.QueryAnswer,
 				ms(t.now), r.Status, r.QueryID); err != nil {
 				return ReceiptOutcome{}, fmt.Errorf("answer query %s: %w", r.QueryID, err)
 			}
@@ -201,7 +201,7 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 		return out, t.logReceipt(target, sentAs, device, r, out.Effect)
 	}
 	if r.QueryID != "" && r.QueryID == c.LastQueryID {
-		if _, err := t.Exec(`UPDATE commands SET last_answer = ? WHERE command_id = ?`, r.Status, target); err != nil {
+		if _, err := t.Exec(t.s.q.CommandLastAnswer, r.Status, target); err != nil {
 			return out, fmt.Errorf("record answer of %s: %w", target, err)
 		}
 	}
@@ -216,7 +216,7 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 		if c.StatusRank > fsm.RankNone {
 			// The device said more than "unknown" before: an old or stray answer.
 			out.Effect, out.Unknown = EffectStale, false
-		} else if _, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ?`, ms(t.now), target); err != nil {
+		} else if _, err := t.Exec(t.s.q.CommandDueNow, ms(t.now), target); err != nil {
 			return out, fmt.Errorf("wake %s: %w", target, err)
 		} else {
 			out.Due = true
@@ -251,7 +251,7 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 // unpark makes a command parked until its expiry due now: the device's
 // progress changes what the lease holder would decide.
 func (t *tx) unpark(commandID string) (bool, error) {
-	r, err := t.Exec(`UPDATE commands SET next_check_at = ? WHERE command_id = ? AND next_check_at >= expires_at`, ms(t.now), commandID)
+	r, err := t.Exec(t.s.q.CommandUnpark, ms(t.now), commandID)
 	if err != nil {
 		return false, fmt.Errorf("unpark %s: %w", commandID, err)
 	}
@@ -280,9 +280,7 @@ func (t *tx) advance(ctx context.Context, c Command, r wire.Receipt, rank int, s
 		executedAs = sentAs
 	}
 	ch := change{machine: "command", id: c.CommandID, from: string(c.Status), to: string(to)}
-	err := t.cas(ctx, ch, nil, `UPDATE commands SET status = ?, status_rank = ?, last_seq = ?, reason = ?,
-			result = COALESCE(?, result), executed_as = ?, version = version + 1, updated_at = ?
-		WHERE command_id = ? AND status = ? AND status_rank < ?`,
+	err := t.cas(ctx, ch, nil, t.s.q.CommandAdvance,
 		to, rank, r.Seq, reason, result, executedAs, ms(t.now), c.CommandID, c.Status, rank)
 	if errors.Is(err, ErrRefused) {
 		return EffectStale, c.Status, nil
@@ -342,13 +340,12 @@ func (t *tx) lateReceipt(ctx context.Context, c Command, r wire.Receipt) (string
 	if known {
 		// A contradiction: flagged, and kept in the receipt log; the first
 		// late outcome stays as it was.
-		if _, err := t.Exec(`UPDATE commands SET late_conflict = 1, updated_at = ? WHERE command_id = ?`, ms(t.now), c.CommandID); err != nil {
+		if _, err := t.Exec(t.s.q.CommandLateConflict, ms(t.now), c.CommandID); err != nil {
 			return "", fmt.Errorf("flag late conflict of %s: %w", c.CommandID, err)
 		}
 		return EffectLate, t.event("command", c.CommandID, string(c.Status), string(c.Status), "late conflict "+string(r.Status), 0)
 	}
-	if _, err := t.Exec(`UPDATE commands SET late_outcome = ?, late_result = ?, late_conflict = ?, status_rank = ?,
-			updated_at = ? WHERE command_id = ? AND late_outcome = ''`,
+	if _, err := t.Exec(t.s.q.CommandLateOutcome,
 		r.Status, result, conflict, fsm.RankFinal, ms(t.now), c.CommandID); err != nil {
 		return "", fmt.Errorf("record late outcome of %s: %w", c.CommandID, err)
 	}
@@ -397,8 +394,7 @@ func (t *tx) logReceipt(commandID, sentAs, device string, r wire.Receipt, effect
 	if !r.At.IsZero() {
 		at = r.At.UTC().Format(time.RFC3339Nano)
 	}
-	_, err := t.Exec(`INSERT INTO receipts (command_id, sent_as, device_id, operation_id, status, seq, at, received_at,
-			query_id, effect, error, result, instance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	_, err := t.Exec(t.s.q.ReceiptInsert,
 		commandID, sentAs, device, r.OperationID, r.Status, r.Seq, at, ms(t.now), r.QueryID, effect, r.Error, result, t.instance)
 	if err != nil {
 		return fmt.Errorf("log receipt: %w", err)

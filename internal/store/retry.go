@@ -30,7 +30,7 @@ func (t *tx) startRetry(ctx context.Context, op Operation, owner string, leaseTT
 		return err
 	}
 	// The retry asks afresh: what the device said before does not count.
-	if _, err := t.Exec(`UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = ? WHERE command_id = ?`,
+	if _, err := t.Exec(t.s.q.CommandRetryAsk,
 		now, op.CommandID); err != nil {
 		return fmt.Errorf("retry operation %s: %w", op.OperationID, err)
 	}
@@ -56,8 +56,7 @@ type Retrying struct {
 func (s *DB) RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error) {
 	var opID string
 	var until int64
-	err := s.rq.QueryRowContext(ctx, `SELECT operation_id, retry_until FROM operations
-		WHERE command_id = ? AND owner = ? AND status = 'started' AND retry_until IS NOT NULL`, commandID, owner).Scan(&opID, &until)
+	err := s.rq.QueryRowContext(ctx, s.q.OperationRetrying, commandID, owner).Scan(&opID, &until)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Retrying{}, fmt.Errorf("retrying operation of %s: %w", commandID, ErrNotFound)
 	}
@@ -77,8 +76,7 @@ func (s *DB) RetryingOf(ctx context.Context, commandID, owner string) (Retrying,
 
 // RetryingCommands lists the current command ids of owner's retrying operations.
 func (s *DB) RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error) {
-	return queryStrings(ctx, s.rq, `SELECT command_id FROM operations
-		WHERE owner = ? AND status = 'started' AND retry_until IS NOT NULL LIMIT ?`, owner, limit)
+	return queryStrings(ctx, s.rq, s.q.OperationRetryingCommands, owner, limit)
 }
 
 // MintCommand gives a retrying operation a new command_id (the last one is
@@ -88,8 +86,7 @@ func (s *DB) MintCommand(ctx context.Context, r Retrying, f Fence, commandID str
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpStarted, f), nil,
-			`UPDATE operations SET command_id = ?, attempt = attempt + 1, retry_until = NULL, version = version + 1, updated_at = ?
-			WHERE operation_id = ? AND status = ? AND version = ? AND `+leaseHeld,
+			s.q.OperationMintCommand,
 			append([]any{commandID, ms(t.now), op.OperationID, fsm.OpStarted, op.Version}, f.args(t.now)...)...); err != nil {
 			return err
 		}
@@ -108,8 +105,7 @@ func (s *DB) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason strin
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpFailedRetryable, f), nil,
-			`UPDATE operations SET status = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
-			WHERE operation_id = ? AND status = ? AND version = ? AND `+leaseHeld,
+			s.q.OperationAbandonRetry,
 			append([]any{fsm.OpFailedRetryable, reason, ms(t.now), op.OperationID, fsm.OpStarted, op.Version}, f.args(t.now)...)...); err != nil {
 			return err
 		}
@@ -151,8 +147,7 @@ func (t *tx) cancel(ctx context.Context, commandID, who string) (Command, error)
 		return out, fmt.Errorf("cancel %s in state %s: %w", commandID, c.Status, ErrIllegalState)
 	}
 	ch := change{machine: "command", id: commandID, from: string(c.Status), to: string(fsm.CmdCancelled)}
-	if err := t.cas(ctx, ch, scanInto(&out), `UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
-		WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0 RETURNING `+commandColumns,
+	if err := t.cas(ctx, ch, scanInto(&out), t.s.q.CommandCancel,
 		fsm.CmdCancelled, fsm.ReasonCancelled, ms(t.now), commandID, c.Status, c.Version); err != nil {
 		return out, err
 	}
@@ -189,7 +184,7 @@ func (s *DB) Resolve(ctx context.Context, commandID string, outcome fsm.CommandS
 			return nil
 		case (c.Status == fsm.CmdSucceeded || c.Status == fsm.CmdFailed) && c.ResolvedBy == "" && c.LateOutcome == "":
 			// The device's final receipt won the race.
-			if _, err := t.Exec(`UPDATE commands SET late_outcome = ?, late_conflict = ?, updated_at = ? WHERE command_id = ?`,
+			if _, err := t.Exec(s.q.CommandLateResolve,
 				"resolved "+string(outcome), outcome != c.Status, ms(t.now), commandID); err != nil {
 				return fmt.Errorf("record lost resolve of %s: %w", commandID, err)
 			}
@@ -204,9 +199,7 @@ func (s *DB) Resolve(ctx context.Context, commandID string, outcome fsm.CommandS
 			return fmt.Errorf("resolve %s in state %s: %w", commandID, c.Status, ErrIllegalState)
 		}
 		ch := change{machine: "command", id: commandID, from: string(c.Status), to: string(outcome)}
-		if err := t.cas(ctx, ch, scanInto(&out.Command), `UPDATE commands SET status = ?, reason = ?, resolved_by = ?,
-				version = version + 1, updated_at = ?
-			WHERE command_id = ? AND status = ? AND version = ? RETURNING `+commandColumns,
+		if err := t.cas(ctx, ch, scanInto(&out.Command), s.q.CommandResolve,
 			outcome, note, who, ms(t.now), commandID, fsm.CmdNeedsAttention, c.Version); err != nil {
 			return err
 		}

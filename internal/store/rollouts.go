@@ -303,7 +303,7 @@ func rolloutCounts(ctx context.Context, q queryer, id string) (map[fsm.RolloutDe
 	for _, st := range fsm.RolloutDevice.States() {
 		counts[st] = 0
 	}
-	rows, err := q.QueryContext(ctx, `SELECT status, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY status`, id)
+	rows, err := q.QueryContext(ctx, stmts(q).RolloutCounts, id)
 	if err != nil {
 		return nil, fmt.Errorf("count devices of rollout %s: %w", id, err)
 	}
@@ -322,7 +322,7 @@ func rolloutCounts(ctx context.Context, q queryer, id string) (map[fsm.RolloutDe
 // startsSince counts the committed starts of a rollout after since.
 func startsSince(ctx context.Context, q queryer, id string, since time.Time) (int, error) {
 	var n int
-	err := q.QueryRowContext(ctx, `SELECT COUNT(*) FROM rollout_starts WHERE rollout_id = ? AND started_at > ?`, id, ms(since)).Scan(&n)
+	err := q.QueryRowContext(ctx, stmts(q).RolloutStartsSince, id, ms(since)).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count starts of rollout %s: %w", id, err)
 	}
@@ -330,8 +330,7 @@ func startsSince(ctx context.Context, q queryer, id string, since time.Time) (in
 }
 
 func (t *tx) rolloutHistory(id, principal, action string, from, to fsm.RolloutState, version int, reason string) error {
-	_, err := t.Exec(`INSERT INTO rollout_history (rollout_id, at, principal, action, from_state, to_state, version, reason)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, id, ms(t.now), principal, action, from, to, version, reason)
+	_, err := t.Exec(t.s.q.RolloutHistoryInsert, id, ms(t.now), principal, action, from, to, version, reason)
 	if err != nil {
 		return fmt.Errorf("rollout history: %w", err)
 	}
@@ -341,7 +340,7 @@ func (t *tx) rolloutHistory(id, principal, action string, from, to fsm.RolloutSt
 // SeenDevices lists the ids of every device that was ever seen (a birth),
 // in id order: what a rollout's device glob is resolved against.
 func (s *DB) SeenDevices(ctx context.Context) ([]string, error) {
-	return queryStrings(ctx, s.rq, `SELECT device_id FROM devices WHERE seen = 1 ORDER BY device_id`)
+	return queryStrings(ctx, s.rq, s.q.DeviceListSeen)
 }
 
 // CreateRollout inserts a rollout with its device set, or returns it when
@@ -355,7 +354,7 @@ func (s *DB) CreateRollout(ctx context.Context, n NewRollout) (Rollout, bool, er
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var hash string
-		err := t.QueryRowContext(ctx, `SELECT create_hash FROM rollouts WHERE rollout_id = ?`, n.RolloutID).Scan(&hash)
+		err := t.QueryRowContext(ctx, s.q.RolloutCreateHash, n.RolloutID).Scan(&hash)
 		switch {
 		case err == nil:
 			if hash != n.CreateHash {
@@ -370,18 +369,14 @@ func (s *DB) CreateRollout(ctx context.Context, n NewRollout) (Rollout, bool, er
 		if n.ApprovalRequired {
 			status = fsm.RolloutWaitingApproval
 		}
-		if _, err := t.Exec(`INSERT INTO rollouts (rollout_id, status, version, row_version, action, params, selector, spec,
-				create_hash, max_per_minute, max_in_flight, retries, execute_after, execute_before, approval_required,
-				devices_total, created_by, created_at, updated_at, owner, fencing_token, lease_expires_at)
-			VALUES (?, ?, 1, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)`,
+		if _, err := t.Exec(s.q.RolloutInsert,
 			n.RolloutID, status, n.Action, string(n.Params), string(n.Selector), string(n.Spec), n.CreateHash,
 			n.MaxPerMinute, n.MaxInFlight, n.Retries, nullTime(n.ExecuteAfter), nullTime(n.ExecuteBefore),
 			n.ApprovalRequired, len(n.Devices), n.CreatedBy, now, now, n.Owner, ms(t.now.Add(n.LeaseTTL))); err != nil {
 			return fmt.Errorf("insert rollout %s: %w", n.RolloutID, err)
 		}
 		for i, d := range n.Devices {
-			if _, err := t.Exec(`INSERT INTO rollout_devices (rollout_id, device_id, position, operation_id, status, updated_at)
-				VALUES (?, ?, ?, ?, 'pending', ?)`, n.RolloutID, d, i+1, n.OperationIDs[i], now); err != nil {
+			if _, err := t.Exec(s.q.RolloutDeviceInsert, n.RolloutID, d, i+1, n.OperationIDs[i], now); err != nil {
 				return fmt.Errorf("insert device %s of rollout %s: %w", d, n.RolloutID, err)
 			}
 		}
@@ -407,8 +402,7 @@ func (s *DB) GetRollout(ctx context.Context, id string) (Rollout, error) {
 	if err := s.fillRollout(ctx, &r); err != nil {
 		return Rollout{}, err
 	}
-	rows, err := s.rq.QueryContext(ctx, `SELECT at, principal, action, from_state, to_state, version, reason
-		FROM rollout_history WHERE rollout_id = ? ORDER BY id`, id)
+	rows, err := s.rq.QueryContext(ctx, s.q.RolloutHistoryList, id)
 	if err != nil {
 		return Rollout{}, err
 	}
@@ -477,8 +471,7 @@ func (s *DB) ListRolloutDevices(ctx context.Context, id string, f RolloutDeviceF
 // RolloutStarts lists a rollout's committed starts in time order: the
 // record invariant 8 is checked against.
 func (s *DB) RolloutStarts(ctx context.Context, id string) ([]RolloutStart, error) {
-	rows, err := s.rq.QueryContext(ctx, `SELECT device_id, attempt, started_at, instance, fencing_token
-		FROM rollout_starts WHERE rollout_id = ? ORDER BY started_at, device_id, attempt`, id)
+	rows, err := s.rq.QueryContext(ctx, s.q.RolloutStartList, id)
 	if err != nil {
 		return nil, fmt.Errorf("starts of rollout %s: %w", id, err)
 	}
@@ -521,9 +514,7 @@ func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approve
 		}
 		to := fsm.RolloutScheduled
 		ch := change{machine: "rollout", id: id, from: string(r.Status), to: string(to)}
-		if err := t.cas(ctx, ch, nil, `UPDATE rollouts SET status = ?, approved_version = ?, approver = ?, approved_at = ?,
-				row_version = row_version + 1, updated_at = ?
-			WHERE rollout_id = ? AND status = ? AND version = ? AND row_version = ?`,
+		if err := t.cas(ctx, ch, nil, s.q.RolloutApprove,
 			to, version, approver, ms(t.now), ms(t.now), id, r.Status, version, r.RowVersion); err != nil {
 			return err
 		}
@@ -594,9 +585,7 @@ func (t *tx) moveRollout(ctx context.Context, r Rollout, to fsm.RolloutState, re
 		ended = now
 	}
 	ch := change{machine: "rollout", id: r.RolloutID, from: string(r.Status), to: string(to), token: token}
-	if err := t.cas(ctx, ch, nil, `UPDATE rollouts SET status = ?, reason = ?, row_version = row_version + 1, updated_at = ?,
-			ended_at = COALESCE(ended_at, ?)
-		WHERE rollout_id = ? AND status = ? AND row_version = ?`,
+	if err := t.cas(ctx, ch, nil, t.s.q.RolloutMove,
 		to, reason, now, ended, r.RolloutID, r.Status, r.RowVersion); err != nil {
 		return nil, err
 	}
@@ -619,14 +608,10 @@ func (t *tx) moveRollout(ctx context.Context, r Rollout, to fsm.RolloutState, re
 // too. A command published before this commits runs to its end.
 func (t *tx) cancelUnstarted(ctx context.Context, id, reason string) ([]string, error) {
 	now := ms(t.now)
-	if _, err := t.Exec(`UPDATE rollout_devices SET status = 'cancelled', reason = ?, finished_at = ?, updated_at = ?
-		WHERE rollout_id = ? AND status IN ('pending', 'retry')`, reason, now, now, id); err != nil {
+	if _, err := t.Exec(t.s.q.RolloutCancelWaiting, reason, now, now, id); err != nil {
 		return nil, fmt.Errorf("cancel devices of rollout %s: %w", id, err)
 	}
-	rows, err := t.QueryContext(ctx, `SELECT d.device_id, d.operation_id, c.command_id FROM rollout_devices d
-		JOIN operations o ON o.operation_id = d.operation_id JOIN commands c ON c.command_id = o.command_id
-		WHERE d.rollout_id = ? AND d.status = 'started' AND o.status = 'started' AND c.attempt = 0
-			AND c.status IN ('pending', 'waiting_device')`, id)
+	rows, err := t.QueryContext(ctx, t.s.q.RolloutUnpublished, id)
 	if err != nil {
 		return nil, fmt.Errorf("unpublished commands of rollout %s: %w", id, err)
 	}
@@ -653,8 +638,7 @@ func (t *tx) cancelUnstarted(ctx context.Context, id, reason string) ([]string, 
 			return nil, err
 		}
 		cancelled = append(cancelled, u.operation)
-		if _, err := t.Exec(`UPDATE rollout_devices SET status = 'cancelled', reason = ?, finished_at = ?, updated_at = ?
-			WHERE rollout_id = ? AND device_id = ? AND status = 'started'`, reason, now, now, id, u.device); err != nil {
+		if _, err := t.Exec(t.s.q.RolloutCancelDevice, reason, now, now, id, u.device); err != nil {
 			return nil, fmt.Errorf("cancel device %s of rollout %s: %w", u.device, id, err)
 		}
 	}
@@ -667,13 +651,7 @@ func (t *tx) cancelUnstarted(ctx context.Context, id, reason string) ([]string, 
 // whose operation a late final receipt decided (lateDecided), which it
 // follows.
 func (s *DB) ActiveRollouts(ctx context.Context) ([]RolloutLease, error) {
-	rows, err := s.rq.QueryContext(ctx, `SELECT rollout_id, status, owner, fencing_token, lease_expires_at FROM rollouts
-		WHERE status IN `+sqlList(fsm.ActiveRolloutStates())+`
-			OR (ended_at IS NOT NULL AND rollout_id IN (SELECT rollout_id FROM rollout_devices
-				WHERE status IN ('started', 'needs_attention')))
-			OR (ended_at IS NOT NULL AND rollout_id IN (SELECT d.rollout_id FROM rollout_devices d
-				JOIN operations o ON o.operation_id = d.operation_id WHERE `+lateDecided+`))
-		ORDER BY created_at, rollout_id`)
+	rows, err := s.rq.QueryContext(ctx, s.q.RolloutListActive)
 	if err != nil {
 		return nil, fmt.Errorf("active rollouts: %w", err)
 	}
@@ -708,8 +686,7 @@ func (s *DB) AcquireRollout(ctx context.Context, id, owner string, ttl time.Dura
 			return t.refuse("rollout", id, r.Owner, owner, "lease_held", r.FencingToken)
 		}
 		ch := change{machine: "rollout", id: id, from: r.Owner, to: owner, token: r.FencingToken + 1}
-		if err := t.cas(ctx, ch, nil, `UPDATE rollouts SET owner = ?, fencing_token = fencing_token + 1, lease_expires_at = ?
-			WHERE rollout_id = ? AND owner = ? AND fencing_token = ?`,
+		if err := t.cas(ctx, ch, nil, s.q.RolloutAcquire,
 			owner, ms(t.now.Add(ttl)), id, r.Owner, r.FencingToken); err != nil {
 			return err
 		}
@@ -735,8 +712,7 @@ func (s *DB) AcquireRollout(ctx context.Context, id, owner string, ttl time.Dura
 // waiting for its retry first, else the first pending one in start order.
 func (s *DB) NextRolloutCandidate(ctx context.Context, id string) (RolloutDevice, bool, error) {
 	for _, st := range []fsm.RolloutDeviceState{fsm.DevRetry, fsm.DevPending} {
-		d, err := scanRolloutDevice(s.rq.QueryRowContext(ctx, `SELECT `+rolloutDeviceColumns+` FROM rollout_devices
-			WHERE rollout_id = ? AND status = ? ORDER BY position LIMIT 1`, id, st))
+		d, err := scanRolloutDevice(s.rq.QueryRowContext(ctx, s.q.RolloutNextCandidate, id, st))
 		if err == nil {
 			return d, true, nil
 		}
@@ -768,8 +744,7 @@ func (s *DB) RolloutPass(ctx context.Context, id string, f Fence, ttl time.Durat
 		}
 		held := change{machine: "rollout", id: id, from: string(r.Status), to: string(r.Status), token: f.Token,
 			explain: func() (string, error) { return ReasonFenced, nil }}
-		if err := t.cas(ctx, held, nil, `UPDATE rollouts SET lease_expires_at = ?
-			WHERE rollout_id = ? AND `+leaseHeld, append([]any{ms(t.now.Add(ttl)), id}, f.args(t.now)...)...); err != nil {
+		if err := t.cas(ctx, held, nil, s.q.RolloutRenew, append([]any{ms(t.now.Add(ttl)), id}, f.args(t.now)...)...); err != nil {
 			return err
 		}
 		snap := RolloutSnapshot{Now: t.now}
@@ -790,8 +765,7 @@ func (s *DB) RolloutPass(ctx context.Context, id string, f Fence, ttl time.Durat
 			return err
 		}
 		if cand != nil {
-			d, err := scanRolloutDevice(t.QueryRowContext(ctx, `SELECT `+rolloutDeviceColumns+` FROM rollout_devices
-				WHERE rollout_id = ? AND device_id = ?`, id, cand.Device.DeviceID))
+			d, err := scanRolloutDevice(t.QueryRowContext(ctx, s.q.RolloutDeviceGet, id, cand.Device.DeviceID))
 			if err != nil {
 				return fmt.Errorf("read device %s of rollout %s: %w", cand.Device.DeviceID, id, err)
 			}
@@ -863,8 +837,7 @@ func (t *tx) rolloutStartChecks(ctx context.Context, r Rollout, device string, c
 func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice, n NewOperation, f Fence, dec RolloutDecision, res *RolloutPassResult) error {
 	now := ms(t.now)
 	ch := change{machine: "rollout", id: r.RolloutID, from: string(r.Status), to: string(r.Status), token: f.Token}
-	err := t.cas(ctx, ch, nil, `UPDATE rollouts SET starts = starts + 1, last_start_at = ?
-		WHERE rollout_id = ? AND status = 'running' AND (last_start_at IS NULL OR last_start_at <= ?) AND `+leaseHeld,
+	err := t.cas(ctx, ch, nil, t.s.q.RolloutCountStart,
 		append([]any{now, r.RolloutID, now - dec.Interval.Milliseconds()}, f.args(t.now)...)...)
 	if errors.Is(err, ErrRefused) {
 		res.StartRefused = "spacing"
@@ -875,14 +848,11 @@ func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice,
 	}
 	attempt := d.Attempts + 1
 	dch := change{machine: "rollout", id: r.RolloutID + "/" + d.DeviceID, from: string(d.Status), to: string(fsm.DevStarted), token: f.Token}
-	if err := t.cas(ctx, dch, nil, `UPDATE rollout_devices SET status = 'started', attempts = ?, reason = '', started_at = ?,
-			finished_at = NULL, updated_at = ?
-		WHERE rollout_id = ? AND device_id = ? AND status = ? AND attempts = ?`,
+	if err := t.cas(ctx, dch, nil, t.s.q.RolloutDeviceStart,
 		attempt, now, now, r.RolloutID, d.DeviceID, d.Status, d.Attempts); err != nil {
 		return err
 	}
-	if _, err := t.Exec(`INSERT INTO rollout_starts (rollout_id, device_id, attempt, started_at, instance, fencing_token)
-		VALUES (?, ?, ?, ?, ?, ?)`, r.RolloutID, d.DeviceID, attempt, now, f.Owner, f.Token); err != nil {
+	if _, err := t.Exec(t.s.q.RolloutStartInsert, r.RolloutID, d.DeviceID, attempt, now, f.Owner, f.Token); err != nil {
 		return fmt.Errorf("record start of %s in rollout %s: %w", d.DeviceID, r.RolloutID, err)
 	}
 	if dec.CommandTTL > 0 && dec.CommandTTL < n.CommandTTL {
@@ -893,8 +863,7 @@ func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice,
 		// Nothing of the submit was written (it reads first): the device
 		// fails, its start stays on record.
 		res.StartRefused = "idempotency_key_reused"
-		_, err := t.Exec(`UPDATE rollout_devices SET status = 'failed', reason = ?, finished_at = ?, updated_at = ?
-			WHERE rollout_id = ? AND device_id = ?`, reasonKeyReused+": "+n.OperationID+" exists with other params",
+		_, err := t.Exec(t.s.q.RolloutDeviceFailStart, reasonKeyReused+": "+n.OperationID+" exists with other params",
 			now, now, r.RolloutID, d.DeviceID)
 		return err
 	}
@@ -928,11 +897,7 @@ const lateDecided = `((o.status = 'succeeded' AND d.status IN ('timeout', 'rejec
 // receipt decided since its outcome was recorded (lateDecided), with a
 // line in the rollout's history by who.
 func (t *tx) settleRollout(ctx context.Context, r Rollout, who string) ([]RolloutDevice, error) {
-	rows, err := t.QueryContext(ctx, `SELECT d.device_id, d.status, d.attempts, o.status, o.reason, c.status, c.reason,
-			EXISTS (SELECT 1 FROM receipts x WHERE x.command_id = c.command_id AND x.status = 'rejected')
-		FROM rollout_devices d JOIN operations o ON o.operation_id = d.operation_id
-			JOIN commands c ON c.command_id = o.command_id
-		WHERE d.rollout_id = ? AND (d.status IN ('started', 'needs_attention') OR `+lateDecided+`)`, r.RolloutID)
+	rows, err := t.QueryContext(ctx, t.s.q.RolloutSettleList, r.RolloutID)
 	if err != nil {
 		return nil, fmt.Errorf("settle rollout %s: %w", r.RolloutID, err)
 	}
@@ -981,8 +946,7 @@ func (t *tx) settleRollout(ctx context.Context, r Rollout, who string) ([]Rollou
 			finished = now
 		}
 		ch := change{machine: "rollout", id: r.RolloutID + "/" + x.device, from: string(x.status), to: string(to)}
-		if err := t.cas(ctx, ch, nil, `UPDATE rollout_devices SET status = ?, reason = ?, finished_at = ?, updated_at = ?
-			WHERE rollout_id = ? AND device_id = ? AND status = ? AND attempts = ?`,
+		if err := t.cas(ctx, ch, nil, t.s.q.RolloutDeviceSettle,
 			to, reason, finished, now, r.RolloutID, x.device, x.status, x.attempts); err != nil {
 			return nil, err
 		}
@@ -1003,9 +967,7 @@ func (t *tx) settleRollout(ctx context.Context, r Rollout, who string) ([]Rollou
 func provisional(ctx context.Context, q queryer, id string) (int, time.Time, error) {
 	var n int
 	var since sql.NullInt64
-	err := q.QueryRowContext(ctx, `SELECT COUNT(*), MAX(d.finished_at) FROM rollout_devices d
-			JOIN operations o ON o.operation_id = d.operation_id
-		WHERE d.rollout_id = ? AND d.status IN ('timeout', 'rejected', 'failed') AND o.status = 'failed_retryable'`, id).Scan(&n, &since)
+	err := q.QueryRowContext(ctx, stmts(q).RolloutProvisional, id).Scan(&n, &since)
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("provisional outcomes of rollout %s: %w", id, err)
 	}

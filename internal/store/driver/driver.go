@@ -52,12 +52,10 @@ type Driver interface {
 	// Rebind turns a statement written with ? placeholders into the
 	// backend's own. Transitional: only statements still written inline
 	// in the store's Go code (tasks.go, grants.go and the others listed in
-	// the package doc) go through it; a named statement is already in the
-	// backend's dialect and passes unchanged.
+	// the store's doc.go), none of which takes a row lock, go through it;
+	// a named statement is already in the backend's dialect and passes
+	// unchanged.
 	Rebind(query string) string
-	// Locks are the backend's lock clauses for the statements still
-	// written inline. Transitional, as Rebind.
-	Locks() Locks
 	// Arg turns a Go value into what the backend stores (flags are 0/1
 	// integers and JSON is text on both backends).
 	Arg(v any) any
@@ -106,20 +104,6 @@ type Capabilities struct {
 	// Prepares: the store keeps its own prepared statements (the driver
 	// would otherwise prepare each statement afresh).
 	Prepares bool
-}
-
-// Locks are a backend's row lock clauses, each with its leading space or
-// empty. Transitional: see Driver.Locks.
-type Locks struct {
-	// ForUpdate locks the rows a change reads before it writes them.
-	ForUpdate string
-	// FenceLock is the lock of a decision's fence on its operation's row.
-	FenceLock string
-	// TokenLock is the lock of a change that moves an operation's lease to
-	// a new token.
-	TokenLock string
-	// SkipLocked is a bulk change's selection that passes over held rows.
-	SkipLocked string
 }
 
 // File is one file of the database, or of its instance lock, whose path

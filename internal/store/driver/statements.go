@@ -36,6 +36,27 @@ type Statements struct {
 	OperationStartRetry                        string
 	LeaseRenew, LeaseReclaimOwn, LeaseTakeOver string
 	DeviceTouch, DeviceUnconfirmAll            string
+
+	// commands.go: receipts of a command, decisions' lease read-back, queries, wake-ups
+	ReceiptList, OperationLeaseExpiry, QueryInsert, CommandWakeDevice string
+
+	// operations.go: submit, commands' insert, outcomes
+	OperationInsert, CommandInsert, OperationFinish, CommandSupersede string
+
+	// retry.go: retries, cancel, resolve
+	CommandRetryAsk, OperationRetrying, OperationRetryingCommands, OperationMintCommand, OperationAbandonRetry, CommandCancel, CommandLateResolve, CommandResolve string
+
+	// leases.go: instances and leases
+	InstanceList, LeaseLastExpiry, LeaseCountExpired, CommandForgetQuestions string
+
+	// devices.go: presence
+	DeviceGet, DeviceInsert, DeviceStalePresence, DevicePresence, DeviceResetPresence string
+
+	// receipts.go: receipts and answers
+	QueryCommand, QueryAnswer, CommandLastAnswer, CommandDueNow, CommandUnpark, CommandAdvance, CommandLateConflict, CommandLateOutcome, ReceiptInsert string
+
+	// rollouts.go: rollouts, their devices, starts and history
+	RolloutCounts, RolloutStartsSince, RolloutHistoryInsert, DeviceListSeen, RolloutCreateHash, RolloutInsert, RolloutDeviceInsert, RolloutHistoryList, RolloutStartList, RolloutApprove, RolloutMove, RolloutCancelWaiting, RolloutUnpublished, RolloutCancelDevice, RolloutListActive, RolloutAcquire, RolloutNextCandidate, RolloutRenew, RolloutDeviceGet, RolloutCountStart, RolloutDeviceStart, RolloutStartInsert, RolloutDeviceFailStart, RolloutSettleList, RolloutDeviceSettle, RolloutProvisional string
 }
 
 // Parse reads a queries.sql file into a Statements.

@@ -87,12 +87,6 @@ func (*Driver) Statements() *driver.Statements { return statements }
 func (*Driver) Placeholder(n int) string       { return "$" + strconv.Itoa(n) }
 func (d *Driver) Rebind(q string) string       { return d.rb.dollar(q) }
 
-// Locks: see the package doc.
-func (*Driver) Locks() driver.Locks {
-	return driver.Locks{ForUpdate: " FOR NO KEY UPDATE", FenceLock: " FOR KEY SHARE",
-		TokenLock: " FOR UPDATE", SkipLocked: " FOR UPDATE SKIP LOCKED"}
-}
-
 // Files: a PostgreSQL store has no files of its own to guard.
 func (*Driver) Files(string) []driver.File { return nil }
 

@@ -213,3 +213,273 @@ UPDATE devices SET confirmed = 0
 WHERE device_id IN (SELECT device_id FROM devices WHERE confirmed = 1 FOR UPDATE SKIP LOCKED)
 	AND confirmed = 1
 
+
+-- commands.go: receipts of a command, decisions' lease read-back, queries, wake-ups
+
+-- name: ReceiptList
+SELECT command_id, sent_as, device_id, status, seq, at, received_at, query_id,
+	effect, error, result, instance FROM receipts WHERE command_id = $1 ORDER BY id
+
+-- name: OperationLeaseExpiry
+SELECT lease_expires_at FROM operations WHERE operation_id = $1
+
+-- name: QueryInsert
+INSERT INTO queries (query_id, command_id, instance, fencing_token, sent_at) VALUES ($1, $2, $3, $4, $5)
+
+-- name: CommandWakeDevice
+UPDATE commands SET next_check_at = $1, version = version + 1 WHERE device_id = $2
+	AND status NOT IN ('succeeded','failed','timeout','cancelled') RETURNING command_id
+
+-- operations.go: submit, commands' insert, outcomes
+
+-- name: OperationInsert
+INSERT INTO operations (operation_id, action, target, params, request_hash, status,
+		attempt, command_id, version, owner, lease_expires_at, fencing_token,
+		task_id, step, business_version, compensates, started_at, updated_at)
+	VALUES ($1, $2, $3, $4, $5, 'started', 1, $6, 1, $7, $8, 1, $9, $10, $11, NULLIF($12, ''), $13, $14)
+	ON CONFLICT (operation_id) DO NOTHING
+
+-- name: CommandInsert
+INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
+		status, qos, version, next_check_at, created_at, updated_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, 1, $9, $10, $11)
+
+-- name: OperationFinish
+UPDATE operations SET status = $1, result = $2, reason = $3, retry_until = NULL, version = version + 1, updated_at = $4
+	WHERE operation_id = $5 AND status = $6 AND version = $7
+
+-- name: CommandSupersede
+UPDATE commands SET status = $1, reason = $2, version = version + 1, updated_at = $3
+	WHERE command_id = $4 AND status = $5 AND version = $6 AND attempt = 0
+
+-- retry.go: retries, cancel, resolve
+
+-- name: CommandRetryAsk
+UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = $1 WHERE command_id = $2
+
+-- name: OperationRetrying
+SELECT operation_id, retry_until FROM operations
+	WHERE command_id = $1 AND owner = $2 AND status = 'started' AND retry_until IS NOT NULL
+
+-- name: OperationRetryingCommands
+SELECT command_id FROM operations
+	WHERE owner = $1 AND status = 'started' AND retry_until IS NOT NULL LIMIT $2
+
+-- name: OperationMintCommand
+UPDATE operations SET command_id = $1, attempt = attempt + 1, retry_until = NULL, version = version + 1, updated_at = $2
+	WHERE operation_id = $3 AND status = $4 AND version = $5 AND owner = $6 AND fencing_token = $7 AND lease_expires_at > $8
+
+-- name: OperationAbandonRetry
+UPDATE operations SET status = $1, reason = $2, retry_until = NULL, version = version + 1, updated_at = $3
+	WHERE operation_id = $4 AND status = $5 AND version = $6 AND owner = $7 AND fencing_token = $8 AND lease_expires_at > $9
+
+-- name: CommandCancel
+UPDATE commands SET status = $1, reason = $2, version = version + 1, updated_at = $3
+	WHERE command_id = $4 AND status = $5 AND version = $6 AND attempt = 0 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
+	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+
+-- name: CommandLateResolve
+UPDATE commands SET late_outcome = $1, late_conflict = $2, updated_at = $3 WHERE command_id = $4
+
+-- name: CommandResolve
+UPDATE commands SET status = $1, reason = $2, resolved_by = $3,
+		version = version + 1, updated_at = $4
+	WHERE command_id = $5 AND status = $6 AND version = $7 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
+	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+
+-- leases.go: instances and leases
+
+-- name: InstanceList
+SELECT i.instance_id, i.started_at, i.heartbeat_at, i.lease_ttl_ms,
+		(SELECT COUNT(*) FROM operations o WHERE o.status = 'started' AND o.owner = i.instance_id)
+	FROM instances i ORDER BY i.instance_id
+
+-- name: LeaseLastExpiry
+SELECT MAX(lease_expires_at) FROM operations WHERE owner = $1 AND status = 'started'
+
+-- name: LeaseCountExpired
+SELECT COUNT(*) FROM operations WHERE owner = $1 AND status = 'started' AND lease_expires_at < $2
+
+-- name: CommandForgetQuestions
+UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = $1
+	WHERE operation_id = $2 AND status NOT IN ('succeeded','failed','timeout','cancelled')
+
+-- devices.go: presence
+
+-- name: DeviceGet
+SELECT device_id, online, confirmed, seen, session, presence_rank, dedupe, query, clock_skew_ms,
+	stale_presence, last_stale_session, last_seen_at, updated_at FROM devices WHERE device_id = $1
+
+-- name: DeviceInsert
+INSERT INTO devices (device_id, updated_at) VALUES ($1, $2) ON CONFLICT (device_id) DO NOTHING
+
+-- name: DeviceStalePresence
+UPDATE devices SET stale_presence = stale_presence + 1, last_stale_session = $1
+	WHERE device_id = $2
+
+-- name: DevicePresence
+UPDATE devices SET online = $1, confirmed = 1, seen = $2, session = $3, presence_rank = $4,
+		dedupe = $5, query = $6, clock_skew_ms = $7, last_seen_at = $8, updated_at = $9
+	WHERE device_id = $10 AND presence_rank < $11
+
+-- name: DeviceResetPresence
+UPDATE devices SET presence_rank = -1, stale_presence = 0,
+	last_stale_session = 0, updated_at = $1 WHERE device_id = $2 RETURNING device_id, online, confirmed, seen, session, presence_rank, dedupe, query, clock_skew_ms,
+	stale_presence, last_stale_session, last_seen_at, updated_at
+
+-- receipts.go: receipts and answers
+
+-- name: QueryCommand
+SELECT command_id FROM queries WHERE query_id = $1
+
+-- name: QueryAnswer
+UPDATE queries SET answered_at = $1, answer = $2 WHERE query_id = $3 AND answered_at IS NULL
+
+-- name: CommandLastAnswer
+UPDATE commands SET last_answer = $1 WHERE command_id = $2
+
+-- name: CommandDueNow
+UPDATE commands SET next_check_at = $1 WHERE command_id = $2
+
+-- name: CommandUnpark
+UPDATE commands SET next_check_at = $1 WHERE command_id = $2 AND next_check_at >= expires_at
+
+-- name: CommandAdvance
+UPDATE commands SET status = $1, status_rank = $2, last_seq = $3, reason = $4,
+		result = COALESCE($5, result), executed_as = $6, version = version + 1, updated_at = $7
+	WHERE command_id = $8 AND status = $9 AND status_rank < $10
+
+-- name: CommandLateConflict
+UPDATE commands SET late_conflict = 1, updated_at = $1 WHERE command_id = $2
+
+-- name: CommandLateOutcome
+UPDATE commands SET late_outcome = $1, late_result = $2, late_conflict = $3, status_rank = $4,
+	updated_at = $5 WHERE command_id = $6 AND late_outcome = ''
+
+-- name: ReceiptInsert
+INSERT INTO receipts (command_id, sent_as, device_id, operation_id, status, seq, at, received_at,
+	query_id, effect, error, result, instance) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+
+-- rollouts.go: rollouts, their devices, starts and history
+
+-- name: RolloutCounts
+SELECT status, COUNT(*) FROM rollout_devices WHERE rollout_id = $1 GROUP BY status
+
+-- name: RolloutStartsSince
+SELECT COUNT(*) FROM rollout_starts WHERE rollout_id = $1 AND started_at > $2
+
+-- name: RolloutHistoryInsert
+INSERT INTO rollout_history (rollout_id, at, principal, action, from_state, to_state, version, reason)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+
+-- name: DeviceListSeen
+SELECT device_id FROM devices WHERE seen = 1 ORDER BY device_id
+
+-- name: RolloutCreateHash
+SELECT create_hash FROM rollouts WHERE rollout_id = $1
+
+-- name: RolloutInsert
+INSERT INTO rollouts (rollout_id, status, version, row_version, action, params, selector, spec,
+		create_hash, max_per_minute, max_in_flight, retries, execute_after, execute_before, approval_required,
+		devices_total, created_by, created_at, updated_at, owner, fencing_token, lease_expires_at)
+	VALUES ($1, $2, 1, 1, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, 1, $19)
+
+-- name: RolloutDeviceInsert
+INSERT INTO rollout_devices (rollout_id, device_id, position, operation_id, status, updated_at)
+	VALUES ($1, $2, $3, $4, 'pending', $5)
+
+-- name: RolloutHistoryList
+SELECT at, principal, action, from_state, to_state, version, reason
+	FROM rollout_history WHERE rollout_id = $1 ORDER BY id
+
+-- name: RolloutStartList
+SELECT device_id, attempt, started_at, instance, fencing_token
+	FROM rollout_starts WHERE rollout_id = $1 ORDER BY started_at, device_id, attempt
+
+-- name: RolloutApprove
+UPDATE rollouts SET status = $1, approved_version = $2, approver = $3, approved_at = $4,
+		row_version = row_version + 1, updated_at = $5
+	WHERE rollout_id = $6 AND status = $7 AND version = $8 AND row_version = $9
+
+-- name: RolloutMove
+UPDATE rollouts SET status = $1, reason = $2, row_version = row_version + 1, updated_at = $3,
+		ended_at = COALESCE(ended_at, $4)
+	WHERE rollout_id = $5 AND status = $6 AND row_version = $7
+
+-- name: RolloutCancelWaiting
+UPDATE rollout_devices SET status = 'cancelled', reason = $1, finished_at = $2, updated_at = $3
+	WHERE rollout_id = $4 AND status IN ('pending', 'retry')
+
+-- name: RolloutUnpublished
+SELECT d.device_id, d.operation_id, c.command_id FROM rollout_devices d
+	JOIN operations o ON o.operation_id = d.operation_id JOIN commands c ON c.command_id = o.command_id
+	WHERE d.rollout_id = $1 AND d.status = 'started' AND o.status = 'started' AND c.attempt = 0
+		AND c.status IN ('pending', 'waiting_device')
+
+-- name: RolloutCancelDevice
+UPDATE rollout_devices SET status = 'cancelled', reason = $1, finished_at = $2, updated_at = $3
+	WHERE rollout_id = $4 AND device_id = $5 AND status = 'started'
+
+-- name: RolloutListActive
+SELECT rollout_id, status, owner, fencing_token, lease_expires_at FROM rollouts
+	WHERE status IN ('waiting_approval','scheduled','running','paused')
+		OR (ended_at IS NOT NULL AND rollout_id IN (SELECT rollout_id FROM rollout_devices
+			WHERE status IN ('started', 'needs_attention')))
+		OR (ended_at IS NOT NULL AND rollout_id IN (SELECT d.rollout_id FROM rollout_devices d
+			JOIN operations o ON o.operation_id = d.operation_id WHERE ((o.status = 'succeeded' AND d.status IN ('timeout', 'rejected', 'failed', 'retry')
+				AND d.reason NOT LIKE 'idempotency_key_reused%')
+			OR (o.status = 'failed_final' AND d.status IN ('timeout', 'retry')))))
+	ORDER BY created_at, rollout_id
+
+-- name: RolloutAcquire
+UPDATE rollouts SET owner = $1, fencing_token = fencing_token + 1, lease_expires_at = $2
+	WHERE rollout_id = $3 AND owner = $4 AND fencing_token = $5
+
+-- name: RolloutNextCandidate
+SELECT rollout_id, device_id, position, operation_id, status, reason, attempts, started_at, finished_at, updated_at FROM rollout_devices
+	WHERE rollout_id = $1 AND status = $2 ORDER BY position LIMIT 1
+
+-- name: RolloutRenew
+UPDATE rollouts SET lease_expires_at = $1
+	WHERE rollout_id = $2 AND owner = $3 AND fencing_token = $4 AND lease_expires_at > $5
+
+-- name: RolloutDeviceGet
+SELECT rollout_id, device_id, position, operation_id, status, reason, attempts, started_at, finished_at, updated_at FROM rollout_devices
+	WHERE rollout_id = $1 AND device_id = $2
+
+-- name: RolloutCountStart
+UPDATE rollouts SET starts = starts + 1, last_start_at = $1
+	WHERE rollout_id = $2 AND status = 'running' AND (last_start_at IS NULL OR last_start_at <= $3) AND owner = $4 AND fencing_token = $5 AND lease_expires_at > $6
+
+-- name: RolloutDeviceStart
+UPDATE rollout_devices SET status = 'started', attempts = $1, reason = '', started_at = $2,
+		finished_at = NULL, updated_at = $3
+	WHERE rollout_id = $4 AND device_id = $5 AND status = $6 AND attempts = $7
+
+-- name: RolloutStartInsert
+INSERT INTO rollout_starts (rollout_id, device_id, attempt, started_at, instance, fencing_token)
+	VALUES ($1, $2, $3, $4, $5, $6)
+
+-- name: RolloutDeviceFailStart
+UPDATE rollout_devices SET status = 'failed', reason = $1, finished_at = $2, updated_at = $3
+	WHERE rollout_id = $4 AND device_id = $5
+
+-- name: RolloutSettleList
+SELECT d.device_id, d.status, d.attempts, o.status, o.reason, c.status, c.reason,
+		EXISTS (SELECT 1 FROM receipts x WHERE x.command_id = c.command_id AND x.status = 'rejected')
+	FROM rollout_devices d JOIN operations o ON o.operation_id = d.operation_id
+		JOIN commands c ON c.command_id = o.command_id
+	WHERE d.rollout_id = $1 AND (d.status IN ('started', 'needs_attention') OR ((o.status = 'succeeded' AND d.status IN ('timeout', 'rejected', 'failed', 'retry')
+		AND d.reason NOT LIKE 'idempotency_key_reused%')
+	OR (o.status = 'failed_final' AND d.status IN ('timeout', 'retry'))))
+
+-- name: RolloutDeviceSettle
+UPDATE rollout_devices SET status = $1, reason = $2, finished_at = $3, updated_at = $4
+	WHERE rollout_id = $5 AND device_id = $6 AND status = $7 AND attempts = $8
+
+-- name: RolloutProvisional
+SELECT COUNT(*), MAX(d.finished_at) FROM rollout_devices d
+		JOIN operations o ON o.operation_id = d.operation_id
+	WHERE d.rollout_id = $1 AND d.status IN ('timeout', 'rejected', 'failed') AND o.status = 'failed_retryable'

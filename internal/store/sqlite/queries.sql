@@ -195,3 +195,273 @@ UPDATE devices SET confirmed = 0
 WHERE device_id IN (SELECT device_id FROM devices WHERE confirmed = 1)
 	AND confirmed = 1
 
+
+-- commands.go: receipts of a command, decisions' lease read-back, queries, wake-ups
+
+-- name: ReceiptList
+SELECT command_id, sent_as, device_id, status, seq, at, received_at, query_id,
+	effect, error, result, instance FROM receipts WHERE command_id = ? ORDER BY id
+
+-- name: OperationLeaseExpiry
+SELECT lease_expires_at FROM operations WHERE operation_id = ?
+
+-- name: QueryInsert
+INSERT INTO queries (query_id, command_id, instance, fencing_token, sent_at) VALUES (?, ?, ?, ?, ?)
+
+-- name: CommandWakeDevice
+UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
+	AND status NOT IN ('succeeded','failed','timeout','cancelled') RETURNING command_id
+
+-- operations.go: submit, commands' insert, outcomes
+
+-- name: OperationInsert
+INSERT INTO operations (operation_id, action, target, params, request_hash, status,
+		attempt, command_id, version, owner, lease_expires_at, fencing_token,
+		task_id, step, business_version, compensates, started_at, updated_at)
+	VALUES (?, ?, ?, ?, ?, 'started', 1, ?, 1, ?, ?, 1, ?, ?, ?, NULLIF(?, ''), ?, ?)
+	ON CONFLICT (operation_id) DO NOTHING
+
+-- name: CommandInsert
+INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
+		status, qos, version, next_check_at, created_at, updated_at)
+	VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, 1, ?, ?, ?)
+
+-- name: OperationFinish
+UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
+	WHERE operation_id = ? AND status = ? AND version = ?
+
+-- name: CommandSupersede
+UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
+	WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0
+
+-- retry.go: retries, cancel, resolve
+
+-- name: CommandRetryAsk
+UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = ? WHERE command_id = ?
+
+-- name: OperationRetrying
+SELECT operation_id, retry_until FROM operations
+	WHERE command_id = ? AND owner = ? AND status = 'started' AND retry_until IS NOT NULL
+
+-- name: OperationRetryingCommands
+SELECT command_id FROM operations
+	WHERE owner = ? AND status = 'started' AND retry_until IS NOT NULL LIMIT ?
+
+-- name: OperationMintCommand
+UPDATE operations SET command_id = ?, attempt = attempt + 1, retry_until = NULL, version = version + 1, updated_at = ?
+	WHERE operation_id = ? AND status = ? AND version = ? AND owner = ? AND fencing_token = ? AND lease_expires_at > ?
+
+-- name: OperationAbandonRetry
+UPDATE operations SET status = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
+	WHERE operation_id = ? AND status = ? AND version = ? AND owner = ? AND fencing_token = ? AND lease_expires_at > ?
+
+-- name: CommandCancel
+UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
+	WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
+	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+
+-- name: CommandLateResolve
+UPDATE commands SET late_outcome = ?, late_conflict = ?, updated_at = ? WHERE command_id = ?
+
+-- name: CommandResolve
+UPDATE commands SET status = ?, reason = ?, resolved_by = ?,
+		version = version + 1, updated_at = ?
+	WHERE command_id = ? AND status = ? AND version = ? RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
+	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+
+-- leases.go: instances and leases
+
+-- name: InstanceList
+SELECT i.instance_id, i.started_at, i.heartbeat_at, i.lease_ttl_ms,
+		(SELECT COUNT(*) FROM operations o WHERE o.status = 'started' AND o.owner = i.instance_id)
+	FROM instances i ORDER BY i.instance_id
+
+-- name: LeaseLastExpiry
+SELECT MAX(lease_expires_at) FROM operations WHERE owner = ? AND status = 'started'
+
+-- name: LeaseCountExpired
+SELECT COUNT(*) FROM operations WHERE owner = ? AND status = 'started' AND lease_expires_at < ?
+
+-- name: CommandForgetQuestions
+UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = ?
+	WHERE operation_id = ? AND status NOT IN ('succeeded','failed','timeout','cancelled')
+
+-- devices.go: presence
+
+-- name: DeviceGet
+SELECT device_id, online, confirmed, seen, session, presence_rank, dedupe, query, clock_skew_ms,
+	stale_presence, last_stale_session, last_seen_at, updated_at FROM devices WHERE device_id = ?
+
+-- name: DeviceInsert
+INSERT INTO devices (device_id, updated_at) VALUES (?, ?) ON CONFLICT (device_id) DO NOTHING
+
+-- name: DeviceStalePresence
+UPDATE devices SET stale_presence = stale_presence + 1, last_stale_session = ?
+	WHERE device_id = ?
+
+-- name: DevicePresence
+UPDATE devices SET online = ?, confirmed = 1, seen = ?, session = ?, presence_rank = ?,
+		dedupe = ?, query = ?, clock_skew_ms = ?, last_seen_at = ?, updated_at = ?
+	WHERE device_id = ? AND presence_rank < ?
+
+-- name: DeviceResetPresence
+UPDATE devices SET presence_rank = -1, stale_presence = 0,
+	last_stale_session = 0, updated_at = ? WHERE device_id = ? RETURNING device_id, online, confirmed, seen, session, presence_rank, dedupe, query, clock_skew_ms,
+	stale_presence, last_stale_session, last_seen_at, updated_at
+
+-- receipts.go: receipts and answers
+
+-- name: QueryCommand
+SELECT command_id FROM queries WHERE query_id = ?
+
+-- name: QueryAnswer
+UPDATE queries SET answered_at = ?, answer = ? WHERE query_id = ? AND answered_at IS NULL
+
+-- name: CommandLastAnswer
+UPDATE commands SET last_answer = ? WHERE command_id = ?
+
+-- name: CommandDueNow
+UPDATE commands SET next_check_at = ? WHERE command_id = ?
+
+-- name: CommandUnpark
+UPDATE commands SET next_check_at = ? WHERE command_id = ? AND next_check_at >= expires_at
+
+-- name: CommandAdvance
+UPDATE commands SET status = ?, status_rank = ?, last_seq = ?, reason = ?,
+		result = COALESCE(?, result), executed_as = ?, version = version + 1, updated_at = ?
+	WHERE command_id = ? AND status = ? AND status_rank < ?
+
+-- name: CommandLateConflict
+UPDATE commands SET late_conflict = 1, updated_at = ? WHERE command_id = ?
+
+-- name: CommandLateOutcome
+UPDATE commands SET late_outcome = ?, late_result = ?, late_conflict = ?, status_rank = ?,
+	updated_at = ? WHERE command_id = ? AND late_outcome = ''
+
+-- name: ReceiptInsert
+INSERT INTO receipts (command_id, sent_as, device_id, operation_id, status, seq, at, received_at,
+	query_id, effect, error, result, instance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- rollouts.go: rollouts, their devices, starts and history
+
+-- name: RolloutCounts
+SELECT status, COUNT(*) FROM rollout_devices WHERE rollout_id = ? GROUP BY status
+
+-- name: RolloutStartsSince
+SELECT COUNT(*) FROM rollout_starts WHERE rollout_id = ? AND started_at > ?
+
+-- name: RolloutHistoryInsert
+INSERT INTO rollout_history (rollout_id, at, principal, action, from_state, to_state, version, reason)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: DeviceListSeen
+SELECT device_id FROM devices WHERE seen = 1 ORDER BY device_id
+
+-- name: RolloutCreateHash
+SELECT create_hash FROM rollouts WHERE rollout_id = ?
+
+-- name: RolloutInsert
+INSERT INTO rollouts (rollout_id, status, version, row_version, action, params, selector, spec,
+		create_hash, max_per_minute, max_in_flight, retries, execute_after, execute_before, approval_required,
+		devices_total, created_by, created_at, updated_at, owner, fencing_token, lease_expires_at)
+	VALUES (?, ?, 1, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)
+
+-- name: RolloutDeviceInsert
+INSERT INTO rollout_devices (rollout_id, device_id, position, operation_id, status, updated_at)
+	VALUES (?, ?, ?, ?, 'pending', ?)
+
+-- name: RolloutHistoryList
+SELECT at, principal, action, from_state, to_state, version, reason
+	FROM rollout_history WHERE rollout_id = ? ORDER BY id
+
+-- name: RolloutStartList
+SELECT device_id, attempt, started_at, instance, fencing_token
+	FROM rollout_starts WHERE rollout_id = ? ORDER BY started_at, device_id, attempt
+
+-- name: RolloutApprove
+UPDATE rollouts SET status = ?, approved_version = ?, approver = ?, approved_at = ?,
+		row_version = row_version + 1, updated_at = ?
+	WHERE rollout_id = ? AND status = ? AND version = ? AND row_version = ?
+
+-- name: RolloutMove
+UPDATE rollouts SET status = ?, reason = ?, row_version = row_version + 1, updated_at = ?,
+		ended_at = COALESCE(ended_at, ?)
+	WHERE rollout_id = ? AND status = ? AND row_version = ?
+
+-- name: RolloutCancelWaiting
+UPDATE rollout_devices SET status = 'cancelled', reason = ?, finished_at = ?, updated_at = ?
+	WHERE rollout_id = ? AND status IN ('pending', 'retry')
+
+-- name: RolloutUnpublished
+SELECT d.device_id, d.operation_id, c.command_id FROM rollout_devices d
+	JOIN operations o ON o.operation_id = d.operation_id JOIN commands c ON c.command_id = o.command_id
+	WHERE d.rollout_id = ? AND d.status = 'started' AND o.status = 'started' AND c.attempt = 0
+		AND c.status IN ('pending', 'waiting_device')
+
+-- name: RolloutCancelDevice
+UPDATE rollout_devices SET status = 'cancelled', reason = ?, finished_at = ?, updated_at = ?
+	WHERE rollout_id = ? AND device_id = ? AND status = 'started'
+
+-- name: RolloutListActive
+SELECT rollout_id, status, owner, fencing_token, lease_expires_at FROM rollouts
+	WHERE status IN ('waiting_approval','scheduled','running','paused')
+		OR (ended_at IS NOT NULL AND rollout_id IN (SELECT rollout_id FROM rollout_devices
+			WHERE status IN ('started', 'needs_attention')))
+		OR (ended_at IS NOT NULL AND rollout_id IN (SELECT d.rollout_id FROM rollout_devices d
+			JOIN operations o ON o.operation_id = d.operation_id WHERE ((o.status = 'succeeded' AND d.status IN ('timeout', 'rejected', 'failed', 'retry')
+				AND d.reason NOT LIKE 'idempotency_key_reused%')
+			OR (o.status = 'failed_final' AND d.status IN ('timeout', 'retry')))))
+	ORDER BY created_at, rollout_id
+
+-- name: RolloutAcquire
+UPDATE rollouts SET owner = ?, fencing_token = fencing_token + 1, lease_expires_at = ?
+	WHERE rollout_id = ? AND owner = ? AND fencing_token = ?
+
+-- name: RolloutNextCandidate
+SELECT rollout_id, device_id, position, operation_id, status, reason, attempts, started_at, finished_at, updated_at FROM rollout_devices
+	WHERE rollout_id = ? AND status = ? ORDER BY position LIMIT 1
+
+-- name: RolloutRenew
+UPDATE rollouts SET lease_expires_at = ?
+	WHERE rollout_id = ? AND owner = ? AND fencing_token = ? AND lease_expires_at > ?
+
+-- name: RolloutDeviceGet
+SELECT rollout_id, device_id, position, operation_id, status, reason, attempts, started_at, finished_at, updated_at FROM rollout_devices
+	WHERE rollout_id = ? AND device_id = ?
+
+-- name: RolloutCountStart
+UPDATE rollouts SET starts = starts + 1, last_start_at = ?
+	WHERE rollout_id = ? AND status = 'running' AND (last_start_at IS NULL OR last_start_at <= ?) AND owner = ? AND fencing_token = ? AND lease_expires_at > ?
+
+-- name: RolloutDeviceStart
+UPDATE rollout_devices SET status = 'started', attempts = ?, reason = '', started_at = ?,
+		finished_at = NULL, updated_at = ?
+	WHERE rollout_id = ? AND device_id = ? AND status = ? AND attempts = ?
+
+-- name: RolloutStartInsert
+INSERT INTO rollout_starts (rollout_id, device_id, attempt, started_at, instance, fencing_token)
+	VALUES (?, ?, ?, ?, ?, ?)
+
+-- name: RolloutDeviceFailStart
+UPDATE rollout_devices SET status = 'failed', reason = ?, finished_at = ?, updated_at = ?
+	WHERE rollout_id = ? AND device_id = ?
+
+-- name: RolloutSettleList
+SELECT d.device_id, d.status, d.attempts, o.status, o.reason, c.status, c.reason,
+		EXISTS (SELECT 1 FROM receipts x WHERE x.command_id = c.command_id AND x.status = 'rejected')
+	FROM rollout_devices d JOIN operations o ON o.operation_id = d.operation_id
+		JOIN commands c ON c.command_id = o.command_id
+	WHERE d.rollout_id = ? AND (d.status IN ('started', 'needs_attention') OR ((o.status = 'succeeded' AND d.status IN ('timeout', 'rejected', 'failed', 'retry')
+		AND d.reason NOT LIKE 'idempotency_key_reused%')
+	OR (o.status = 'failed_final' AND d.status IN ('timeout', 'retry'))))
+
+-- name: RolloutDeviceSettle
+UPDATE rollout_devices SET status = ?, reason = ?, finished_at = ?, updated_at = ?
+	WHERE rollout_id = ? AND device_id = ? AND status = ? AND attempts = ?
+
+-- name: RolloutProvisional
+SELECT COUNT(*), MAX(d.finished_at) FROM rollout_devices d
+		JOIN operations o ON o.operation_id = d.operation_id
+	WHERE d.rollout_id = ? AND d.status IN ('timeout', 'rejected', 'failed') AND o.status = 'failed_retryable'

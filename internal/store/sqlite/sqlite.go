@@ -76,7 +76,6 @@ func (*Driver) Migrations() fs.FS {
 func (*Driver) Statements() *driver.Statements { return statements }
 func (*Driver) Placeholder(int) string         { return "?" }
 func (*Driver) Rebind(q string) string         { return q }
-func (*Driver) Locks() driver.Locks            { return driver.Locks{} }
 func (*Driver) Arg(v any) any                  { return v }
 
 func (*Driver) Open(_ context.Context, path string, readers int) (w, r *sql.DB, err error) {
