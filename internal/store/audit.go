@@ -49,7 +49,7 @@ func OpenAudit(ctx context.Context, d driver.Driver, dsn string) (*Audit, error)
 	if err == nil {
 		// The snapshot is taken at the first read; the schema must be there.
 		var n int
-		err = tx.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations`).Scan(&n)
+		err = tx.QueryRowContext(ctx, d.Statements().SchemaCount).Scan(&n)
 		if err != nil {
 			tx.Rollback()
 		}
@@ -106,25 +106,25 @@ type AuditCount struct {
 // OperationsByStatus counts the operations in each status, by status name;
 // statuses with no operation are absent.
 func (a *Audit) OperationsByStatus(ctx context.Context) ([]AuditCount, error) {
-	return a.counts(ctx, "operations by status", `SELECT status, COUNT(*) FROM operations GROUP BY status ORDER BY status`)
+	return a.counts(ctx, "operations by status", stmts(a.q).AuditOperationsByStatus)
 }
 
 // CommandsByStatus counts the commands in each status, by status name;
 // statuses with no command are absent.
 func (a *Audit) CommandsByStatus(ctx context.Context) ([]AuditCount, error) {
-	return a.counts(ctx, "commands by status", `SELECT status, COUNT(*) FROM commands GROUP BY status ORDER BY status`)
+	return a.counts(ctx, "commands by status", stmts(a.q).AuditCommandsByStatus)
 }
 
 // ReceiptsByInstance counts the receipt log's lines by the instance that
 // applied them: how instances sharing a database divided the receipts.
 func (a *Audit) ReceiptsByInstance(ctx context.Context) ([]AuditCount, error) {
-	return a.counts(ctx, "receipts by instance", `SELECT instance, COUNT(*) FROM receipts GROUP BY instance ORDER BY instance`)
+	return a.counts(ctx, "receipts by instance", stmts(a.q).AuditReceiptsByInstance)
 }
 
 // ReceiptsByEffect counts the receipt log's lines by effect (EffectApplied,
 // EffectDuplicate, ...), by effect name; effects never recorded are absent.
 func (a *Audit) ReceiptsByEffect(ctx context.Context) ([]AuditCount, error) {
-	return a.counts(ctx, "receipts by effect", `SELECT effect, COUNT(*) FROM receipts GROUP BY effect ORDER BY effect`)
+	return a.counts(ctx, "receipts by effect", stmts(a.q).AuditReceiptsByEffect)
 }
 
 func (a *Audit) counts(ctx context.Context, what, query string) ([]AuditCount, error) {
@@ -159,7 +159,7 @@ type AuditOperation struct {
 
 // Operations lists every operation, by operation_id.
 func (a *Audit) Operations(ctx context.Context) ([]AuditOperation, error) {
-	rows, err := a.q.QueryContext(ctx, `SELECT operation_id, action, target, params, status FROM operations ORDER BY operation_id`)
+	rows, err := a.q.QueryContext(ctx, stmts(a.q).AuditOperations)
 	if err != nil {
 		return nil, fmt.Errorf("audit: list operations: %w", err)
 	}
@@ -200,8 +200,7 @@ type AuditCommand struct {
 
 // Commands lists every command, oldest first (by created_at, then command_id).
 func (a *Audit) Commands(ctx context.Context) ([]AuditCommand, error) {
-	rows, err := a.q.QueryContext(ctx, `SELECT command_id, operation_id, device_id, action, params, status, expires_at,
-		attempt, queries, executed_as, late_outcome, created_at FROM commands ORDER BY created_at, command_id`)
+	rows, err := a.q.QueryContext(ctx, stmts(a.q).AuditCommands)
 	if err != nil {
 		return nil, fmt.Errorf("audit: list commands: %w", err)
 	}
@@ -230,7 +229,7 @@ func (a *Audit) Commands(ctx context.Context) ([]AuditCommand, error) {
 // birth was applied) without the dedupe capability: devices that may run a
 // re-sent command twice, which invariant 1 does not cover.
 func (a *Audit) LegacyDevices(ctx context.Context) ([]string, error) {
-	rows, err := a.q.QueryContext(ctx, `SELECT device_id FROM devices WHERE seen = 1 AND dedupe = 0 ORDER BY device_id`)
+	rows, err := a.q.QueryContext(ctx, stmts(a.q).AuditLegacyDevices)
 	if err != nil {
 		return nil, fmt.Errorf("audit: list legacy devices: %w", err)
 	}
@@ -255,19 +254,21 @@ const presenceMachine = "device"
 
 // Events lists the whole events log, applied and refused lines of every
 // machine, in the order they were written (by id).
-func (a *Audit) Events(ctx context.Context) ([]Event, error) { return listEvents(ctx, a.q, ``) }
+func (a *Audit) Events(ctx context.Context) ([]Event, error) {
+	return listEvents(ctx, a.q, stmts(a.q).EventList)
+}
 
 // EventsOf lists the events log of one entity (an operation, command, task,
 // device or instance id), in the order written.
 func (a *Audit) EventsOf(ctx context.Context, entityID string) ([]Event, error) {
-	return listEvents(ctx, a.q, `WHERE entity_id = ?`, entityID)
+	return listEvents(ctx, a.q, stmts(a.q).EventListOf, entityID)
 }
 
 // PresenceEvents lists the presence changes (online, offline) recorded for
 // one device with from <= at <= to (millisecond precision), in the order
 // written.
 func (a *Audit) PresenceEvents(ctx context.Context, deviceID string, from, to time.Time) ([]Event, error) {
-	return listEvents(ctx, a.q, `WHERE machine = ? AND entity_id = ? AND at BETWEEN ? AND ?`,
+	return listEvents(ctx, a.q, stmts(a.q).EventListPresence,
 		presenceMachine, deviceID, ms(from), ms(to))
 }
 
@@ -291,8 +292,7 @@ type AuditQuery struct {
 
 // Queries lists the queries sent about one command, by the time they were sent.
 func (a *Audit) Queries(ctx context.Context, commandID string) ([]AuditQuery, error) {
-	rows, err := a.q.QueryContext(ctx, `SELECT query_id, command_id, instance, fencing_token, sent_at, answered_at, answer
-		FROM queries WHERE command_id = ? ORDER BY sent_at`, commandID)
+	rows, err := a.q.QueryContext(ctx, stmts(a.q).AuditQueries, commandID)
 	if err != nil {
 		return nil, fmt.Errorf("audit: list queries of %s: %w", commandID, err)
 	}

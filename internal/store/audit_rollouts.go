@@ -28,13 +28,13 @@ type AuditRolloutStart struct {
 // before the rollouts' migration).
 func (a *Audit) Rollouts(ctx context.Context) ([]AuditRollout, error) {
 	var version int
-	if err := a.q.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&version); err != nil {
+	if err := a.q.QueryRowContext(ctx, stmts(a.q).SchemaVersion).Scan(&version); err != nil {
 		return nil, fmt.Errorf("audit: schema version: %w", err)
 	}
 	if version < 7 {
 		return nil, nil
 	}
-	rows, err := a.q.QueryContext(ctx, `SELECT rollout_id, max_per_minute, max_in_flight, retries FROM rollouts ORDER BY rollout_id`)
+	rows, err := a.q.QueryContext(ctx, stmts(a.q).AuditRollouts)
 	if err != nil {
 		return nil, fmt.Errorf("audit: list rollouts: %w", err)
 	}
@@ -53,9 +53,7 @@ func (a *Audit) Rollouts(ctx context.Context) ([]AuditRollout, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("audit: list rollouts: %w", err)
 	}
-	rows, err = a.q.QueryContext(ctx, `SELECT s.rollout_id, s.device_id, d.operation_id, s.attempt, s.started_at
-		FROM rollout_starts s JOIN rollout_devices d ON d.rollout_id = s.rollout_id AND d.device_id = s.device_id
-		ORDER BY s.rollout_id, s.started_at, s.device_id, s.attempt`)
+	rows, err = a.q.QueryContext(ctx, stmts(a.q).AuditRolloutStarts)
 	if err != nil {
 		return nil, fmt.Errorf("audit: list rollout starts: %w", err)
 	}

@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode"
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
@@ -157,16 +155,18 @@ func listReceipts(ctx context.Context, q queryer, commandID string) ([]ReceiptRe
 
 // Events lists the events log of one entity (operation or command id), oldest first.
 func (s *DB) Events(ctx context.Context, entityID string) ([]Event, error) {
-	return listEvents(ctx, s.rq, `WHERE entity_id = ?`, entityID)
+	return listEvents(ctx, s.rq, s.q.EventListOf, entityID)
 }
 
 // AllEvents lists the whole events log, oldest first (for verification).
-func (s *DB) AllEvents(ctx context.Context) ([]Event, error) { return listEvents(ctx, s.rq, ``) }
+func (s *DB) AllEvents(ctx context.Context) ([]Event, error) {
+	return listEvents(ctx, s.rq, s.q.EventList)
+}
 
-// listEvents lists the events that match where, oldest first.
-func listEvents(ctx context.Context, q queryer, where string, args ...any) ([]Event, error) {
-	rows, err := q.QueryContext(ctx, `SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
-		fencing_token, refused FROM events `+where+` ORDER BY id`, args...)
+// listEvents lists the events a statement of the EventList family
+// selects, oldest first.
+func listEvents(ctx context.Context, q queryer, query string, args ...any) ([]Event, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
@@ -354,19 +354,16 @@ type OpenCommand struct {
 // all set it lists every open command of owner regardless of time (the
 // ask-after-reconnect).
 func (s *DB) DueCommands(ctx context.Context, owner string, now time.Time, all bool, limit int) ([]OpenCommand, error) {
-	where := `o.owner = ? AND o.lease_expires_at > ?`
-	args := []any{owner, ms(now)}
-	if !all {
-		where += ` AND (c.next_check_at <= ? OR c.expires_at <= ?)`
-		args = append(args, ms(now), ms(now))
+	if all {
+		return s.openCommands(ctx, s.q.CommandListOpen, owner, ms(now), limit)
 	}
-	return s.openCommands(ctx, where+` ORDER BY c.next_check_at LIMIT ?`, append(args, limit)...)
+	return s.openCommands(ctx, s.q.CommandListDue, owner, ms(now), ms(now), ms(now), limit)
 }
 
 // OpenCommand reads one non-terminal command of a started operation with
 // its operation's lease; ErrNotFound if it is terminal or unknown.
 func (s *DB) OpenCommand(ctx context.Context, commandID string) (OpenCommand, error) {
-	out, err := s.openCommands(ctx, `c.command_id = ?`, commandID)
+	out, err := s.openCommands(ctx, s.q.CommandOpen, commandID)
 	if err != nil {
 		return OpenCommand{}, err
 	}
@@ -376,15 +373,10 @@ func (s *DB) OpenCommand(ctx context.Context, commandID string) (OpenCommand, er
 	return out[0], nil
 }
 
-// prefixedCommandColumns is commandColumns qualified with the alias c.
-var prefixedCommandColumns = "c." + strings.Join(strings.FieldsFunc(commandColumns, func(r rune) bool {
-	return r == ',' || unicode.IsSpace(r)
-}), ", c.")
-
-func (s *DB) openCommands(ctx context.Context, where string, args ...any) ([]OpenCommand, error) {
-	rows, err := s.rq.QueryContext(ctx, `SELECT `+prefixedCommandColumns+`, o.owner, o.fencing_token, o.lease_expires_at
-		FROM commands c JOIN operations o ON o.operation_id = c.operation_id
-		WHERE c.status NOT IN `+terminalCommands+` AND o.status = 'started' AND `+where, args...)
+// openCommands runs a statement of the CommandOpen family: commandColumns,
+// then the operation's owner, token and lease.
+func (s *DB) openCommands(ctx context.Context, query string, args ...any) ([]OpenCommand, error) {
+	rows, err := s.rq.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("open commands: %w", err)
 	}

@@ -33,10 +33,9 @@ func (s *DB) RenewLeases(ctx context.Context, owner string, ttl time.Duration) (
 // heartbeat records that owner is alive (GET /v1/instances); start marks a
 // new process of it.
 func (t *tx) heartbeat(owner string, ttl time.Duration, start bool) error {
-	q := `INSERT INTO instances (instance_id, started_at, heartbeat_at, lease_ttl_ms) VALUES (?, ?, ?, ?)
-		ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, lease_ttl_ms = excluded.lease_ttl_ms`
+	q := t.s.q.InstanceHeartbeat
 	if start {
-		q += `, started_at = excluded.started_at`
+		q = t.s.q.InstanceHeartbeatStart
 	}
 	if _, err := t.Exec(q, owner, ms(t.now), ms(t.now), ttl.Milliseconds()); err != nil {
 		return fmt.Errorf("heartbeat of %s: %w", owner, err)

@@ -110,15 +110,17 @@ type Config struct {
 
 // DB is the store, on either backend. It is safe for concurrent use.
 type DB struct {
-	d        driver.Driver
-	q        *driver.Statements // d's statements
-	caps     driver.Capabilities
-	dsn      string
-	w, r     *sql.DB
-	now      func() time.Time
-	obs      Observer
-	changes  ChangeObserver // obs, when it wants changes; nil otherwise
-	instance string
+	d    driver.Driver
+	q    *driver.Statements // d's statements
+	caps driver.Capabilities
+	// eventInserts are the multi-row INSERTs of the events log, by rows.
+	eventInserts map[int]string
+	dsn          string
+	w, r         *sql.DB
+	now          func() time.Time
+	obs          Observer
+	changes      ChangeObserver // obs, when it wants changes; nil otherwise
+	instance     string
 
 	// The writer goroutine (writer.go) owns w once Open returns.
 	queue         chan *job
@@ -166,7 +168,7 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &DB{d: d, q: d.Statements(), caps: d.Capabilities(), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
+	s := &DB{d: d, q: d.Statements(), caps: d.Capabilities(), eventInserts: eventInserts(d), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
 		queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch,
 		quit: make(chan struct{}), stopped: make(chan struct{})}
 	s.changes, _ = cfg.Observer.(ChangeObserver)
@@ -289,16 +291,33 @@ type eventRow struct {
 // batch's events: a few fixed statements, each prepared once.
 var eventChunks = []int{256, 64, 16, 4, 1}
 
-// eventInserts holds the INSERT of each chunk size.
-var eventInserts = func() map[int]string {
+// eventInserts builds the INSERT of each chunk size, in the backend's
+// placeholders (a statement of N rows is built here, not named: the one
+// thing that differs is the placeholders' numbering).
+func eventInserts(d driver.Driver) map[int]string {
 	m := map[int]string{}
 	for _, n := range eventChunks {
-		q := `INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused) VALUES `
-		q += strings.TrimSuffix(strings.Repeat(`(?, ?, ?, ?, ?, ?, ?, ?, ?), `, n), ", ")
-		m[n] = q
+		var b strings.Builder
+		b.WriteString(`INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused) VALUES `)
+		p := 0
+		for row := 0; row < n; row++ {
+			if row > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteByte('(')
+			for col := 0; col < 9; col++ {
+				if col > 0 {
+					b.WriteString(", ")
+				}
+				p++
+				b.WriteString(d.Placeholder(p))
+			}
+			b.WriteByte(')')
+		}
+		m[n] = b.String()
 	}
 	return m
-}()
+}
 
 // insertEvents writes a batch's events in their order, in as few
 // statements as the chunk sizes allow. Only the lines of changes that stood
@@ -317,7 +336,7 @@ func (t *tx) insertEvents(ctx context.Context, rows []eventRow) error {
 		for _, r := range rows[:n] {
 			args = append(args, r.at, r.machine, r.id, r.from, r.to, r.reason, r.instance, r.token, r.refused)
 		}
-		if _, err := t.ExecContext(ctx, eventInserts[n], args...); err != nil {
+		if _, err := t.ExecContext(ctx, t.s.eventInserts[n], args...); err != nil {
 			return fmt.Errorf("record events: %w", err)
 		}
 		rows = rows[n:]

@@ -57,6 +57,17 @@ type Statements struct {
 
 	// rollouts.go: rollouts, their devices, starts and history
 	RolloutCounts, RolloutStartsSince, RolloutHistoryInsert, DeviceListSeen, RolloutCreateHash, RolloutInsert, RolloutDeviceInsert, RolloutHistoryList, RolloutStartList, RolloutApprove, RolloutMove, RolloutCancelWaiting, RolloutUnpublished, RolloutCancelDevice, RolloutListActive, RolloutAcquire, RolloutNextCandidate, RolloutRenew, RolloutDeviceGet, RolloutCountStart, RolloutDeviceStart, RolloutStartInsert, RolloutDeviceFailStart, RolloutSettleList, RolloutDeviceSettle, RolloutProvisional string
+
+	// audit.go: the audit's reads (one snapshot, read-only)
+	SchemaCount, AuditOperationsByStatus, AuditCommandsByStatus, AuditReceiptsByInstance, AuditReceiptsByEffect, AuditOperations, AuditCommands, AuditLegacyDevices, AuditQueries string
+
+	// audit_rollouts.go: the audit's reads of rollouts
+	AuditRollouts, AuditRolloutStarts string
+
+	// Lists with a variant each: the events log, open commands, heartbeats.
+	EventList, EventListOf, EventListPresence    string
+	CommandListDue, CommandListOpen, CommandOpen string
+	InstanceHeartbeat, InstanceHeartbeatStart    string
 }
 
 // Parse reads a queries.sql file into a Statements.

@@ -465,3 +465,99 @@ UPDATE rollout_devices SET status = ?, reason = ?, finished_at = ?, updated_at =
 SELECT COUNT(*), MAX(d.finished_at) FROM rollout_devices d
 		JOIN operations o ON o.operation_id = d.operation_id
 	WHERE d.rollout_id = ? AND d.status IN ('timeout', 'rejected', 'failed') AND o.status = 'failed_retryable'
+
+-- audit.go: the audit's reads (one snapshot, read-only)
+
+-- name: SchemaCount
+SELECT COUNT(*) FROM schema_migrations
+
+-- name: AuditOperationsByStatus
+SELECT status, COUNT(*) FROM operations GROUP BY status ORDER BY status
+
+-- name: AuditCommandsByStatus
+SELECT status, COUNT(*) FROM commands GROUP BY status ORDER BY status
+
+-- name: AuditReceiptsByInstance
+SELECT instance, COUNT(*) FROM receipts GROUP BY instance ORDER BY instance
+
+-- name: AuditReceiptsByEffect
+SELECT effect, COUNT(*) FROM receipts GROUP BY effect ORDER BY effect
+
+-- name: AuditOperations
+SELECT operation_id, action, target, params, status FROM operations ORDER BY operation_id
+
+-- name: AuditCommands
+SELECT command_id, operation_id, device_id, action, params, status, expires_at,
+	attempt, queries, executed_as, late_outcome, created_at FROM commands ORDER BY created_at, command_id
+
+-- name: AuditLegacyDevices
+SELECT device_id FROM devices WHERE seen = 1 AND dedupe = 0 ORDER BY device_id
+
+-- name: AuditQueries
+SELECT query_id, command_id, instance, fencing_token, sent_at, answered_at, answer
+	FROM queries WHERE command_id = ? ORDER BY sent_at
+
+-- audit_rollouts.go: the audit's reads of rollouts
+
+-- name: AuditRollouts
+SELECT rollout_id, max_per_minute, max_in_flight, retries FROM rollouts ORDER BY rollout_id
+
+-- name: AuditRolloutStarts
+SELECT s.rollout_id, s.device_id, d.operation_id, s.attempt, s.started_at
+	FROM rollout_starts s JOIN rollout_devices d ON d.rollout_id = s.rollout_id AND d.device_id = s.device_id
+	ORDER BY s.rollout_id, s.started_at, s.device_id, s.attempt
+
+-- The events log: all of it, one entity's, one device's presence changes in a window.
+
+-- name: EventList
+SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
+	fencing_token, refused FROM events ORDER BY id
+
+-- name: EventListOf
+SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
+	fencing_token, refused FROM events WHERE entity_id = ? ORDER BY id
+
+-- name: EventListPresence
+SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
+	fencing_token, refused FROM events WHERE machine = ? AND entity_id = ? AND at BETWEEN ? AND ? ORDER BY id
+
+-- Open commands of started operations, with their operation's lease: an
+-- owner's due ones (next check or expiry come), all of an owner's (the
+-- ask-after-reconnect), one by id.
+
+-- name: CommandListDue
+SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_at, c.expires_at, c.status, c.status_rank,
+	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
+	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, o.owner, o.fencing_token, o.lease_expires_at
+FROM commands c JOIN operations o ON o.operation_id = c.operation_id
+WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
+	AND o.owner = ? AND o.lease_expires_at > ? AND (c.next_check_at <= ? OR c.expires_at <= ?)
+ORDER BY c.next_check_at LIMIT ?
+
+-- name: CommandListOpen
+SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_at, c.expires_at, c.status, c.status_rank,
+	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
+	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, o.owner, o.fencing_token, o.lease_expires_at
+FROM commands c JOIN operations o ON o.operation_id = c.operation_id
+WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
+	AND o.owner = ? AND o.lease_expires_at > ?
+ORDER BY c.next_check_at LIMIT ?
+
+-- name: CommandOpen
+SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_at, c.expires_at, c.status, c.status_rank,
+	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
+	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, o.owner, o.fencing_token, o.lease_expires_at
+FROM commands c JOIN operations o ON o.operation_id = c.operation_id
+WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
+	AND c.command_id = ?
+
+-- An instance's heartbeat; at its start, the start time too.
+
+-- name: InstanceHeartbeat
+INSERT INTO instances (instance_id, started_at, heartbeat_at, lease_ttl_ms) VALUES (?, ?, ?, ?)
+ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, lease_ttl_ms = excluded.lease_ttl_ms
+
+-- name: InstanceHeartbeatStart
+INSERT INTO instances (instance_id, started_at, heartbeat_at, lease_ttl_ms) VALUES (?, ?, ?, ?)
+ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, lease_ttl_ms = excluded.lease_ttl_ms, started_at = excluded.started_at
+
