@@ -42,9 +42,12 @@ type Command struct {
 	UpdatedAt    time.Time
 }
 
-const commandColumns = `command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
-	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at`
+// The columns the backends' command statements read (CommandGet and the
+// others RETURNING a command), in scanCommand's order:
+//
+//	command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
+//	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
+//	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
 
 func scanCommand(row interface{ Scan(...any) error }) (Command, error) {
 	var (

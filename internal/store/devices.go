@@ -32,6 +32,9 @@ type Device struct {
 // deduplicate or answer queries until its first birth.
 func UnseenDevice(id string) Device { return Device{DeviceID: id} }
 
+// deviceColumns are the columns scanDevice reads, in its order: those of
+// the backends' device statements (DeviceGet, DeviceResetPresence), and of
+// the devices' list page, built here (page.go).
 const deviceColumns = `device_id, online, confirmed, seen, session, presence_rank, dedupe, query, clock_skew_ms,
 	stale_presence, last_stale_session, last_seen_at, updated_at`
 

@@ -15,11 +15,15 @@
 // asks instead of the database's name. Package backend picks the driver
 // from a --db value; this package links no database driver.
 //
-// Transitional: the statements of tasks.go and grants.go, and of the
-// files not yet moved to the backends' queries.sql, are still written here
-// with ? placeholders, which the driver rebinds (driver.Driver.Rebind).
-// None of them takes a row lock: every statement that does is a whole,
-// named statement of its backend.
+// Built here, because they are dynamic: the list pages' statements
+// (page.go: a filter of variable conditions), the audit's ranking of
+// eventful commands (an IN list) and the events log's multi-row INSERTs
+// (store.go, numbered with driver.Driver.Placeholder). Transitional: the
+// statements of tasks.go and grants.go are still written inline with ?
+// placeholders, until they move to the backends' queries.sql. Those with ?
+// go through driver.Driver.Rebind; a named statement is already in its
+// backend's dialect and passes unchanged. None of them takes a row lock:
+// every statement that does is a whole, named statement of its backend.
 //
 // SQLite: one writer connection (SetMaxOpenConns(1), _txlock=immediate, WAL,
 // busy_timeout, synchronous=FULL so a commit the API reported survives a

@@ -198,9 +198,12 @@ type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-const operationColumns = `operation_id, action, target, params, request_hash, status, result, reason, attempt,
-	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
-	COALESCE(compensates, ''), started_at, updated_at`
+// The columns the backends' operation statements read (OperationGet,
+// OperationGetRow), in scanOperation's order:
+//
+//	operation_id, action, target, params, request_hash, status, result, reason, attempt,
+//	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
+//	COALESCE(compensates, ''), started_at, updated_at
 
 // scanOperation scans operationColumns, then extra columns into more.
 func scanOperation(row interface{ Scan(...any) error }, more ...any) (Operation, error) {

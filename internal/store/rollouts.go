@@ -235,6 +235,9 @@ type RolloutPassResult struct {
 	Cancelled []string
 }
 
+// rolloutColumns are the columns scanRollout reads, in its order: those of
+// the backends' rollout statements (RolloutGetRow), and of the rollouts'
+// list page, built here (page.go).
 const rolloutColumns = `rollout_id, status, reason, version, row_version, action, params, selector, spec, create_hash,
 	max_per_minute, max_in_flight, retries, execute_after, execute_before, approval_required, approved_version,
 	approver, approved_at, devices_total, created_by, created_at, updated_at, ended_at, owner, fencing_token,
@@ -265,6 +268,9 @@ func scanRollout(row interface{ Scan(...any) error }) (Rollout, error) {
 	return r, nil
 }
 
+// rolloutDeviceColumns are the columns scanRolloutDevice reads, in its
+// order: those of the backends' statements (RolloutNextCandidate,
+// RolloutDeviceGet), and of the list page, built here (page.go).
 const rolloutDeviceColumns = `rollout_id, device_id, position, operation_id, status, reason, attempts, started_at, finished_at, updated_at`
 
 func scanRolloutDevice(row interface{ Scan(...any) error }) (RolloutDevice, error) {
@@ -887,9 +893,13 @@ const reasonKeyReused = "idempotency_key_reused"
 // late failure moves the outcomes only a failed_retryable operation gives
 // (timeout, retry): a rejected or failed device may have been settled
 // from a failed_final operation already, which never changes.
-const lateDecided = `((o.status = 'succeeded' AND d.status IN ('timeout', 'rejected', 'failed', 'retry')
-		AND d.reason NOT LIKE '` + reasonKeyReused + `%')
-	OR (o.status = 'failed_final' AND d.status IN ('timeout', 'retry')))`
+//
+// The backends' RolloutSettleList and RolloutListActive write it out (d:
+// the device's row, o: its operation's), reasonKeyReused included:
+//
+//	((o.status = 'succeeded' AND d.status IN ('timeout', 'rejected', 'failed', 'retry')
+//		AND d.reason NOT LIKE 'idempotency_key_reused%')
+//	OR (o.status = 'failed_final' AND d.status IN ('timeout', 'retry')))
 
 // settleRollout records the outcome of every started device whose
 // operation has one (and of needs_attention devices a person resolved),

@@ -72,7 +72,8 @@ func TestStatementsParse(t *testing.T) {
 }
 
 // TestStatementsStateLists: a state list written into a backend's
-// statements is the one the fsm tables give.
+// statements is the one the fsm tables give, and a column list the one the
+// store's scans read.
 func TestStatementsStateLists(t *testing.T) {
 	for _, d := range []driver.Driver{sqlite.New(), postgres.New()} {
 		st := d.Statements()
@@ -82,5 +83,11 @@ func TestStatementsStateLists(t *testing.T) {
 			}
 		}
 		require.Contains(t, st.RolloutListActive, "status IN "+sqlList(fsm.ActiveRolloutStates()), d.Name())
+		// The column lists the list pages build with (page.go) are the
+		// ones the backends' statements read.
+		for q, cols := range map[string]string{st.DeviceGet: deviceColumns, st.RolloutGetRow: rolloutColumns,
+			st.RolloutDeviceGet: rolloutDeviceColumns} {
+			require.Contains(t, strings.Join(strings.Fields(q), " "), "SELECT "+strings.Join(strings.Fields(cols), " ")+" FROM", d.Name())
+		}
 	}
 }

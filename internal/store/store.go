@@ -462,11 +462,12 @@ func (t *tx) fenceExplainer(ctx context.Context, held, id string, f Fence) func(
 // rowScanner is a *sql.Row or *sql.Rows.
 type rowScanner interface{ Scan(dest ...any) error }
 
-// leaseHeld is the one fence condition, on an operations row: the caller's
-// owner and token, with a lease that has not run out by the transaction's
-// clock. Its arguments are Fence.args. (The backends' statements write it
-// out; this is for those still written inline here.)
-const leaseHeld = `owner = ? AND fencing_token = ? AND lease_expires_at > ?`
+// The one fence condition, on an operations row, is the caller's owner and
+// token with a lease that has not run out by the transaction's clock; the
+// backends' fenced statements write it out, with Fence.args as its
+// arguments:
+//
+//	owner = ? AND fencing_token = ? AND lease_expires_at > ?
 
 func (f Fence) args(now time.Time) []any { return []any{f.Owner, f.Token, ms(now)} }
 

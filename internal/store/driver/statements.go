@@ -37,14 +37,17 @@ type Statements struct {
 	LeaseRenew, LeaseReclaimOwn, LeaseTakeOver string
 	DeviceTouch, DeviceUnconfirmAll            string
 
-	// commands.go: receipts of a command, decisions' lease read-back, queries, wake-ups
+	// commands.go: a command's receipts, a decision's lease read-back,
+	// queries, wake-ups.
 	ReceiptList, OperationLeaseExpiry, QueryInsert, CommandWakeDevice string
 
 	// operations.go: submit, commands' insert, outcomes
 	OperationInsert, CommandInsert, OperationFinish, CommandSupersede string
 
 	// retry.go: retries, cancel, resolve
-	CommandRetryAsk, OperationRetrying, OperationRetryingCommands, OperationMintCommand, OperationAbandonRetry, CommandCancel, CommandLateResolve, CommandResolve string
+	CommandRetryAsk, OperationRetrying, OperationRetryingCommands string
+	OperationMintCommand, OperationAbandonRetry, CommandCancel    string
+	CommandLateResolve, CommandResolve                            string
 
 	// leases.go: instances and leases
 	InstanceList, LeaseLastExpiry, LeaseCountExpired, CommandForgetQuestions string
@@ -53,13 +56,24 @@ type Statements struct {
 	DeviceGet, DeviceInsert, DeviceStalePresence, DevicePresence, DeviceResetPresence string
 
 	// receipts.go: receipts and answers
-	QueryCommand, QueryAnswer, CommandLastAnswer, CommandDueNow, CommandUnpark, CommandAdvance, CommandLateConflict, CommandLateOutcome, ReceiptInsert string
+	QueryCommand, QueryAnswer, CommandLastAnswer, CommandDueNow            string
+	CommandUnpark, CommandAdvance, CommandLateConflict, CommandLateOutcome string
+	ReceiptInsert                                                          string
 
 	// rollouts.go: rollouts, their devices, starts and history
-	RolloutCounts, RolloutStartsSince, RolloutHistoryInsert, DeviceListSeen, RolloutCreateHash, RolloutInsert, RolloutDeviceInsert, RolloutHistoryList, RolloutStartList, RolloutApprove, RolloutMove, RolloutCancelWaiting, RolloutUnpublished, RolloutCancelDevice, RolloutListActive, RolloutAcquire, RolloutNextCandidate, RolloutRenew, RolloutDeviceGet, RolloutCountStart, RolloutDeviceStart, RolloutStartInsert, RolloutDeviceFailStart, RolloutSettleList, RolloutDeviceSettle, RolloutProvisional string
+	RolloutCounts, RolloutStartsSince, RolloutHistoryInsert               string
+	DeviceListSeen, RolloutCreateHash, RolloutInsert, RolloutDeviceInsert string
+	RolloutHistoryList, RolloutStartList, RolloutApprove, RolloutMove     string
+	RolloutCancelWaiting, RolloutUnpublished, RolloutCancelDevice         string
+	RolloutListActive, RolloutAcquire, RolloutNextCandidate, RolloutRenew string
+	RolloutDeviceGet, RolloutCountStart, RolloutDeviceStart               string
+	RolloutStartInsert, RolloutDeviceFailStart, RolloutSettleList         string
+	RolloutDeviceSettle, RolloutProvisional                               string
 
 	// audit.go: the audit's reads (one snapshot, read-only)
-	SchemaCount, AuditOperationsByStatus, AuditCommandsByStatus, AuditReceiptsByInstance, AuditReceiptsByEffect, AuditOperations, AuditCommands, AuditLegacyDevices, AuditQueries string
+	SchemaCount, AuditOperationsByStatus, AuditCommandsByStatus     string
+	AuditReceiptsByInstance, AuditReceiptsByEffect, AuditOperations string
+	AuditCommands, AuditLegacyDevices, AuditQueries                 string
 
 	// audit_rollouts.go: the audit's reads of rollouts
 	AuditRollouts, AuditRolloutStarts string
