@@ -5,8 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"path"
 	"time"
+
+	"github.com/fleetctl/fleetctl/internal/approval"
 )
 
 // Grant lets a principal run an action (a shell glob) on devices (a shell glob).
@@ -42,7 +43,7 @@ func scanGrant(row interface{ Scan(...any) error }) (Grant, error) {
 // (principal, action, devices) (created false).
 func (s *DB) CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error) {
 	for _, glob := range []string{action, devices} {
-		if _, err := path.Match(glob, ""); err != nil {
+		if err := approval.ValidPattern(glob); err != nil {
 			return Grant{}, false, fmt.Errorf("glob %q: %w", glob, ErrIllegalState)
 		}
 	}
@@ -109,21 +110,28 @@ func (s *DB) Allowed(ctx context.Context, principal, action, device string) (boo
 }
 
 func allowed(ctx context.Context, q queryer, principal, action, device string) (bool, error) {
+	grants, err := grantsOf(ctx, q, principal)
+	if err != nil {
+		return false, err
+	}
+	return approval.Allows(grants, action, device), nil
+}
+
+// grantsOf reads the live grants of principal, for the domain's matching
+// (approval.Allows).
+func grantsOf(ctx context.Context, q queryer, principal string) ([]approval.Grant, error) {
 	rows, err := q.QueryContext(ctx, `SELECT action, devices FROM grants WHERE principal = ? AND revoked_at IS NULL`, principal)
 	if err != nil {
-		return false, fmt.Errorf("read grants of %s: %w", principal, err)
+		return nil, fmt.Errorf("read grants of %s: %w", principal, err)
 	}
 	defer rows.Close()
+	var out []approval.Grant
 	for rows.Next() {
-		var a, d string
-		if err := rows.Scan(&a, &d); err != nil {
-			return false, err
+		var g approval.Grant
+		if err := rows.Scan(&g.Action, &g.Devices); err != nil {
+			return nil, err
 		}
-		okA, _ := path.Match(a, action)
-		okD, _ := path.Match(d, device)
-		if okA && okD {
-			return true, nil
-		}
+		out = append(out, g)
 	}
-	return false, rows.Err()
+	return out, rows.Err()
 }
