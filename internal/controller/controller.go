@@ -342,7 +342,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	c.keeper = lease.New(lease.Config{Store: c.store, Instance: cfg.InstanceID, TTL: cfg.LeaseTTL,
 		Failpoints: fp, Metrics: met, Logger: log})
 	c.runner = task.New(task.Config{Store: c.store, Ops: svc, Instance: cfg.InstanceID, EnforceGrants: auth.Enabled(),
-		Failpoints: fp, Kick: c.disp.Kick, Interval: cfg.SweepInterval, Logger: log})
+		Failpoints: fp, Kick: c.disp.Kick, Interval: cfg.SweepInterval, LeaseTTL: cfg.LeaseTTL, Logger: log})
 	return c, nil
 }
 

@@ -21,6 +21,7 @@ import (
 type taskBundle struct {
 	*bundle
 	agent, bob, alice, admin, viewer *client.Client
+	args                             []string // the controller's, for a peer
 }
 
 func setupTasks(t *testing.T, o setupOpts) *taskBundle {
@@ -40,7 +41,7 @@ func setupTasks(t *testing.T, o setupOpts) *taskBundle {
 	b := setup(t, o)
 	tb := &taskBundle{bundle: b,
 		agent: client.New(b.ctl.URL, "t-agent"), bob: client.New(b.ctl.URL, "t-bob"), alice: client.New(b.ctl.URL, "t-alice"),
-		admin: client.New(b.ctl.URL, "t-admin"), viewer: b.client}
+		admin: client.New(b.ctl.URL, "t-admin"), viewer: b.client, args: o.args}
 	for _, who := range []string{"agent", "bob"} {
 		for _, action := range []string{"restart", "set-config"} {
 			status, err := tb.admin.Do(b.ctx(), http.MethodPost, "/v1/grants", nil, apiwire.GrantRequest{Principal: who, Action: action, Devices: "device-*"}, nil)

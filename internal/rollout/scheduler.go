@@ -9,6 +9,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/command"
 	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/lease"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
@@ -151,18 +152,14 @@ func (s *Scheduler) look(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		var f store.Fence
 		err = nil
+		claim := lease.ClaimFor(l.Owner, l.LeaseExpiresAt, s.cfg.Instance, first, now)
 		switch {
 		case created && l.Owner == s.cfg.Instance && l.FencingToken == adopted && l.LeaseExpiresAt.After(now):
 			f = store.Fence{Owner: s.cfg.Instance, Token: adopted} // created here: the lease it took
-		case l.Owner == s.cfg.Instance && first:
-			// This instance held it before it restarted (or created it
-			// just now): a new token fences off anything the old process
-			// still had in flight.
-			f, err = s.cfg.Store.AcquireRollout(ctx, l.RolloutID, s.cfg.Instance, s.cfg.LeaseTTL, true)
-		case l.LeaseExpiresAt.After(now):
-			continue // a live holder (this process's lost driver waits for the lease to run out)
-		default:
-			f, err = s.cfg.Store.AcquireRollout(ctx, l.RolloutID, s.cfg.Instance, s.cfg.LeaseTTL, false)
+		case claim == lease.Leave:
+			continue
+		default: // this instance held it before it restarted (or created it just now), or it ran out
+			f, err = s.cfg.Store.AcquireRollout(ctx, l.RolloutID, s.cfg.Instance, s.cfg.LeaseTTL, claim == lease.Reclaim)
 		}
 		if err != nil {
 			if !errors.Is(err, store.ErrRefused) && ctx.Err() == nil {

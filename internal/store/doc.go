@@ -16,14 +16,11 @@
 // from a --db value; this package links no database driver.
 //
 // Built here, because they are dynamic: the list pages' statements
-// (page.go: a filter of variable conditions), the audit's ranking of
-// eventful commands (an IN list) and the events log's multi-row INSERTs
-// (store.go, numbered with driver.Driver.Placeholder). Transitional: the
-// statements of tasks.go and grants.go are still written inline with ?
-// placeholders, until they move to the backends' queries.sql. Those with ?
-// go through driver.Driver.Rebind; a named statement is already in its
-// backend's dialect and passes unchanged. None of them takes a row lock:
-// every statement that does is a whole, named statement of its backend.
+// (page.go: a filter of variable conditions, through
+// driver.Driver.Rebind), the audit's ranking of eventful commands (an IN
+// list) and the events log's multi-row INSERTs (store.go, numbered with
+// driver.Driver.Placeholder). None of them takes a row lock: every
+// statement that does is a whole, named statement of its backend.
 //
 // SQLite: one writer connection (SetMaxOpenConns(1), _txlock=immediate, WAL,
 // busy_timeout, synchronous=FULL so a commit the API reported survives a

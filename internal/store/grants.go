@@ -5,8 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"path"
 	"time"
+
+	"github.com/fleetctl/fleetctl/internal/approval"
 )
 
 // Grant lets a principal run an action (a shell glob) on devices (a shell glob).
@@ -42,23 +43,21 @@ func scanGrant(row interface{ Scan(...any) error }) (Grant, error) {
 // (principal, action, devices) (created false).
 func (s *DB) CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error) {
 	for _, glob := range []string{action, devices} {
-		if _, err := path.Match(glob, ""); err != nil {
+		if err := approval.ValidPattern(glob); err != nil {
 			return Grant{}, false, fmt.Errorf("glob %q: %w", glob, ErrIllegalState)
 		}
 	}
 	var g Grant
 	var created bool
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
-		r, err := t.Exec(`INSERT INTO grants (grant_id, principal, action, devices, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?)
-			ON CONFLICT (principal, action, devices) WHERE revoked_at IS NULL DO NOTHING`,
+		r, err := t.Exec(s.q.GrantInsert,
 			id, principal, action, devices, by, ms(t.now))
 		if err != nil {
 			return fmt.Errorf("insert grant: %w", err)
 		}
 		n, _ := r.RowsAffected()
 		created = n == 1
-		g, err = scanGrant(t.QueryRowContext(ctx, `SELECT `+grantColumns+` FROM grants
-			WHERE principal = ? AND action = ? AND devices = ? AND revoked_at IS NULL`, principal, action, devices))
+		g, err = scanGrant(t.QueryRowContext(ctx, s.q.GrantLive, principal, action, devices))
 		return err
 	})
 	return g, created, err
@@ -68,11 +67,11 @@ func (s *DB) CreateGrant(ctx context.Context, id, principal, action, devices, by
 func (s *DB) RevokeGrant(ctx context.Context, id string) (Grant, error) {
 	var g Grant
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
-		if _, err := t.Exec(`UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL`, ms(t.now), id); err != nil {
+		if _, err := t.Exec(s.q.GrantRevoke, ms(t.now), id); err != nil {
 			return fmt.Errorf("revoke grant %s: %w", id, err)
 		}
 		var err error
-		g, err = scanGrant(t.QueryRowContext(ctx, `SELECT `+grantColumns+` FROM grants WHERE grant_id = ?`, id))
+		g, err = scanGrant(t.QueryRowContext(ctx, s.q.GrantGet, id))
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("grant %s: %w", id, ErrNotFound)
 		}
@@ -109,21 +108,28 @@ func (s *DB) Allowed(ctx context.Context, principal, action, device string) (boo
 }
 
 func allowed(ctx context.Context, q queryer, principal, action, device string) (bool, error) {
-	rows, err := q.QueryContext(ctx, `SELECT action, devices FROM grants WHERE principal = ? AND revoked_at IS NULL`, principal)
+	grants, err := grantsOf(ctx, q, principal)
 	if err != nil {
-		return false, fmt.Errorf("read grants of %s: %w", principal, err)
+		return false, err
+	}
+	return approval.Allows(grants, action, device), nil
+}
+
+// grantsOf reads the live grants of principal, for the domain's matching
+// (approval.Allows).
+func grantsOf(ctx context.Context, q queryer, principal string) ([]approval.Grant, error) {
+	rows, err := q.QueryContext(ctx, stmts(q).GrantsOf, principal)
+	if err != nil {
+		return nil, fmt.Errorf("read grants of %s: %w", principal, err)
 	}
 	defer rows.Close()
+	var out []approval.Grant
 	for rows.Next() {
-		var a, d string
-		if err := rows.Scan(&a, &d); err != nil {
-			return false, err
+		var g approval.Grant
+		if err := rows.Scan(&g.Action, &g.Devices); err != nil {
+			return nil, err
 		}
-		okA, _ := path.Match(a, action)
-		okD, _ := path.Match(d, device)
-		if okA && okD {
-			return true, nil
-		}
+		out = append(out, g)
 	}
-	return false, rows.Err()
+	return out, rows.Err()
 }

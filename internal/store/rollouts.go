@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/approval"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
 
@@ -507,15 +508,16 @@ func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approve
 		if err != nil {
 			return err
 		}
-		if r.ApprovedVersion == version && r.Approver == approver {
+		switch approval.Check(approval.Request{Version: version, Approver: approver,
+			Prior: &approval.Approved{Version: r.ApprovedVersion, Approver: r.Approver}, Waiting: r.Status == fsm.RolloutWaitingApproval,
+			Current: r.Version, Author: r.CreatedBy, FourEyes: fourEyes}) {
+		case approval.Replay:
 			return nil // an exact replay
-		}
-		switch {
-		case r.Status != fsm.RolloutWaitingApproval:
+		case approval.IllegalState:
 			return fmt.Errorf("rollout %s is %s: %w", id, r.Status, ErrIllegalState)
-		case version != r.Version:
+		case approval.StaleVersion:
 			return fmt.Errorf("approving v%d, current v%d: %w", version, r.Version, ErrStaleVersion)
-		case fourEyes && approver == r.CreatedBy:
+		case approval.FourEyes:
 			return fmt.Errorf("%s created rollout %s: %w", approver, id, ErrFourEyes)
 		}
 		to := fsm.RolloutScheduled
@@ -687,19 +689,11 @@ func (s *DB) AcquireRollout(ctx context.Context, id, owner string, ttl time.Dura
 		if err != nil {
 			return err
 		}
-		expired := !r.LeaseExpiresAt.After(t.now)
-		if !expired && !(reclaim && r.Owner == owner) {
-			return t.refuse("rollout", id, r.Owner, owner, "lease_held", r.FencingToken)
-		}
-		ch := change{machine: "rollout", id: id, from: r.Owner, to: owner, token: r.FencingToken + 1}
-		if err := t.cas(ctx, ch, nil, s.q.RolloutAcquire,
-			owner, ms(t.now.Add(ttl)), id, r.Owner, r.FencingToken); err != nil {
+		var why string
+		f, why, err = t.takeLease(ctx, leased{machine: "rollout", acquire: s.q.RolloutAcquire, id: id,
+			owner: r.Owner, token: r.FencingToken, expires: r.LeaseExpiresAt}, owner, ttl, reclaim)
+		if err != nil {
 			return err
-		}
-		f = Fence{Owner: owner, Token: r.FencingToken + 1}
-		why := "takeover of an expired lease"
-		if r.Owner == owner {
-			why = "reclaimed after restart"
 		}
 		if err := t.event("lease", id, r.Owner, owner, "rollout scheduler: "+why, f.Token); err != nil {
 			return err
@@ -816,24 +810,16 @@ func (s *DB) RolloutPass(ctx context.Context, id string, f Fence, ttl time.Durat
 // rolloutStartChecks re-checks, before a start, the rollout's approval and
 // the creator's grant for the device; it returns the refusal's reason, or "".
 func (t *tx) rolloutStartChecks(ctx context.Context, r Rollout, device string, c RolloutChecks) (string, error) {
-	if r.ApprovalRequired {
-		switch {
-		case r.ApprovedVersion != r.Version || r.Approver == "":
-			return "approval_missing", nil
-		case c.FourEyes && r.Approver == r.CreatedBy:
-			return "four_eyes", nil
-		}
-	}
+	var grants []approval.Grant
 	if c.EnforceGrants {
-		ok, err := allowed(ctx, t, r.CreatedBy, r.Action, device)
-		if err != nil {
+		var err error
+		if grants, err = grantsOf(ctx, t, r.CreatedBy); err != nil {
 			return "", err
 		}
-		if !ok {
-			return "permission_revoked", nil
-		}
 	}
-	return "", nil
+	return approval.CheckStart(approval.Start{ApprovalRequired: r.ApprovalRequired, Version: r.Version,
+		ApprovedVersion: r.ApprovedVersion, Approver: r.Approver, Creator: r.CreatedBy, FourEyes: c.FourEyes,
+		EnforceGrants: c.EnforceGrants, Grants: grants, Action: r.Action, Device: device}), nil
 }
 
 // startRolloutDevice commits one start: the rate condition on the rollout

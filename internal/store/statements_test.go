@@ -83,10 +83,11 @@ func TestStatementsStateLists(t *testing.T) {
 			}
 		}
 		require.Contains(t, st.RolloutListActive, "status IN "+sqlList(fsm.ActiveRolloutStates()), d.Name())
+		require.Contains(t, st.TaskListActive, "status IN "+sqlList([]fsm.TaskState{fsm.TaskApproved, fsm.TaskRunning}), d.Name())
 		// The column lists the list pages build with (page.go) are the
 		// ones the backends' statements read.
 		for q, cols := range map[string]string{st.DeviceGet: deviceColumns, st.RolloutGetRow: rolloutColumns,
-			st.RolloutDeviceGet: rolloutDeviceColumns} {
+			st.RolloutDeviceGet: rolloutDeviceColumns, st.TaskGet: taskColumns, st.GrantGet: grantColumns} {
 			require.Contains(t, strings.Join(strings.Fields(q), " "), "SELECT "+strings.Join(strings.Fields(cols), " ")+" FROM", d.Name())
 		}
 	}

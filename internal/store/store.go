@@ -483,7 +483,6 @@ func sqlList[S ~string](states []S) string {
 // State lists, derived once from the fsm tables.
 var (
 	terminalCommands = sqlList(fsm.TerminalCommandStates())
-	activeTasks      = sqlList([]fsm.TaskState{fsm.TaskApproved, fsm.TaskRunning})
 )
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
@@ -546,9 +545,9 @@ type Store interface {
 	UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (Task, bool, error)
 	Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (Approval, bool, error)
 	Reject(ctx context.Context, taskID, reason, who string) (Task, error)
-	MoveTask(ctx context.Context, task Task, to fsm.TaskState, stepIndex int, reason, who string) error
-	StartStep(ctx context.Context, task Task, stepIndex int, enforceGrants bool, n NewOperation, who string) (StepCheck, error)
-	ActiveTasks(ctx context.Context) ([]string, error)
+	ActiveTasks(ctx context.Context) ([]TaskLease, error)
+	AcquireTask(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (Fence, error)
+	TaskPass(ctx context.Context, id string, f Fence, ttl time.Duration, cand *TaskCandidate, rules TaskRules) (TaskPassResult, error)
 	ListTasks(ctx context.Context, f TaskFilter, p Page) (Listed[Task], error)
 	GetTask(ctx context.Context, id string) (Task, error)
 	CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/approval"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
 
@@ -41,9 +42,14 @@ type Task struct {
 	Approval        *Approval
 	StepIndex       int
 	RowVersion      int64
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
-	History         []TaskEvent
+	// The runner's lease: the instance driving the task, its fencing
+	// token, and when the lease runs out.
+	Owner          string
+	FencingToken   int64
+	LeaseExpiresAt time.Time
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	History        []TaskEvent
 }
 
 // Requester is the author of the approved version ("" before approval).
@@ -94,8 +100,7 @@ func nullTime(t *time.Time) any {
 }
 
 func (t *tx) history(taskID, principal, action string, from, to fsm.TaskState, version int, reason string) error {
-	_, err := t.Exec(`INSERT INTO task_history (task_id, at, principal, action, from_state, to_state, version, reason)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, taskID, ms(t.now), principal, action, from, to, version, reason)
+	_, err := t.Exec(t.s.q.TaskHistoryInsert, taskID, ms(t.now), principal, action, from, to, version, reason)
 	if err != nil {
 		return fmt.Errorf("task history: %w", err)
 	}
@@ -113,7 +118,7 @@ func (s *DB) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var hash string
-		err := t.QueryRowContext(ctx, `SELECT create_hash FROM tasks WHERE task_id = ?`, n.TaskID).Scan(&hash)
+		err := t.QueryRowContext(ctx, s.q.TaskCreateHash, n.TaskID).Scan(&hash)
 		switch {
 		case err == nil:
 			if hash != n.CreateHash {
@@ -124,13 +129,11 @@ func (s *DB) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
 			return err
 		}
 		now := ms(t.now)
-		if _, err := t.Exec(`INSERT INTO tasks (task_id, status, version, create_hash, execute_after, execute_before,
-				created_by, created_at, updated_at) VALUES (?, 'waiting_approval', 1, ?, ?, ?, ?, ?, ?)`,
+		if _, err := t.Exec(s.q.TaskInsert,
 			n.TaskID, n.CreateHash, nullTime(n.ExecuteAfter), nullTime(n.ExecuteBefore), n.Author, now, now); err != nil {
 			return fmt.Errorf("insert task %s: %w", n.TaskID, err)
 		}
-		if _, err := t.Exec(`INSERT INTO task_versions (task_id, version, steps, plan_hash, author, created_at)
-			VALUES (?, 1, ?, ?, ?, ?)`, n.TaskID, string(n.Steps), n.PlanHash, n.Author, now); err != nil {
+		if _, err := t.Exec(s.q.TaskVersionInsert, n.TaskID, 1, string(n.Steps), n.PlanHash, n.Author, now); err != nil {
 			return fmt.Errorf("insert plan of %s: %w", n.TaskID, err)
 		}
 		created = true
@@ -153,7 +156,7 @@ func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessag
 		var status fsm.TaskState
 		var version int
 		var rowVersion int64
-		err := t.QueryRowContext(ctx, `SELECT status, version, row_version FROM tasks WHERE task_id = ?`, taskID).Scan(&status, &version, &rowVersion)
+		err := t.QueryRowContext(ctx, s.q.TaskState, taskID).Scan(&status, &version, &rowVersion)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("task %s: %w", taskID, ErrNotFound)
 		}
@@ -161,7 +164,7 @@ func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessag
 			return err
 		}
 		var current string
-		if err := t.QueryRowContext(ctx, `SELECT plan_hash FROM task_versions WHERE task_id = ? AND version = ?`, taskID, version).Scan(&current); err != nil {
+		if err := t.QueryRowContext(ctx, s.q.TaskVersionHash, taskID, version).Scan(&current); err != nil {
 			return err
 		}
 		switch {
@@ -174,12 +177,10 @@ func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessag
 		}
 		now := ms(t.now)
 		ch := change{machine: "task", id: taskID, from: string(status), to: string(status)}
-		if err := t.cas(ctx, ch, nil, `UPDATE tasks SET version = version + 1, row_version = row_version + 1, updated_at = ?
-			WHERE task_id = ? AND status = ? AND row_version = ?`, now, taskID, fsm.TaskWaitingApproval, rowVersion); err != nil {
+		if err := t.cas(ctx, ch, nil, s.q.TaskNewVersion, now, taskID, fsm.TaskWaitingApproval, rowVersion); err != nil {
 			return err
 		}
-		if _, err := t.Exec(`INSERT INTO task_versions (task_id, version, steps, plan_hash, author, created_at)
-			VALUES (?, ?, ?, ?, ?, ?)`, taskID, version+1, string(steps), planHash, author, now); err != nil {
+		if _, err := t.Exec(s.q.TaskVersionInsert, taskID, version+1, string(steps), planHash, author, now); err != nil {
 			return fmt.Errorf("insert plan of %s: %w", taskID, err)
 		}
 		changed = true
@@ -202,44 +203,45 @@ func (s *DB) Approve(ctx context.Context, taskID string, version int, planHash, 
 		var status fsm.TaskState
 		var current int
 		var rowVersion int64
-		err := t.QueryRowContext(ctx, `SELECT status, version, row_version FROM tasks WHERE task_id = ?`, taskID).Scan(&status, &current, &rowVersion)
+		err := t.QueryRowContext(ctx, s.q.TaskState, taskID).Scan(&status, &current, &rowVersion)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("task %s: %w", taskID, ErrNotFound)
 		}
 		if err != nil {
 			return err
 		}
-		var prevVersion int
-		var prevApprover string
-		err = t.QueryRowContext(ctx, `SELECT version, approver FROM approvals WHERE task_id = ?`, taskID).Scan(&prevVersion, &prevApprover)
-		if err == nil && prevVersion == version && prevApprover == approver {
-			return nil // an exact replay
-		}
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		var prior *approval.Approved
+		var prev approval.Approved
+		err = t.QueryRowContext(ctx, s.q.TaskApprovalGet, taskID).Scan(&prev.Version, &prev.Approver)
+		switch {
+		case err == nil:
+			prior = &prev
+		case !errors.Is(err, sql.ErrNoRows):
 			return err
 		}
-		if status != fsm.TaskWaitingApproval {
-			return fmt.Errorf("task %s is %s: %w", taskID, status, ErrIllegalState)
-		}
 		var hash, author string
-		if err := t.QueryRowContext(ctx, `SELECT plan_hash, author FROM task_versions WHERE task_id = ? AND version = ?`,
+		if err := t.QueryRowContext(ctx, s.q.TaskVersionAuthor,
 			taskID, current).Scan(&hash, &author); err != nil {
 			return err
 		}
-		if version != current || (planHash != "" && planHash != hash) {
+		switch approval.Check(approval.Request{Version: version, PlanHash: planHash, Approver: approver, Prior: prior,
+			Waiting: status == fsm.TaskWaitingApproval, Current: current, CurrentHash: hash, Author: author, FourEyes: fourEyes}) {
+		case approval.Replay:
+			return nil // an exact replay
+		case approval.IllegalState:
+			return fmt.Errorf("task %s is %s: %w", taskID, status, ErrIllegalState)
+		case approval.StaleVersion:
 			return fmt.Errorf("approving v%d (plan %.12s), current v%d (plan %.12s): %w", version, planHash, current, hash, ErrStaleVersion)
-		}
-		if fourEyes && author == approver {
+		case approval.FourEyes:
 			return fmt.Errorf("%s wrote v%d: %w", approver, version, ErrFourEyes)
 		}
 		now := ms(t.now)
 		ch := change{machine: "task", id: taskID, from: string(status), to: string(fsm.TaskApproved)}
-		if err := t.cas(ctx, ch, nil, `UPDATE tasks SET status = ?, approved_version = ?, row_version = row_version + 1, updated_at = ?
-			WHERE task_id = ? AND status = ? AND version = ? AND row_version = ?`,
+		if err := t.cas(ctx, ch, nil, s.q.TaskApprove,
 			fsm.TaskApproved, version, now, taskID, fsm.TaskWaitingApproval, version, rowVersion); err != nil {
 			return err
 		}
-		if _, err := t.Exec(`INSERT INTO approvals (task_id, version, approver, plan_hash, approved_at) VALUES (?, ?, ?, ?, ?)`,
+		if _, err := t.Exec(s.q.TaskApprovalInsert,
 			taskID, version, approver, hash, now); err != nil {
 			return fmt.Errorf("insert approval of %s: %w", taskID, err)
 		}
@@ -266,7 +268,7 @@ func (s *DB) Reject(ctx context.Context, taskID, reason, who string) (Task, erro
 		var status fsm.TaskState
 		var rowVersion int64
 		var version int
-		err := t.QueryRowContext(ctx, `SELECT status, row_version, version FROM tasks WHERE task_id = ?`, taskID).Scan(&status, &rowVersion, &version)
+		err := t.QueryRowContext(ctx, s.q.TaskRejectState, taskID).Scan(&status, &rowVersion, &version)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("task %s: %w", taskID, ErrNotFound)
 		}
@@ -279,7 +281,7 @@ func (s *DB) Reject(ctx context.Context, taskID, reason, who string) (Task, erro
 		if status != fsm.TaskWaitingApproval && status != fsm.TaskApproved {
 			return fmt.Errorf("task %s is %s: %w", taskID, status, ErrIllegalState)
 		}
-		return t.moveTask(ctx, taskID, status, rowVersion, fsm.TaskRejected, -1, "rejected: "+reason, who, version)
+		return t.moveTask(ctx, taskID, status, rowVersion, fsm.TaskRejected, -1, "rejected: "+reason, who, version, nil)
 	})
 	if err != nil {
 		return Task{}, err
@@ -288,92 +290,249 @@ func (s *DB) Reject(ctx context.Context, taskID, reason, who string) (Task, erro
 }
 
 // moveTask is the task's conditional transition; stepIndex < 0 keeps it.
-func (t *tx) moveTask(ctx context.Context, taskID string, from fsm.TaskState, rowVersion int64, to fsm.TaskState, stepIndex int, reason, who string, version int) error {
+// A runner's move names its fence f (nil: a person's), checked in the
+// same conditional write.
+func (t *tx) moveTask(ctx context.Context, taskID string, from fsm.TaskState, rowVersion int64, to fsm.TaskState, stepIndex int, reason, who string, version int, f *Fence) error {
 	if err := fsm.Task.Transition(from, to); err != nil {
 		return t.refuse("task", taskID, string(from), string(to), ReasonIllegal, 0)
 	}
 	ch := change{machine: "task", id: taskID, from: string(from), to: string(to)}
-	if err := t.cas(ctx, ch, nil, `UPDATE tasks SET status = ?, reason = ?,
-			step_index = CASE WHEN ? >= 0 THEN ? ELSE step_index END, row_version = row_version + 1, updated_at = ?
-		WHERE task_id = ? AND status = ? AND row_version = ?`,
-		to, reason, stepIndex, stepIndex, ms(t.now), taskID, from, rowVersion); err != nil {
+	q := t.s.q.TaskMove
+	args := []any{to, reason, stepIndex, stepIndex, ms(t.now), taskID, from, rowVersion}
+	if f != nil {
+		q = t.s.q.TaskMoveFenced
+		args = append(args, f.args(t.now)...)
+		ch.token = f.Token
+		ch.explain = t.fenceExplainer(ctx, t.s.q.TaskFenceHeld, taskID, *f)
+	}
+	if err := t.cas(ctx, ch, nil, q, args...); err != nil {
 		return err
 	}
 	return t.history(taskID, who, "run", from, to, version, reason)
 }
 
-// MoveTask is a runner's conditional task transition (completed, failed,
-// rejected window_missed, or running → running to the next step).
-func (s *DB) MoveTask(ctx context.Context, task Task, to fsm.TaskState, stepIndex int, reason, who string) error {
-	return s.write(ctx, func(ctx context.Context, t *tx) error {
-		return t.moveTask(ctx, task.TaskID, task.Status, task.RowVersion, to, stepIndex, reason, who, task.ApprovedVersion)
-	})
+// The task runner (internal/task) drives each approved or running task
+// under a lease of its own, as the rollout scheduler drives a rollout:
+// ActiveTasks lists them with their holders, AcquireTask takes a lease
+// that ran out (or this instance's own after a restart), and each of the
+// holder's decisions is one TaskPass: a transaction that checks the fence
+// and extends the lease, reads the task's snapshot, asks the domain's
+// decide function (task.Decide) what to do and applies it with
+// conditional writes that name the fence.
+
+// TaskLease is an active task and who holds its runner's lease.
+type TaskLease struct {
+	TaskID         string
+	Status         fsm.TaskState
+	Owner          string
+	FencingToken   int64
+	LeaseExpiresAt time.Time
 }
 
-// StepCheck is the outcome of step 5's checks.
-type StepCheck struct {
-	Refused bool   // the task was rejected or failed instead
-	Reason  string // permission_revoked, device_unknown, plan_changed
-	Result  SubmitResult
-}
-
-// StartStep runs step 5 and step 6 of the walkthrough in one transaction:
-// the requester still holds a grant for the step (when grants are
-// enforced), the device has been seen, the plan hash is the approved one;
-// then the step's operation is inserted (UNIQUE: a re-run returns it) and
-// the task is running at that step. A failed check rejects the task (before
-// the first step) or fails it (later), and nothing is inserted.
-func (s *DB) StartStep(ctx context.Context, task Task, stepIndex int, enforceGrants bool, n NewOperation, who string) (StepCheck, error) {
-	var out StepCheck
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
-		a := task.Approval
-		step := a.Steps[stepIndex]
-		var current string
-		if err := t.QueryRowContext(ctx, `SELECT v.plan_hash FROM tasks k JOIN task_versions v
-			ON v.task_id = k.task_id AND v.version = k.approved_version WHERE k.task_id = ?`, task.TaskID).Scan(&current); err != nil {
-			return fmt.Errorf("read approved plan of %s: %w", task.TaskID, err)
+// ActiveTasks lists the approved and running tasks with their leases.
+func (s *DB) ActiveTasks(ctx context.Context) ([]TaskLease, error) {
+	rows, err := s.rq.QueryContext(ctx, s.q.TaskListActive)
+	if err != nil {
+		return nil, fmt.Errorf("active tasks: %w", err)
+	}
+	defer rows.Close()
+	var out []TaskLease
+	for rows.Next() {
+		var l TaskLease
+		var lease int64
+		if err := rows.Scan(&l.TaskID, &l.Status, &l.Owner, &l.FencingToken, &lease); err != nil {
+			return nil, err
 		}
-		reason := ""
-		var seen bool
-		err := t.QueryRowContext(ctx, `SELECT seen FROM devices WHERE device_id = ?`, step.Target).Scan(&seen)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		l.LeaseExpiresAt = fromMS(lease)
+		out = append(out, l)
+	}
+	return out, rows.Err()
+}
+
+// AcquireTask takes the runner's lease on a task for owner, with a new
+// fencing token (see takeLease). A takeover from another holder, or a
+// reclaim after a restart, is recorded in the events log; the task's
+// history is the contract's and does not change.
+func (s *DB) AcquireTask(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (Fence, error) {
+	var f Fence
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		l := leased{machine: "task", acquire: t.s.q.TaskAcquire, id: id}
+		var lease int64
+		err := t.QueryRowContext(ctx, s.q.TaskLeaseGetForUpdate, id).
+			Scan(&l.owner, &l.token, &lease)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("task %s: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return fmt.Errorf("read lease of task %s: %w", id, err)
+		}
+		l.expires = fromMS(lease)
+		var why string
+		if f, why, err = t.takeLease(ctx, l, owner, ttl, reclaim); err != nil {
 			return err
 		}
-		switch {
-		case current != a.PlanHash:
-			reason = "plan_changed"
-		case enforceGrants:
-			ok, err := allowed(ctx, t, a.Author, step.Action, step.Target)
+		if l.owner == "" {
+			return nil // the task's first runner
+		}
+		return t.event("lease", id, l.owner, owner, "task runner: "+why, f.Token)
+	})
+	return f, err
+}
+
+// TaskCandidate is the step the runner prepared for a start: its index in
+// the approved plan of Version and the operation record a start inserts
+// (built by the ops service), or why no record can be built (Invalid).
+type TaskCandidate struct {
+	Step      int
+	Version   int
+	Operation NewOperation
+	Invalid   string
+}
+
+// TaskSnapshot is what a task pass read, all of it committed: the basis
+// of the runner's decision.
+type TaskSnapshot struct {
+	Task Task // with its approval; not its history
+	Now  time.Time
+	// PlanHash is the plan_hash of the approved version as stored now.
+	PlanHash string
+	// StepOp is the state of the operation of the checkpoint's step, when
+	// the task is running ("": none was inserted).
+	StepOp fsm.OperationState
+	// Seen says which of the approved plan's targets have been seen.
+	Seen map[string]bool
+	// Grants are the requester's live grants.
+	Grants []approval.Grant
+	// Candidate is the step the runner prepared, if any.
+	Candidate *TaskCandidate
+}
+
+// TaskDecision is what the domain's decide function asks a task pass to do.
+type TaskDecision struct {
+	// To moves the task ("" stays) with Reason in its history; StepIndex
+	// is its checkpoint then (-1 keeps it).
+	To        fsm.TaskState
+	StepIndex int
+	Reason    string
+	// Start inserts the candidate's operation (step Step) in the same
+	// transaction as the move to running at that step.
+	Start bool
+	// Prepare asks the runner for the operation record of step Step: the
+	// pass writes nothing but the lease, and the runner passes again with
+	// the candidate.
+	Prepare bool
+	Step    int
+	// Waiting names what the task waits for ("window", "step",
+	// "approval", "done"), when it neither moves nor starts.
+	Waiting string
+}
+
+// TaskRules are the domain's part of a task pass.
+type TaskRules struct {
+	// StepOperationID is the operation_id of step i of k's approved plan.
+	StepOperationID func(k Task, i int) string
+	Decide          func(TaskSnapshot) TaskDecision
+}
+
+// TaskPassResult is what a task pass did.
+type TaskPassResult struct {
+	Snapshot TaskSnapshot
+	Decision TaskDecision
+	Moved    bool
+	// Started is the submit of the step's operation, when one started.
+	Started *SubmitResult
+}
+
+// TaskPass is one decision of a task's runner, in one transaction under
+// its lease: the fence is checked and the lease extended (a fenced write:
+// a lost lease refuses the whole pass, recorded as fenced); the task, its
+// approval, its approved plan's hash, its step's operation, its targets'
+// presence and its requester's grants are read; rules.Decide says what to
+// do; a start inserts the step's operation (UNIQUE: a re-run returns it)
+// and moves the checkpoint in the same transaction as the re-checks it
+// passed (the walkthrough's steps 5 and 6); every move is a conditional
+// write that names the fence.
+func (s *DB) TaskPass(ctx context.Context, id string, f Fence, ttl time.Duration, cand *TaskCandidate, rules TaskRules) (TaskPassResult, error) {
+	var res TaskPassResult
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		res = TaskPassResult{}
+		held := change{machine: "task", id: id, token: f.Token, explain: func() (string, error) { return ReasonFenced, nil }}
+		if err := t.cas(ctx, held, nil, s.q.TaskRenew,
+			append([]any{ms(t.now.Add(ttl)), id}, f.args(t.now)...)...); err != nil {
+			return err
+		}
+		snap, err := t.taskSnapshot(ctx, id, rules)
+		if err != nil {
+			return err
+		}
+		snap.Candidate = cand
+		d := rules.Decide(snap)
+		res.Snapshot, res.Decision = snap, d
+		if d.To == "" {
+			return nil
+		}
+		k := snap.Task
+		if d.Start {
+			sub, err := t.submit(ctx, cand.Operation)
 			if err != nil {
 				return err
 			}
-			if !ok {
-				reason = "permission_revoked"
-			}
+			res.Started = &sub
 		}
-		if reason == "" && !seen {
-			reason = "device_unknown"
-		}
-		if reason != "" {
-			to := fsm.TaskFailed
-			if task.Status == fsm.TaskApproved {
-				to = fsm.TaskRejected
-			}
-			out = StepCheck{Refused: true, Reason: reason}
-			return t.moveTask(ctx, task.TaskID, task.Status, task.RowVersion, to, stepIndex, reason, who, a.Version)
-		}
-		if out.Result, err = t.submit(ctx, n); err != nil {
+		if err := t.moveTask(ctx, id, k.Status, k.RowVersion, d.To, d.StepIndex, d.Reason, "runner:"+f.Owner,
+			k.ApprovedVersion, &f); err != nil {
 			return err
 		}
-		return t.moveTask(ctx, task.TaskID, task.Status, task.RowVersion, fsm.TaskRunning, stepIndex,
-			"step "+step.Step+": "+n.OperationID, who, a.Version)
+		res.Moved = true
+		return nil
 	})
-	return out, err
+	return res, err
 }
 
-// ActiveTasks lists the ids of approved and running tasks.
-func (s *DB) ActiveTasks(ctx context.Context) ([]string, error) {
-	return queryStrings(ctx, s.rq, `SELECT task_id FROM tasks WHERE status IN `+activeTasks+` ORDER BY updated_at`)
+// taskSnapshot reads what a task pass decides on.
+func (t *tx) taskSnapshot(ctx context.Context, id string, rules TaskRules) (TaskSnapshot, error) {
+	snap := TaskSnapshot{Now: t.now}
+	k, err := scanTask(t.QueryRowContext(ctx, t.s.q.TaskGet, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return snap, fmt.Errorf("task %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return snap, fmt.Errorf("get task %s: %w", id, err)
+	}
+	if k.Approval, err = readApproval(ctx, t, k); err != nil {
+		return snap, err
+	}
+	snap.Task = k
+	a := k.Approval
+	if a == nil || (k.Status != fsm.TaskApproved && k.Status != fsm.TaskRunning) {
+		return snap, nil
+	}
+	if err := t.QueryRowContext(ctx, t.s.q.TaskVersionHash, id, k.ApprovedVersion).Scan(&snap.PlanHash); err != nil {
+		return snap, fmt.Errorf("read approved plan of %s: %w", id, err)
+	}
+	if k.Status == fsm.TaskRunning && k.StepIndex >= 0 && k.StepIndex < len(a.Steps) {
+		err := t.QueryRowContext(ctx, t.s.q.TaskStepOperationStatus,
+			rules.StepOperationID(k, k.StepIndex)).Scan(&snap.StepOp)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return snap, fmt.Errorf("read step operation of %s: %w", id, err)
+		}
+	}
+	snap.Seen = map[string]bool{}
+	for _, st := range a.Steps {
+		if _, ok := snap.Seen[st.Target]; ok {
+			continue
+		}
+		var seen bool
+		err := t.QueryRowContext(ctx, t.s.q.TaskDeviceSeen, st.Target).Scan(&seen)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return snap, err
+		}
+		snap.Seen[st.Target] = seen
+	}
+	if snap.Grants, err = grantsOf(ctx, t, a.Author); err != nil {
+		return snap, err
+	}
+	return snap, nil
 }
 
 // taskColumns are a task's row with its current plan version, as taskFrom
@@ -382,7 +541,7 @@ const (
 	taskFrom    = `tasks k JOIN task_versions v ON v.task_id = k.task_id AND v.version = k.version`
 	taskColumns = `k.task_id, k.status, k.reason, k.version, v.plan_hash, v.steps, v.author,
 			k.execute_after, k.execute_before, k.created_by, k.approved_version, k.step_index, k.row_version,
-			k.created_at, k.updated_at`
+			k.owner, k.fencing_token, k.lease_expires_at, k.created_at, k.updated_at`
 )
 
 func scanTask(row interface{ Scan(...any) error }) (Task, error) {
@@ -391,17 +550,18 @@ func scanTask(row interface{ Scan(...any) error }) (Task, error) {
 		after, before    sql.NullInt64
 		approved         sql.NullInt64
 		created, updated int64
+		lease            int64
 		steps            string
 	)
 	if err := row.Scan(&k.TaskID, &k.Status, &k.Reason, &k.Version, &k.PlanHash, &steps, &k.Author, &after, &before,
-		&k.CreatedBy, &approved, &k.StepIndex, &k.RowVersion, &created, &updated); err != nil {
+		&k.CreatedBy, &approved, &k.StepIndex, &k.RowVersion, &k.Owner, &k.FencingToken, &lease, &created, &updated); err != nil {
 		return Task{}, err
 	}
 	if err := json.Unmarshal([]byte(steps), &k.Steps); err != nil {
 		return Task{}, fmt.Errorf("steps of task %s: %w", k.TaskID, err)
 	}
 	k.ExecuteAfter, k.ExecuteBefore = fromNullMS(after), fromNullMS(before)
-	k.CreatedAt, k.UpdatedAt = fromMS(created), fromMS(updated)
+	k.CreatedAt, k.UpdatedAt, k.LeaseExpiresAt = fromMS(created), fromMS(updated), fromMS(lease)
 	if approved.Valid {
 		k.ApprovedVersion = int(approved.Int64)
 	}
@@ -429,33 +589,17 @@ func (s *DB) ListTasks(ctx context.Context, f TaskFilter, p Page) (Listed[Task],
 
 // GetTask reads a task with its current plan, its approval and its history.
 func (s *DB) GetTask(ctx context.Context, id string) (Task, error) {
-	k, err := scanTask(s.rq.QueryRowContext(ctx, `SELECT `+taskColumns+` FROM `+taskFrom+` WHERE k.task_id = ?`, id))
+	k, err := scanTask(s.rq.QueryRowContext(ctx, s.q.TaskGet, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Task{}, fmt.Errorf("task %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
 		return Task{}, fmt.Errorf("get task %s: %w", id, err)
 	}
-	if k.ApprovedVersion > 0 {
-		var (
-			a     Approval
-			at    int64
-			steps string
-		)
-		err := s.rq.QueryRowContext(ctx, `SELECT a.version, a.approver, a.plan_hash, a.approved_at, v.author, v.steps
-			FROM approvals a JOIN task_versions v ON v.task_id = a.task_id AND v.version = a.version WHERE a.task_id = ?`, id).Scan(
-			&a.Version, &a.Approver, &a.PlanHash, &at, &a.Author, &steps)
-		if err != nil {
-			return Task{}, fmt.Errorf("read approval of %s: %w", id, err)
-		}
-		a.TaskID, a.ApprovedAt = id, fromMS(at)
-		if err := json.Unmarshal([]byte(steps), &a.Steps); err != nil {
-			return Task{}, err
-		}
-		k.Approval = &a
+	if k.Approval, err = readApproval(ctx, s.rq, k); err != nil {
+		return Task{}, err
 	}
-	rows, err := s.rq.QueryContext(ctx, `SELECT at, principal, action, from_state, to_state, version, reason
-		FROM task_history WHERE task_id = ? ORDER BY id`, id)
+	rows, err := s.rq.QueryContext(ctx, s.q.TaskHistoryList, id)
 	if err != nil {
 		return Task{}, err
 	}
@@ -471,4 +615,27 @@ func (s *DB) GetTask(ctx context.Context, id string) (Task, error) {
 		k.History = append(k.History, e)
 	}
 	return k, rows.Err()
+}
+
+// readApproval reads the approval of an approved task (nil before), with
+// the author and steps of the version it approved.
+func readApproval(ctx context.Context, q queryer, k Task) (*Approval, error) {
+	if k.ApprovedVersion <= 0 {
+		return nil, nil
+	}
+	var (
+		a     Approval
+		at    int64
+		steps string
+	)
+	err := q.QueryRowContext(ctx, stmts(q).TaskApprovalRead, k.TaskID).Scan(
+		&a.Version, &a.Approver, &a.PlanHash, &at, &a.Author, &steps)
+	if err != nil {
+		return nil, fmt.Errorf("read approval of %s: %w", k.TaskID, err)
+	}
+	a.TaskID, a.ApprovedAt = k.TaskID, fromMS(at)
+	if err := json.Unmarshal([]byte(steps), &a.Steps); err != nil {
+		return nil, err
+	}
+	return &a, nil
 }

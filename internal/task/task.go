@@ -15,15 +15,33 @@
 // The checkpoint is the task row (status, step_index); the operation record
 // says how far each step got. A step's operation that ends failed fails the
 // task (step_failed:<step>); a task step is never retried automatically.
+//
+// The runner has the rollout scheduler's shape. Each active task is driven
+// by one instance at a time, under a lease on the task row (owner, fencing
+// token, expiry; store.AcquireTask): a peer's task whose lease ran out is
+// taken over with a new token, and this instance's own tasks are reclaimed
+// at once after a restart (the instance lock proves the old process dead).
+// Each decision is one pass (store.TaskPass): a transaction that checks
+// the fence and extends the lease, reads the task's snapshot and applies
+// what Decide, a pure function of it, says, with conditional writes that
+// name the fence. A start takes two passes: the first says which step
+// (Prepare), the runner builds its operation record (after the
+// before-step-insert failpoint), the second re-checks and inserts it.
+//
+// The runner looks at a task when told to (Wake: an approval, a step
+// operation's change) and, as the safety net, at every task every Interval
+// (at most a third of the lease ttl, so that each pass keeps its lease).
 package task
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/failpoint"
-	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/lease"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
@@ -37,18 +55,35 @@ type Config struct {
 	EnforceGrants bool
 	Failpoints    *failpoint.Set
 	Kick          func(commandID string)
-	Interval      time.Duration
-	Logger        *slog.Logger
-	Now           func() time.Time
+	// Interval is the safety net: how often the active tasks are listed
+	// (a peer's whose lease ran out is taken over then) and each task this
+	// instance drives gets a pass without a wake-up. At most LeaseTTL/3;
+	// that by default.
+	Interval time.Duration
+	// LeaseTTL is the runner's lease on each task it drives (10 s when 0).
+	LeaseTTL time.Duration
+	Logger   *slog.Logger
+	Now      func() time.Time
 }
 
 // Runner drives approved and running tasks.
-type Runner struct{ cfg Config }
+type Runner struct {
+	cfg   Config
+	rules store.TaskRules
+	mu    sync.Mutex
+	held  map[string]store.Fence // tasks this runner drives, with its fence
+	known map[string]bool        // tasks this process has looked at
+	woken map[string]bool        // tasks woken since the last look
+	wake  chan struct{}
+}
 
 // New builds a Runner.
 func New(cfg Config) *Runner {
-	if cfg.Interval <= 0 {
-		cfg.Interval = 200 * time.Millisecond
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 10 * time.Second
+	}
+	if cfg.Interval <= 0 || cfg.Interval > cfg.LeaseTTL/3 {
+		cfg.Interval = cfg.LeaseTTL / 3
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -56,104 +91,158 @@ func New(cfg Config) *Runner {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Runner{cfg: cfg}
+	if cfg.Kick == nil {
+		cfg.Kick = func(string) {}
+	}
+	return &Runner{cfg: cfg, rules: Rules(Checks{EnforceGrants: cfg.EnforceGrants}), held: map[string]store.Fence{},
+		known: map[string]bool{}, woken: map[string]bool{}, wake: make(chan struct{}, 1)}
 }
 
-// Run looks at the active tasks every interval until ctx ends.
+// Wake makes the runner look at a task now (its approval, a change of its
+// step's operation). It never blocks.
+func (r *Runner) Wake(taskID string) {
+	r.mu.Lock()
+	r.woken[taskID] = true
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run looks at every active task every Interval, and at the woken ones
+// when woken, until ctx ends.
 func (r *Runner) Run(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
+	all := true
 	for {
-		ids, err := r.cfg.Store.ActiveTasks(ctx)
-		if err != nil && ctx.Err() == nil {
-			r.cfg.Logger.Error("list active tasks", "err", err)
+		woken := r.takeWoken()
+		if all {
+			woken = nil
 		}
-		for _, id := range ids {
-			if ctx.Err() != nil {
-				return nil
-			}
-			r.step(ctx, id)
-		}
+		r.look(ctx, woken)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			all = true
+		case <-r.wake:
+			all = false
 		}
 	}
 }
 
-func (r *Runner) step(ctx context.Context, id string) {
-	k, err := r.cfg.Store.GetTask(ctx, id)
-	if err != nil || k.Approval == nil {
+func (r *Runner) takeWoken() map[string]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.woken
+	r.woken = map[string]bool{}
+	return w
+}
+
+// look lists the active tasks, takes the leases it can and makes a pass
+// over each task it drives: all of them, or those in only when it is
+// not nil.
+func (r *Runner) look(ctx context.Context, only map[string]bool) {
+	active, err := r.cfg.Store.ActiveTasks(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.cfg.Logger.Error("list active tasks", "err", err)
+		}
 		return
 	}
 	now := r.cfg.Now()
-	switch k.Status {
-	case fsm.TaskApproved:
-		if k.ExecuteBefore != nil && now.After(*k.ExecuteBefore) {
-			r.move(ctx, k, fsm.TaskRejected, -1, "window_missed")
+	live := map[string]bool{}
+	for _, l := range active {
+		live[l.TaskID] = true
+		if (only != nil && !only[l.TaskID]) || ctx.Err() != nil {
+			continue
+		}
+		r.mu.Lock()
+		f, held := r.held[l.TaskID]
+		first := !r.known[l.TaskID]
+		r.known[l.TaskID] = true
+		r.mu.Unlock()
+		if !held {
+			claim := lease.ClaimFor(l.Owner, l.LeaseExpiresAt, r.cfg.Instance, first, now)
+			if claim == lease.Leave {
+				continue
+			}
+			if f, err = r.cfg.Store.AcquireTask(ctx, l.TaskID, r.cfg.Instance, r.cfg.LeaseTTL, claim == lease.Reclaim); err != nil {
+				if !errors.Is(err, store.ErrRefused) && ctx.Err() == nil {
+					r.cfg.Logger.Error("take task lease", "task_id", l.TaskID, "err", err)
+				}
+				continue
+			}
+			if l.Owner != "" && l.Owner != r.cfg.Instance {
+				r.cfg.Logger.Info("took over a task whose runner lease ran out", "task_id", l.TaskID,
+					"from", l.Owner, "fencing_token", f.Token)
+			}
+			r.mu.Lock()
+			r.held[l.TaskID] = f
+			r.mu.Unlock()
+		}
+		r.drive(ctx, l.TaskID, f)
+	}
+	if only == nil { // forget the tasks that ended
+		r.mu.Lock()
+		for id := range r.known {
+			if !live[id] {
+				delete(r.known, id)
+				delete(r.held, id)
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
+// drive makes the passes of one decision about a task under fence f: a
+// start takes a second pass, with the step's operation record.
+func (r *Runner) drive(ctx context.Context, id string, f store.Fence) {
+	log := r.cfg.Logger.With("task_id", id)
+	var cand *store.TaskCandidate
+	for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
+		res, err := r.cfg.Store.TaskPass(ctx, id, f, r.cfg.LeaseTTL, cand, r.rules)
+		switch {
+		case errors.Is(err, store.ErrFenced):
+			log.Warn("task runner lease lost; another instance drives it", "fencing_token", f.Token)
+			r.mu.Lock()
+			delete(r.held, id)
+			r.mu.Unlock()
+			return
+		case err != nil:
+			log.Debug("task pass", "err", err)
 			return
 		}
-		if k.ExecuteAfter != nil && now.Before(*k.ExecuteAfter) {
-			return // (B) waiting for the window
-		}
-		r.start(ctx, k, 0)
-	case fsm.TaskRunning:
-		st := k.Approval.Steps[k.StepIndex]
-		op, err := r.cfg.Store.GetOperation(ctx, ops.StepOperationID(k.TaskID, st, k.Approval.Version))
-		if err != nil {
-			r.start(ctx, k, k.StepIndex) // the checkpoint moved but no operation: re-run node C
-			return
-		}
-		switch op.Status {
-		case fsm.OpStarted:
-		case fsm.OpSucceeded:
-			if k.StepIndex+1 == len(k.Approval.Steps) {
-				r.move(ctx, k, fsm.TaskCompleted, -1, "")
+		d := res.Decision
+		if d.Prepare {
+			if cand = r.prepare(ctx, res.Snapshot.Task, d.Step); cand == nil {
 				return
 			}
-			r.start(ctx, k, k.StepIndex+1)
-		default:
-			r.move(ctx, k, fsm.TaskFailed, -1, "step_failed:"+st.Step)
+			continue
 		}
+		if res.Moved {
+			log.Info("task moved", "to", d.To, "step_index", d.StepIndex, "reason", d.Reason)
+		}
+		if res.Started != nil && (res.Started.Created || res.Started.Retried) {
+			r.cfg.Kick(res.Started.Operation.CommandID)
+		}
+		return
 	}
 }
 
-// start is node C for one step.
-func (r *Runner) start(ctx context.Context, k store.Task, i int) {
+// prepare builds step i's operation record (node C's first half), after
+// the before-step-insert failpoint; nil when the failpoint refused.
+func (r *Runner) prepare(ctx context.Context, k store.Task, i int) *store.TaskCandidate {
 	if err := r.cfg.Failpoints.HitContext(ctx, failpoint.BeforeStepInsert); err != nil {
 		r.cfg.Logger.Warn("step insert skipped", "task_id", k.TaskID, "err", err)
-		return
+		return nil
 	}
-	st := k.Approval.Steps[i]
 	n, err := r.cfg.Ops.PrepareStep(ctx, k, i)
+	c := &store.TaskCandidate{Step: i, Version: k.Approval.Version, Operation: n}
 	if err != nil {
-		r.move(ctx, k, terminalFor(k), i, "invalid_step: "+err.Error())
-		return
+		c.Invalid = err.Error()
 	}
-	out, err := r.cfg.Store.StartStep(ctx, k, i, r.cfg.EnforceGrants, n, "runner:"+r.cfg.Instance)
-	if err != nil {
-		r.cfg.Logger.Debug("start step", "task_id", k.TaskID, "step", st.Step, "err", err)
-		return
-	}
-	if out.Refused {
-		r.cfg.Logger.Info("task step refused", "task_id", k.TaskID, "step", st.Step, "reason", out.Reason)
-		return
-	}
-	if out.Result.Created || out.Result.Retried {
-		r.cfg.Kick(out.Result.Operation.CommandID)
-	}
-}
-
-func terminalFor(k store.Task) fsm.TaskState {
-	if k.Status == fsm.TaskApproved {
-		return fsm.TaskRejected
-	}
-	return fsm.TaskFailed
-}
-
-func (r *Runner) move(ctx context.Context, k store.Task, to fsm.TaskState, i int, reason string) {
-	if err := r.cfg.Store.MoveTask(ctx, k, to, i, reason, "runner:"+r.cfg.Instance); err != nil {
-		r.cfg.Logger.Debug("move task", "task_id", k.TaskID, "to", to, "err", err)
-	}
+	return c
 }

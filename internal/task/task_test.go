@@ -2,7 +2,6 @@ package task
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,16 +20,16 @@ import (
 	"github.com/fleetctl/fleetctl/internal/store"
 )
 
-// fakeStore holds one task and the operations of its steps, and records
-// what the runner asks of it.
+// fakeStore holds one task's snapshot and lease, runs the runner's rules
+// on it as a pass would, and records what the runner asks of it.
 type fakeStore struct {
 	store.Store // any other call panics: the runner makes none
 	mu          sync.Mutex
-	task        store.Task
-	taskErr     error
-	ops         map[string]fsm.OperationState
-	check       store.StepCheck
-	stepErr     error
+	lease       store.TaskLease
+	snap        store.TaskSnapshot
+	started     store.SubmitResult // a start's submit
+	passErr     error
+	acquireErr  error
 	calls       []string
 }
 
@@ -46,57 +45,49 @@ func (s *fakeStore) Calls() []string {
 	return append([]string(nil), s.calls...)
 }
 
-func (s *fakeStore) ActiveTasks(context.Context) ([]string, error) {
-	return []string{s.task.TaskID}, nil
+func (s *fakeStore) ActiveTasks(context.Context) ([]store.TaskLease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return []store.TaskLease{s.lease}, nil
 }
 
-func (s *fakeStore) GetTask(_ context.Context, id string) (store.Task, error) {
-	if id != s.task.TaskID {
-		return store.Task{}, store.ErrNotFound
+func (s *fakeStore) AcquireTask(_ context.Context, id, owner string, _ time.Duration, reclaim bool) (store.Fence, error) {
+	s.record("acquire %s reclaim=%t", id, reclaim)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.acquireErr != nil {
+		return store.Fence{}, s.acquireErr
 	}
-	return s.task, s.taskErr
+	s.lease.Owner, s.lease.FencingToken = owner, s.lease.FencingToken+1
+	return store.Fence{Owner: owner, Token: s.lease.FencingToken}, nil
 }
 
-func (s *fakeStore) GetOperation(_ context.Context, id string) (store.Operation, error) {
-	st, ok := s.ops[id]
-	if !ok {
-		return store.Operation{}, store.ErrNotFound
+func (s *fakeStore) TaskPass(_ context.Context, id string, f store.Fence, _ time.Duration, cand *store.TaskCandidate, rules store.TaskRules) (store.TaskPassResult, error) {
+	c := "none"
+	if cand != nil {
+		c = fmt.Sprintf("%d %s", cand.Step, cand.Operation.OperationID)
+		if cand.Invalid != "" {
+			c = fmt.Sprintf("%d invalid", cand.Step)
+		}
 	}
-	return store.Operation{OperationID: id, Status: st}, nil
+	s.record("pass %s token %d candidate %s", id, f.Token, c)
+	if s.passErr != nil {
+		return store.TaskPassResult{}, s.passErr
+	}
+	snap := s.snap
+	snap.Candidate = cand
+	d := rules.Decide(snap)
+	res := store.TaskPassResult{Snapshot: snap, Decision: d, Moved: d.To != ""}
+	if d.Start {
+		sub := s.started
+		res.Started = &sub
+	}
+	return res, nil
 }
 
 func (s *fakeStore) GetDevice(context.Context, string) (store.Device, error) {
 	return store.Device{}, store.ErrNotFound
 }
-
-func (s *fakeStore) StartStep(_ context.Context, k store.Task, i int, enforce bool, n store.NewOperation, who string) (store.StepCheck, error) {
-	s.record("start %d %s grants=%t by %s", i, n.OperationID, enforce, who)
-	return s.check, s.stepErr
-}
-
-func (s *fakeStore) MoveTask(_ context.Context, k store.Task, to fsm.TaskState, i int, reason, who string) error {
-	s.record("move %s %d %q by %s", to, i, reason, who)
-	return nil
-}
-
-var now = time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
-
-func at(d time.Duration) *time.Time { t := now.Add(d); return &t }
-
-// twoSteps is an approved version 2 of a two-step plan.
-func twoSteps(status fsm.TaskState, stepIndex int) store.Task {
-	steps := []store.Step{
-		{Step: "drain", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`)},
-		{Step: "reboot", Action: "restart", Target: "device-2", Params: json.RawMessage(`{}`)},
-	}
-	return store.Task{TaskID: "t1", Status: status, Version: 2, Steps: steps, StepIndex: stepIndex,
-		Approval: &store.Approval{TaskID: "t1", Version: 2, Steps: steps, Author: "alice"}}
-}
-
-const (
-	op0 = "t1:drain:device-1:approval-v2"
-	op1 = "t1:reboot:device-2:approval-v2"
-)
 
 type runnerBundle struct {
 	st    *fakeStore
@@ -118,7 +109,7 @@ func newRunner(t *testing.T, st *fakeStore, failpoints string) *runnerBundle {
 	clock := func() time.Time { return now }
 	b := &runnerBundle{st: st}
 	b.r = New(Config{
-		Store: st, Instance: "i1", EnforceGrants: true, Failpoints: fps, Now: clock,
+		Store: st, Instance: "i1", EnforceGrants: true, Failpoints: fps, Now: clock, LeaseTTL: 30 * time.Second,
 		Ops: ops.New(ops.Config{Store: st, Instance: "i1", LeaseTTL: 10 * time.Second, Now: clock,
 			Policy: func(string) command.Policy { return command.Policy{TTL: time.Minute, MaxAttempts: 3} }}),
 		Kick: func(id string) {
@@ -131,111 +122,138 @@ func newRunner(t *testing.T, st *fakeStore, failpoints string) *runnerBundle {
 	return b
 }
 
-// TestStep: what one look at a task does, for each state the runner meets
-// it in: wait, start a step (node C), move the checkpoint on, or end it.
-func TestStep(t *testing.T) {
+// TestLook: what one look at a task does, for each state the runner meets
+// it in: take its lease (or leave it to a live holder), then one decision,
+// a start taking a second pass with the step's operation record.
+func TestLook(t *testing.T) {
 	t.Parallel()
-	created := store.StepCheck{Result: store.SubmitResult{Created: true, Operation: store.Operation{CommandID: "c-new"}}}
+	created := store.SubmitResult{Created: true, Operation: store.Operation{CommandID: "c-new"}}
+	free := store.TaskLease{TaskID: "t1"}
+	const (
+		acquire  = "acquire t1 reclaim=false"
+		pass     = "pass t1 token 1 candidate none"
+		withOp0  = "pass t1 token 1 candidate 0 " + op0
+		withOp1  = "pass t1 token 1 candidate 1 " + op1
+		ownToken = "pass t1 token 8 candidate none"
+	)
 	for _, c := range []struct {
 		name       string
-		task       store.Task
-		taskErr    error
-		ops        map[string]fsm.OperationState
-		check      store.StepCheck
-		stepErr    error
+		lease      store.TaskLease
+		snap       store.TaskSnapshot
+		started    store.SubmitResult
+		passErr    error
+		acquireErr error
 		failpoints string
 		want       []string
 		kicks      []string
 	}{
-		{name: "approved, no window: the first step", task: twoSteps(fsm.TaskApproved, 0), check: created,
-			want: []string{"start 0 " + op0 + " grants=true by runner:i1"}, kicks: []string{"c-new"}},
-		{name: "approved, window not open yet: waits", task: withWindow(twoSteps(fsm.TaskApproved, 0), at(time.Minute), nil)},
-		{name: "approved, window open", task: withWindow(twoSteps(fsm.TaskApproved, 0), at(-time.Minute), at(time.Minute)),
-			check: created, want: []string{"start 0 " + op0 + " grants=true by runner:i1"}, kicks: []string{"c-new"}},
-		{name: "approved, window missed: rejected", task: withWindow(twoSteps(fsm.TaskApproved, 0), nil, at(-time.Second)),
-			want: []string{`move rejected -1 "window_missed" by runner:i1`}},
-		{name: "running, step under way: waits", task: twoSteps(fsm.TaskRunning, 0),
-			ops: map[string]fsm.OperationState{op0: fsm.OpStarted}},
-		{name: "running, step succeeded: the next step", task: twoSteps(fsm.TaskRunning, 0), check: created,
-			ops:  map[string]fsm.OperationState{op0: fsm.OpSucceeded},
-			want: []string{"start 1 " + op1 + " grants=true by runner:i1"}, kicks: []string{"c-new"}},
-		{name: "running, last step succeeded: completed", task: twoSteps(fsm.TaskRunning, 1),
-			ops:  map[string]fsm.OperationState{op0: fsm.OpSucceeded, op1: fsm.OpSucceeded},
-			want: []string{`move completed -1 "" by runner:i1`}},
-		{name: "running, step failed: failed", task: twoSteps(fsm.TaskRunning, 1),
-			ops:  map[string]fsm.OperationState{op1: fsm.OpFailedFinal},
-			want: []string{`move failed -1 "step_failed:reboot" by runner:i1`}},
-		{name: "running, step failed_retryable: failed, never retried", task: twoSteps(fsm.TaskRunning, 0),
-			ops:  map[string]fsm.OperationState{op0: fsm.OpFailedRetryable},
-			want: []string{`move failed -1 "step_failed:drain" by runner:i1`}},
-		{name: "running, checkpoint moved but no operation: node C again", task: twoSteps(fsm.TaskRunning, 1),
-			check: store.StepCheck{Result: store.SubmitResult{Operation: store.Operation{CommandID: "c-old"}}},
-			want:  []string{"start 1 " + op1 + " grants=true by runner:i1"}},
-		{name: "a retried step is kicked", task: twoSteps(fsm.TaskRunning, 1),
-			check: store.StepCheck{Result: store.SubmitResult{Retried: true, Operation: store.Operation{CommandID: "c-2"}}},
-			want:  []string{"start 1 " + op1 + " grants=true by runner:i1"}, kicks: []string{"c-2"}},
-		{name: "refused step: nothing kicked", task: twoSteps(fsm.TaskApproved, 0),
-			check: store.StepCheck{Refused: true, Reason: "permission_revoked", Result: created.Result},
-			want:  []string{"start 0 " + op0 + " grants=true by runner:i1"}},
-		{name: "step error: nothing kicked", task: twoSteps(fsm.TaskApproved, 0), check: created, stepErr: errors.New("busy"),
-			want: []string{"start 0 " + op0 + " grants=true by runner:i1"}},
-		{name: "failpoint before-step-insert: nothing", task: twoSteps(fsm.TaskApproved, 0), check: created,
-			failpoints: failpoint.BeforeStepInsert + "=error"},
-		{name: "approved, invalid step: rejected", task: withTarget(twoSteps(fsm.TaskApproved, 0), 0, "controller-1"),
-			want: []string{`~^move rejected 0 "invalid_step: .*target \\"controller-1\\" is not a device id.*" by runner:i1$`}},
-		{name: "running, invalid next step: failed", task: withTarget(twoSteps(fsm.TaskRunning, 0), 1, "bad target"),
-			ops: map[string]fsm.OperationState{op0: fsm.OpSucceeded}, want: []string{`~^move failed 1 "invalid_step: .*target \\"bad target\\" is not a device id.*" by runner:i1$`}},
-		{name: "no approval: nothing", task: store.Task{TaskID: "t1", Status: fsm.TaskApproved}},
-		{name: "unreadable task: nothing", task: twoSteps(fsm.TaskApproved, 0), taskErr: errors.New("gone")},
-		{name: "waiting approval: nothing", task: twoSteps(fsm.TaskWaitingApproval, 0)},
-		{name: "completed: nothing", task: twoSteps(fsm.TaskCompleted, 1)},
+		{name: "approved, no holder: taken, the first step prepared and started", lease: free,
+			snap: snapshot(twoSteps(fsm.TaskApproved, 0), ""), started: created,
+			want: []string{acquire, pass, withOp0}, kicks: []string{"c-new"}},
+		{name: "approved, window not open yet: one pass, waits", lease: free,
+			snap: snapshot(withWindow(twoSteps(fsm.TaskApproved, 0), at(time.Minute), nil), ""), want: []string{acquire, pass}},
+		{name: "running, step succeeded: the next step", lease: free,
+			snap: snapshot(twoSteps(fsm.TaskRunning, 0), fsm.OpSucceeded), started: created,
+			want: []string{acquire, pass, withOp1}, kicks: []string{"c-new"}},
+		{name: "running, last step succeeded: completed in one pass", lease: free,
+			snap: snapshot(twoSteps(fsm.TaskRunning, 1), fsm.OpSucceeded), want: []string{acquire, pass}},
+		{name: "an existing operation is not kicked", lease: free, snap: snapshot(twoSteps(fsm.TaskRunning, 1), ""),
+			started: store.SubmitResult{Operation: store.Operation{CommandID: "c-old"}}, want: []string{acquire, pass, withOp1}},
+		{name: "a retried step is kicked", lease: free, snap: snapshot(twoSteps(fsm.TaskRunning, 1), ""),
+			started: store.SubmitResult{Retried: true, Operation: store.Operation{CommandID: "c-2"}},
+			want:    []string{acquire, pass, withOp1}, kicks: []string{"c-2"}},
+		{name: "refused step: nothing kicked", lease: free, started: created,
+			snap: func() store.TaskSnapshot { s := snapshot(twoSteps(fsm.TaskApproved, 0), ""); s.Grants = nil; return s }(),
+			want: []string{acquire, pass, withOp0}},
+		{name: "failpoint before-step-insert: no check-and-insert pass", lease: free, started: created,
+			snap: snapshot(twoSteps(fsm.TaskApproved, 0), ""), failpoints: failpoint.BeforeStepInsert + "=error",
+			want: []string{acquire, pass}},
+		{name: "invalid step: its candidate says why", lease: free,
+			snap: snapshot(withTarget(twoSteps(fsm.TaskApproved, 0), 0, "controller-1"), ""),
+			want: []string{acquire, pass, "pass t1 token 1 candidate 0 invalid"}},
+		{name: "pass error: nothing more", lease: free, snap: snapshot(twoSteps(fsm.TaskApproved, 0), ""),
+			passErr: errors.New("busy"), want: []string{acquire, pass}},
+		{name: "a live peer holds it: left alone", lease: store.TaskLease{TaskID: "t1", Owner: "i2", FencingToken: 3,
+			LeaseExpiresAt: now.Add(time.Second)}, snap: snapshot(twoSteps(fsm.TaskApproved, 0), "")},
+		{name: "a peer's lease ran out: taken over", lease: store.TaskLease{TaskID: "t1", Owner: "i2", FencingToken: 7,
+			LeaseExpiresAt: now.Add(-time.Second)}, snap: snapshot(twoSteps(fsm.TaskRunning, 0), fsm.OpStarted),
+			want: []string{acquire, "pass t1 token 8 candidate none"}},
+		{name: "its own lease from before a restart: reclaimed at once", lease: store.TaskLease{TaskID: "t1", Owner: "i1",
+			FencingToken: 7, LeaseExpiresAt: now.Add(time.Minute)}, snap: snapshot(twoSteps(fsm.TaskRunning, 0), fsm.OpStarted),
+			want: []string{"acquire t1 reclaim=true", ownToken}},
+		{name: "refused lease: no pass", lease: free, acquireErr: &store.RefusedError{Reason: "lease_held"},
+			snap: snapshot(twoSteps(fsm.TaskApproved, 0), ""), want: []string{acquire}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			st := &fakeStore{task: c.task, taskErr: c.taskErr, ops: c.ops, check: c.check, stepErr: c.stepErr}
+			st := &fakeStore{lease: c.lease, snap: c.snap, started: c.started, passErr: c.passErr, acquireErr: c.acquireErr}
 			b := newRunner(t, st, c.failpoints)
-			b.r.step(context.Background(), "t1")
-			if len(c.want) == 1 && strings.HasPrefix(c.want[0], "~") { // a pattern: the reason quotes package ops' error
-				require.Len(t, st.Calls(), 1)
-				require.Regexp(t, c.want[0][1:], st.Calls()[0])
-			} else {
-				require.Equal(t, c.want, st.Calls())
-			}
+			b.r.look(context.Background(), nil)
+			require.Equal(t, c.want, st.Calls())
 			require.Equal(t, c.kicks, b.Kicks())
 		})
 	}
 }
 
-func withWindow(k store.Task, after, before *time.Time) store.Task {
-	k.ExecuteAfter, k.ExecuteBefore = after, before
-	return k
-}
-
-func withTarget(k store.Task, i int, target string) store.Task {
-	steps := append([]store.Step(nil), k.Approval.Steps...)
-	steps[i].Target = target
-	a := *k.Approval
-	a.Steps = steps
-	k.Approval = &a
-	return k
-}
-
-// TestRunStepsActiveTasksUntilCancelled: Run looks at each active task
-// and returns nil once its context ends.
-func TestRunStepsActiveTasksUntilCancelled(t *testing.T) {
+// TestLookKeepsItsLease: a held task gets a pass under the same fence at
+// each look, without taking its lease again; a fenced pass drops it, and
+// the next look leaves it to its new, live holder.
+func TestLookKeepsItsLease(t *testing.T) {
 	t.Parallel()
-	st := &fakeStore{task: twoSteps(fsm.TaskRunning, 0), ops: map[string]fsm.OperationState{op0: fsm.OpSucceeded},
-		check: store.StepCheck{Result: store.SubmitResult{Created: true, Operation: store.Operation{CommandID: "c-1"}}}}
+	st := &fakeStore{lease: store.TaskLease{TaskID: "t1"}, snap: snapshot(twoSteps(fsm.TaskRunning, 0), fsm.OpStarted)}
 	b := newRunner(t, st, "")
-	b.r.cfg.Interval = 10 * time.Millisecond
+	ctx := context.Background()
+	b.r.look(ctx, nil)
+	b.r.look(ctx, nil)
+	require.Equal(t, []string{"acquire t1 reclaim=false", "pass t1 token 1 candidate none", "pass t1 token 1 candidate none"}, st.Calls())
+
+	st.mu.Lock()
+	st.passErr = &store.RefusedError{Reason: store.ReasonFenced, Fenced: true}
+	st.lease = store.TaskLease{TaskID: "t1", Owner: "i2", FencingToken: 2, LeaseExpiresAt: now.Add(time.Minute)}
+	st.mu.Unlock()
+	b.r.look(ctx, nil)
+	b.r.look(ctx, nil)
+	require.Equal(t, []string{"acquire t1 reclaim=false", "pass t1 token 1 candidate none", "pass t1 token 1 candidate none",
+		"pass t1 token 1 candidate none"}, st.Calls(), "after the fenced pass, the live holder keeps it")
+}
+
+// TestLookOnlyWoken: a look after a wake-up passes over the woken tasks only.
+func TestLookOnlyWoken(t *testing.T) {
+	t.Parallel()
+	st := &fakeStore{lease: store.TaskLease{TaskID: "t1"}, snap: snapshot(twoSteps(fsm.TaskRunning, 0), fsm.OpStarted)}
+	b := newRunner(t, st, "")
+	b.r.look(context.Background(), map[string]bool{"t2": true})
+	require.Empty(t, st.Calls())
+	b.r.look(context.Background(), map[string]bool{"t1": true})
+	require.Equal(t, []string{"acquire t1 reclaim=false", "pass t1 token 1 candidate none"}, st.Calls())
+}
+
+// TestWake: with a poll far away, Wake makes Run look at the task at once,
+// and never blocks; Run returns nil once its context ends.
+func TestWake(t *testing.T) {
+	t.Parallel()
+	st := &fakeStore{lease: store.TaskLease{TaskID: "t1"}, snap: snapshot(twoSteps(fsm.TaskRunning, 0), fsm.OpStarted)}
+	b := newRunner(t, st, "")
+	b.r.cfg.Interval = time.Hour
+	for i := 0; i < 10; i++ {
+		b.r.Wake("t1") // nothing runs yet: none of these may block
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- b.r.Run(ctx) }()
-	deadline := time.Now().Add(5 * time.Second)
-	for len(b.Kicks()) < 2 { // two looks, each starting step 1 again (the fake never moves on)
-		require.True(t, time.Now().Before(deadline), "Run did not step the task twice in 5 s: %v", st.Calls())
-		<-time.After(5 * time.Millisecond) // poll interval of a deadline-bounded wait
+	passes := func() int { return strings.Count(strings.Join(st.Calls(), "\n"), "pass t1") }
+	waitFor := func(n int) {
+		deadline := time.Now().Add(5 * time.Second)
+		for passes() < n {
+			require.True(t, time.Now().Before(deadline), "no pass %d in 5 s: %v", n, st.Calls())
+			<-time.After(5 * time.Millisecond) // poll interval of a deadline-bounded wait
+		}
 	}
+	waitFor(1) // the first look (it covers the wake-ups sent before)
+	b.r.Wake("t1")
+	waitFor(2)
+	b.r.Wake("t1")
+	waitFor(3)
 	cancel()
 	select {
 	case err := <-done:
@@ -243,13 +261,12 @@ func TestRunStepsActiveTasksUntilCancelled(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return after its context ended")
 	}
-	for _, c := range st.Calls() {
-		require.Equal(t, "start 1 "+op1+" grants=true by runner:i1", c)
-	}
 }
 
-func TestTerminalFor(t *testing.T) {
+// TestInterval: the safety net's poll is at most a third of the lease ttl.
+func TestInterval(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, fsm.TaskRejected, terminalFor(store.Task{Status: fsm.TaskApproved}), "before the first step")
-	require.Equal(t, fsm.TaskFailed, terminalFor(store.Task{Status: fsm.TaskRunning}), "after it")
+	require.Equal(t, 10*time.Second/3, New(Config{}).cfg.Interval)
+	require.Equal(t, 500*time.Millisecond, New(Config{Interval: 500 * time.Millisecond, LeaseTTL: 3 * time.Second}).cfg.Interval)
+	require.Equal(t, time.Second, New(Config{Interval: time.Minute, LeaseTTL: 3 * time.Second}).cfg.Interval)
 }

@@ -50,11 +50,10 @@ type Driver interface {
 	// store builds at run time (lists of variable length, filters).
 	Placeholder(n int) string
 	// Rebind turns a statement written with ? placeholders into the
-	// backend's own. Transitional: only statements still written inline
-	// in the store's Go code (tasks.go, grants.go and the others listed in
-	// the store's doc.go), none of which takes a row lock, go through it;
-	// a named statement is already in the backend's dialect and passes
-	// unchanged.
+	// backend's own: for the statements the store builds at run time (the
+	// list pages' filters; see the store's doc.go), none of which takes a
+	// row lock. A named statement is already in the backend's dialect and
+	// passes unchanged.
 	Rebind(query string) string
 	// Arg turns a Go value into what the backend stores (flags are 0/1
 	// integers and JSON is text on both backends).

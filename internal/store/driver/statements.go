@@ -82,6 +82,14 @@ type Statements struct {
 	EventList, EventListOf, EventListPresence    string
 	CommandListDue, CommandListOpen, CommandOpen string
 	InstanceHeartbeat, InstanceHeartbeatStart    string
+
+	// Tasks and grants (store/tasks.go, store/grants.go).
+	TaskHistoryInsert, TaskCreateHash, TaskInsert, TaskVersionInsert               string
+	TaskState, TaskVersionHash, TaskNewVersion, TaskApprovalGet, TaskVersionAuthor string
+	TaskApprove, TaskApprovalInsert, TaskRejectState, TaskMove, TaskMoveFenced     string
+	TaskFenceHeld, TaskListActive, TaskLeaseGetForUpdate, TaskAcquire, TaskRenew   string
+	TaskGet, TaskStepOperationStatus, TaskDeviceSeen, TaskHistoryList              string
+	TaskApprovalRead, GrantInsert, GrantLive, GrantRevoke, GrantGet, GrantsOf      string
 }
 
 // Parse reads a queries.sql file into a Statements.

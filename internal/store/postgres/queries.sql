@@ -579,3 +579,114 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, le
 INSERT INTO instances (instance_id, started_at, heartbeat_at, lease_ttl_ms) VALUES ($1, $2, $3, $4)
 ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, lease_ttl_ms = excluded.lease_ttl_ms, started_at = excluded.started_at
 
+
+-- Tasks: plans and their versions, approvals, the runner's lease and its
+-- decisions (store/tasks.go), and grants (store/grants.go).
+
+-- name: TaskHistoryInsert
+INSERT INTO task_history (task_id, at, principal, action, from_state, to_state, version, reason)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+
+-- name: TaskCreateHash
+SELECT create_hash FROM tasks WHERE task_id = $1
+
+-- name: TaskInsert
+INSERT INTO tasks (task_id, status, version, create_hash, execute_after, execute_before,
+	created_by, created_at, updated_at) VALUES ($1, 'waiting_approval', 1, $2, $3, $4, $5, $6, $7)
+
+-- name: TaskVersionInsert
+INSERT INTO task_versions (task_id, version, steps, plan_hash, author, created_at)
+	VALUES ($1, $2, $3, $4, $5, $6)
+
+-- name: TaskState
+SELECT status, version, row_version FROM tasks WHERE task_id = $1
+
+-- name: TaskVersionHash
+SELECT plan_hash FROM task_versions WHERE task_id = $1 AND version = $2
+
+-- name: TaskNewVersion
+UPDATE tasks SET version = version + 1, row_version = row_version + 1, updated_at = $1
+	WHERE task_id = $2 AND status = $3 AND row_version = $4
+
+-- name: TaskApprovalGet
+SELECT version, approver FROM approvals WHERE task_id = $1
+
+-- name: TaskVersionAuthor
+SELECT plan_hash, author FROM task_versions WHERE task_id = $1 AND version = $2
+
+-- name: TaskApprove
+UPDATE tasks SET status = $1, approved_version = $2, row_version = row_version + 1, updated_at = $3
+	WHERE task_id = $4 AND status = $5 AND version = $6 AND row_version = $7
+
+-- name: TaskApprovalInsert
+INSERT INTO approvals (task_id, version, approver, plan_hash, approved_at) VALUES ($1, $2, $3, $4, $5)
+
+-- name: TaskRejectState
+SELECT status, row_version, version FROM tasks WHERE task_id = $1
+
+-- name: TaskMove
+UPDATE tasks SET status = $1, reason = $2,
+	step_index = CASE WHEN $3 >= 0 THEN $4 ELSE step_index END, row_version = row_version + 1, updated_at = $5
+	WHERE task_id = $6 AND status = $7 AND row_version = $8
+
+-- name: TaskMoveFenced
+UPDATE tasks SET status = $1, reason = $2,
+	step_index = CASE WHEN $3 >= 0 THEN $4 ELSE step_index END, row_version = row_version + 1, updated_at = $5
+	WHERE task_id = $6 AND status = $7 AND row_version = $8
+	AND owner = $9 AND fencing_token = $10 AND lease_expires_at > $11
+
+-- name: TaskFenceHeld
+SELECT EXISTS (SELECT 1 FROM tasks WHERE task_id = $1 AND owner = $2 AND fencing_token = $3 AND lease_expires_at > $4)
+
+-- name: TaskListActive
+SELECT task_id, status, owner, fencing_token, lease_expires_at FROM tasks
+	WHERE status IN ('approved','running') ORDER BY updated_at, task_id
+
+-- name: TaskLeaseGetForUpdate
+SELECT owner, fencing_token, lease_expires_at FROM tasks WHERE task_id = $1
+FOR NO KEY UPDATE
+
+-- name: TaskAcquire
+UPDATE tasks SET owner = $1, fencing_token = fencing_token + 1, lease_expires_at = $2
+	WHERE task_id = $3 AND owner = $4 AND fencing_token = $5
+
+-- name: TaskRenew
+UPDATE tasks SET lease_expires_at = $1
+	WHERE task_id = $2 AND owner = $3 AND fencing_token = $4 AND lease_expires_at > $5
+
+-- name: TaskGet
+SELECT k.task_id, k.status, k.reason, k.version, v.plan_hash, v.steps, v.author,
+	k.execute_after, k.execute_before, k.created_by, k.approved_version, k.step_index, k.row_version,
+	k.owner, k.fencing_token, k.lease_expires_at, k.created_at, k.updated_at
+FROM tasks k JOIN task_versions v ON v.task_id = k.task_id AND v.version = k.version WHERE k.task_id = $1
+
+-- name: TaskStepOperationStatus
+SELECT status FROM operations WHERE operation_id = $1
+
+-- name: TaskDeviceSeen
+SELECT seen FROM devices WHERE device_id = $1
+
+-- name: TaskHistoryList
+SELECT at, principal, action, from_state, to_state, version, reason
+	FROM task_history WHERE task_id = $1 ORDER BY id
+
+-- name: TaskApprovalRead
+SELECT a.version, a.approver, a.plan_hash, a.approved_at, v.author, v.steps
+	FROM approvals a JOIN task_versions v ON v.task_id = a.task_id AND v.version = a.version WHERE a.task_id = $1
+
+-- name: GrantInsert
+INSERT INTO grants (grant_id, principal, action, devices, created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6)
+	ON CONFLICT (principal, action, devices) WHERE revoked_at IS NULL DO NOTHING
+
+-- name: GrantLive
+SELECT grant_id, principal, action, devices, created_by, created_at, revoked_at FROM grants
+	WHERE principal = $1 AND action = $2 AND devices = $3 AND revoked_at IS NULL
+
+-- name: GrantRevoke
+UPDATE grants SET revoked_at = $1 WHERE grant_id = $2 AND revoked_at IS NULL
+
+-- name: GrantGet
+SELECT grant_id, principal, action, devices, created_by, created_at, revoked_at FROM grants WHERE grant_id = $1
+
+-- name: GrantsOf
+SELECT action, devices FROM grants WHERE principal = $1 AND revoked_at IS NULL

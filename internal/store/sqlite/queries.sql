@@ -561,3 +561,113 @@ ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, le
 INSERT INTO instances (instance_id, started_at, heartbeat_at, lease_ttl_ms) VALUES (?, ?, ?, ?)
 ON CONFLICT (instance_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, lease_ttl_ms = excluded.lease_ttl_ms, started_at = excluded.started_at
 
+
+-- Tasks: plans and their versions, approvals, the runner's lease and its
+-- decisions (store/tasks.go), and grants (store/grants.go).
+
+-- name: TaskHistoryInsert
+INSERT INTO task_history (task_id, at, principal, action, from_state, to_state, version, reason)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: TaskCreateHash
+SELECT create_hash FROM tasks WHERE task_id = ?
+
+-- name: TaskInsert
+INSERT INTO tasks (task_id, status, version, create_hash, execute_after, execute_before,
+	created_by, created_at, updated_at) VALUES (?, 'waiting_approval', 1, ?, ?, ?, ?, ?, ?)
+
+-- name: TaskVersionInsert
+INSERT INTO task_versions (task_id, version, steps, plan_hash, author, created_at)
+	VALUES (?, ?, ?, ?, ?, ?)
+
+-- name: TaskState
+SELECT status, version, row_version FROM tasks WHERE task_id = ?
+
+-- name: TaskVersionHash
+SELECT plan_hash FROM task_versions WHERE task_id = ? AND version = ?
+
+-- name: TaskNewVersion
+UPDATE tasks SET version = version + 1, row_version = row_version + 1, updated_at = ?
+	WHERE task_id = ? AND status = ? AND row_version = ?
+
+-- name: TaskApprovalGet
+SELECT version, approver FROM approvals WHERE task_id = ?
+
+-- name: TaskVersionAuthor
+SELECT plan_hash, author FROM task_versions WHERE task_id = ? AND version = ?
+
+-- name: TaskApprove
+UPDATE tasks SET status = ?, approved_version = ?, row_version = row_version + 1, updated_at = ?
+	WHERE task_id = ? AND status = ? AND version = ? AND row_version = ?
+
+-- name: TaskApprovalInsert
+INSERT INTO approvals (task_id, version, approver, plan_hash, approved_at) VALUES (?, ?, ?, ?, ?)
+
+-- name: TaskRejectState
+SELECT status, row_version, version FROM tasks WHERE task_id = ?
+
+-- name: TaskMove
+UPDATE tasks SET status = ?, reason = ?,
+	step_index = CASE WHEN ? >= 0 THEN ? ELSE step_index END, row_version = row_version + 1, updated_at = ?
+	WHERE task_id = ? AND status = ? AND row_version = ?
+
+-- name: TaskMoveFenced
+UPDATE tasks SET status = ?, reason = ?,
+	step_index = CASE WHEN ? >= 0 THEN ? ELSE step_index END, row_version = row_version + 1, updated_at = ?
+	WHERE task_id = ? AND status = ? AND row_version = ?
+	AND owner = ? AND fencing_token = ? AND lease_expires_at > ?
+
+-- name: TaskFenceHeld
+SELECT EXISTS (SELECT 1 FROM tasks WHERE task_id = ? AND owner = ? AND fencing_token = ? AND lease_expires_at > ?)
+
+-- name: TaskListActive
+SELECT task_id, status, owner, fencing_token, lease_expires_at FROM tasks
+	WHERE status IN ('approved','running') ORDER BY updated_at, task_id
+
+-- name: TaskLeaseGetForUpdate
+SELECT owner, fencing_token, lease_expires_at FROM tasks WHERE task_id = ?
+
+-- name: TaskAcquire
+UPDATE tasks SET owner = ?, fencing_token = fencing_token + 1, lease_expires_at = ?
+	WHERE task_id = ? AND owner = ? AND fencing_token = ?
+
+-- name: TaskRenew
+UPDATE tasks SET lease_expires_at = ?
+	WHERE task_id = ? AND owner = ? AND fencing_token = ? AND lease_expires_at > ?
+
+-- name: TaskGet
+SELECT k.task_id, k.status, k.reason, k.version, v.plan_hash, v.steps, v.author,
+	k.execute_after, k.execute_before, k.created_by, k.approved_version, k.step_index, k.row_version,
+	k.owner, k.fencing_token, k.lease_expires_at, k.created_at, k.updated_at
+FROM tasks k JOIN task_versions v ON v.task_id = k.task_id AND v.version = k.version WHERE k.task_id = ?
+
+-- name: TaskStepOperationStatus
+SELECT status FROM operations WHERE operation_id = ?
+
+-- name: TaskDeviceSeen
+SELECT seen FROM devices WHERE device_id = ?
+
+-- name: TaskHistoryList
+SELECT at, principal, action, from_state, to_state, version, reason
+	FROM task_history WHERE task_id = ? ORDER BY id
+
+-- name: TaskApprovalRead
+SELECT a.version, a.approver, a.plan_hash, a.approved_at, v.author, v.steps
+	FROM approvals a JOIN task_versions v ON v.task_id = a.task_id AND v.version = a.version WHERE a.task_id = ?
+
+-- name: GrantInsert
+INSERT INTO grants (grant_id, principal, action, devices, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?)
+	ON CONFLICT (principal, action, devices) WHERE revoked_at IS NULL DO NOTHING
+
+-- name: GrantLive
+SELECT grant_id, principal, action, devices, created_by, created_at, revoked_at FROM grants
+	WHERE principal = ? AND action = ? AND devices = ? AND revoked_at IS NULL
+
+-- name: GrantRevoke
+UPDATE grants SET revoked_at = ? WHERE grant_id = ? AND revoked_at IS NULL
+
+-- name: GrantGet
+SELECT grant_id, principal, action, devices, created_by, created_at, revoked_at FROM grants WHERE grant_id = ?
+
+-- name: GrantsOf
+SELECT action, devices FROM grants WHERE principal = ? AND revoked_at IS NULL
