@@ -22,6 +22,8 @@ import (
 	"github.com/fleetctl/fleetctl/internal/command"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
+	"github.com/fleetctl/fleetctl/internal/feed"
+	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/lease"
 	"github.com/fleetctl/fleetctl/internal/mcpserver"
 	"github.com/fleetctl/fleetctl/internal/metrics"
@@ -164,6 +166,7 @@ type Controller struct {
 	http   *http.Server
 	inst   *store.Instance
 	bus    *events.Bus
+	feed   *feed.Feed      // the store's facts, routed by route
 	peers  *peers.Division // nil: this instance applies every receipt
 	probe  *receiptProbe
 	remote chan string // operations other instances finished, for the bus
@@ -207,11 +210,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		}
 	}()
 
-	// The dashboard's event stream: the store tells the bus of each change
-	// it committed (with its id), the way it tells the metrics.
+	// The dashboard's event stream. The store counts each change for the
+	// metrics and publishes it, with every wake-up it computes, into the
+	// feed, which route sends to the services once they all exist (the
+	// facts before that, a reclaim's, are kept for it).
 	c.bus = events.New(events.Config{First: uint64(time.Now().UnixMicro())})
 	met.Registry.MustRegister(c.bus.Collectors()...)
-	db, err := store.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: observer{met, c.bus}})
+	c.feed = feed.New()
+	db, err := store.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: met, Feed: c.feed})
 	if err != nil {
 		return nil, err
 	}
@@ -273,18 +279,15 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 			receipts: 1,
 			wire.Wildcard(cfg.TopicRoot, wire.KindPresence): 1,
 		},
-		OnConnect: func() { c.disp.Connected(); c.probe.connected() },
 	})
-	changed := func(id string) { c.api.Changed(id) }
 	c.disp = command.New(command.Config{
 		Store: c.store, Publisher: c.mqtt, Instance: cfg.InstanceID, TopicRoot: cfg.TopicRoot, Policy: policy,
 		TrustMargin: lease.TrustMargin(cfg.LeaseTTL), SweepInterval: cfg.SweepInterval, Failpoints: fp, Metrics: met,
-		Logger: log, Changed: changed,
+		Logger: log,
 	})
 	svc := ops.New(ops.Config{
 		Store: c.store, Instance: cfg.InstanceID, LeaseTTL: cfg.LeaseTTL, Policy: policy, Failpoints: fp,
 		EnforceGrants: auth.Enabled(), FourEyes: cfg.FourEyes && auth.Enabled(), MaxCommandBytes: cfg.MaxCommandBytes,
-		Submitted: c.disp.Submitted, Changed: changed,
 	})
 	if c.httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.HTTP, err)
@@ -309,36 +312,27 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	fourEyes := cfg.FourEyes && auth.Enabled()
 	c.sched = rollout.NewScheduler(rollout.SchedulerConfig{Store: c.store, Ops: svc, Policy: policy, Instance: cfg.InstanceID,
 		LeaseTTL: cfg.LeaseTTL, Checks: store.RolloutChecks{EnforceGrants: auth.Enabled(), FourEyes: fourEyes},
-		Kick: c.disp.Kick, Changed: changed, Metrics: rollout.NewMetrics(met.Registry, c.store), Logger: log})
+		Metrics: rollout.NewMetrics(met.Registry, c.store), Logger: log})
 	rollouts := rollout.NewService(rollout.Config{Store: c.store, Ops: svc, Policy: policy, Instance: cfg.InstanceID,
-		LeaseTTL: cfg.LeaseTTL, FourEyes: fourEyes, Changed: c.sched.Wake, Created: c.sched.Adopt})
-	// /mcp: the MCP tools, each a request to this API in process as the caller.
-	agents := mcpserver.HTTPHandler(mcpserver.HTTPConfig{Addr: c.HTTPAddr, Logger: log,
-		API: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.api.ServeHTTP(w, r) })})
+		LeaseTTL: cfg.LeaseTTL, FourEyes: fourEyes})
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
-		Metrics: met.Handler(), Auth: auth, Failpoints: fp, Hosts: hosts, WaitPoll: waitPoll, MCP: agents,
+		Metrics: met.Handler(), Auth: auth, Failpoints: fp, Hosts: hosts, WaitPoll: waitPoll,
 		Events: c.bus, UI: ui.Handler(), Rollouts: rollouts, Health: db.Err,
 		Refused: func(reason string) { met.InputRefused(metrics.SourceHTTP, reason) }})
+	// /mcp: the MCP tools, each a request to this API in process as the caller.
+	c.api.MountMCP(mcpserver.HTTPHandler(mcpserver.HTTPConfig{Addr: c.HTTPAddr, Logger: log, API: c.api}))
 	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
 	c.http.RegisterOnShutdown(c.bus.Close) // the streams end, so Shutdown finds their connections idle
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
 		ReceiptRate: receipt.ReceiptRate(cfg.ReceiptRate), PresenceRate: receipt.DefaultPresenceRate,
 		GroupReceipts: !shared, Owns: c.owns(), ProbeTopic: c.probe.topic, OnProbe: c.probe.arrived,
-		OnReceipt: func(out store.ReceiptOutcome) {
-			if out.OperationID != "" && out.OperationMayChange() {
-				c.api.Changed(out.OperationID) // a ?wait= caller reads it again
-			}
-			if out.Due && out.CommandID != "" {
-				c.disp.Kick(out.CommandID) // the holder decides what follows
-			}
-		},
-		OnPresence: func(ctx context.Context, out store.PresenceOutcome) { c.disp.DeviceChanged(ctx, out.Device.DeviceID) },
 	})
 	c.keeper = lease.New(lease.Config{Store: c.store, Instance: cfg.InstanceID, TTL: cfg.LeaseTTL,
 		Failpoints: fp, Metrics: met, Logger: log})
 	c.runner = task.New(task.Config{Store: c.store, Ops: svc, Instance: cfg.InstanceID, EnforceGrants: auth.Enabled(),
 		Failpoints: fp, Kick: c.disp.Kick, Interval: cfg.SweepInterval, Logger: log})
+	c.feed.Route(c.route) // every consumer exists from here on
 	return c, nil
 }
 
@@ -416,7 +410,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return c.http.Shutdown(shutdown)
 	})
 	g.Go(func() error { return c.mqtt.Run(ctx) })
-	g.Go(func() error { return c.wakeUps(ctx) })
+	g.Go(func() error { return c.watch(ctx) })
 	g.Go(func() error { return c.remoteEvents(ctx) })
 	g.Go(func() error { return c.probe.run(ctx, c.mqtt) })
 	if c.peers != nil {
@@ -438,11 +432,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	return err
 }
 
-// wakeUps acts on the other instances' wake-ups until ctx ends: an
-// operation that finished wakes this instance's ?wait= callers, a command
-// made due wakes its decision (the dispatcher drops another holder's). It
-// fails when the instance lock was lost to another process.
-func (c *Controller) wakeUps(ctx context.Context) error {
+// watch runs until ctx ends: after each broker (re)connect, once the
+// subscriptions are in place, the dispatcher reconciles and the receipt
+// probe runs again. It fails when the instance lock was lost to another
+// process.
+func (c *Controller) watch(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -450,30 +444,64 @@ func (c *Controller) wakeUps(ctx context.Context) error {
 		case err := <-c.inst.Lost():
 			c.log.Error("instance stops", "err", err)
 			return err
-		case w := <-c.inst.Wakes():
-			switch w.Kind {
-			case store.WakeOperation:
-				c.api.Changed(w.ID)
-				c.remoteEvent(w.ID)
-			case store.WakeCommand:
-				c.disp.Kick(w.ID)
-			case store.WakeAll:
-				c.log.Info("wake-ups from other instances may have been missed; the sweeps' polling covers them")
-				c.bus.Publish(events.KindReset, "", "", time.Now())
-			}
+		case <-c.mqtt.Connects():
+			c.disp.Connected()
+			c.probe.connected()
 		}
 	}
 }
 
-// observer is the store's observer: the metrics count each committed
-// change, the bus publishes it on the event stream.
-type observer struct {
-	*metrics.Metrics
-	bus *events.Bus
+// route sends each of the store's facts (package feed) to the services
+// that act on it. It runs inline, on the writer's goroutine right after a
+// commit or on the goroutine that receives other instances' wake-ups:
+// every consumer returns at once (a waiter's signal, a non-blocking send).
+//
+//	changed operation (left started) → ?wait= callers (api.Changed)
+//	changed, any kind the stream has  → event stream (bus.Changed)
+//	remote operation (left started)   → ?wait= callers, and the event stream once read back (remoteEvents)
+//	due command (new: as inserted)    → dispatcher (Submitted, else Kick)
+//	rollout (a person's action)       → scheduler (Adopt when created here, else Wake)
+//	reset                             → event stream (a reset event)
+func (c *Controller) route(f store.Fact) {
+	switch f.Kind {
+	case store.FactChanged:
+		ch := f.Change
+		if ch.Machine == "operation" {
+			if f.Remote {
+				c.api.Changed(f.ID)
+				c.remoteEvent(f.ID)
+				return
+			}
+			if ch.To != string(fsm.OpStarted) {
+				c.api.Changed(ch.ID) // a ?wait= caller reads it again
+			}
+		}
+		// TASK FACTS: a task's change (ch.Machine == "task", ch.ID its
+		// task_id) goes to the task runner here once it takes wake-ups:
+		// c.runner.Wake(ch.ID). Until then it polls (task.Config.Interval)
+		// and kicks its steps' commands itself (task.Config.Kick).
+		c.bus.Changed(ch)
+	case store.FactDue:
+		if f.Inserted != nil {
+			c.disp.Submitted(f.ID, f.Inserted) // its first step decides on this copy
+		} else {
+			c.disp.Kick(f.ID) // the holder decides what follows; another holder's is dropped
+		}
+	case store.FactRollout:
+		if f.Token > 0 {
+			c.sched.Adopt(f.ID, f.Token)
+		} else {
+			c.sched.Wake(f.ID)
+		}
+	case store.FactReset:
+		if f.Remote {
+			c.log.Info("wake-ups from other instances may have been missed; the sweeps' polling covers them")
+		} else {
+			c.log.Info("facts from before the controller was built were dropped; the sweeps' polling covers them")
+		}
+		c.bus.Publish(events.KindReset, "", "", time.Now())
+	}
 }
-
-// Changed implements store.ChangeObserver.
-func (o observer) Changed(ch store.Change) { o.bus.Changed(ch) }
 
 // remoteEvent hands an operation another instance finished to
 // remoteEvents, while someone reads the stream (no read of the database

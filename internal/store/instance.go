@@ -30,24 +30,37 @@ type Wake struct {
 }
 
 // Instance is this process's exclusive hold on its instance id (an flock
-// with SQLite, a session advisory lock with PostgreSQL) and the wake-ups
-// other instances send it. Close releases both.
+// with SQLite, a session advisory lock with PostgreSQL); while it holds,
+// the wake-ups other instances send it go into the store's feed (Config.Feed)
+// as remote facts. Close releases both.
 type Instance struct {
 	ID    string
-	wakes chan Wake
+	feed  Feed // nil: wake-ups are dropped
 	lost  chan error
 	once  sync.Once
 	close func()
 }
 
-func newInstance(id string, wakes chan Wake, closeFn func()) *Instance {
-	return &Instance{ID: id, wakes: wakes, lost: make(chan error, 1), close: closeFn}
+func newInstance(id string, feed Feed, closeFn func()) *Instance {
+	return &Instance{ID: id, feed: feed, lost: make(chan error, 1), close: closeFn}
 }
 
-// Wakes delivers other instances' wake-ups; never with SQLite, where
-// instances poll. A wake-up that finds the channel full is dropped: the
-// sweeps' polling is the fallback.
-func (i *Instance) Wakes() <-chan Wake { return i.wakes }
+// deliver publishes another instance's wake-up as a remote fact; never with
+// SQLite, where instances poll. The feed never blocks; what its consumers
+// drop, the sweeps' polling finds.
+func (i *Instance) deliver(w Wake) {
+	if i.feed == nil {
+		return
+	}
+	switch w.Kind {
+	case WakeOperation:
+		i.feed.Publish(Fact{Kind: FactChanged, ID: w.ID, Change: Change{Machine: "operation", ID: w.ID}, Remote: true})
+	case WakeCommand:
+		i.feed.Publish(Fact{Kind: FactDue, ID: w.ID, Remote: true})
+	case WakeAll:
+		i.feed.Publish(Fact{Kind: FactReset, Remote: true})
+	}
+}
 
 // Lost receives an error if the hold on the id was lost and could not be
 // taken back (another process holds it now), or, with SQLite, once a file

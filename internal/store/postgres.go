@@ -171,7 +171,7 @@ func (b *postgresBackend) lockInstance(ctx context.Context, s *DB, id string) (*
 	}
 	lctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	inst := newInstance(id, make(chan Wake, 4096), func() {
+	inst := newInstance(id, s.feed, func() {
 		stop()
 		<-done
 	})
@@ -240,13 +240,6 @@ func (b *postgresBackend) listen(ctx context.Context, cfg *pgx.ConnConfig, inst 
 			}
 		}
 		inst.deliver(Wake{Kind: WakeAll}) // what was sent meanwhile is lost
-	}
-}
-
-func (i *Instance) deliver(w Wake) {
-	select {
-	case i.wakes <- w:
-	default: // full: the sweeps' polling finds it
 	}
 }
 

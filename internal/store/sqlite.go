@@ -133,7 +133,7 @@ func (sqliteBackend) lockInstance(_ context.Context, s *DB, id string) (*Instanc
 		return nil, err
 	}
 	stop, done := make(chan struct{}), make(chan struct{})
-	inst := newInstance(id, nil, func() {
+	inst := newInstance(id, nil, func() { // instances sharing a file poll
 		close(stop)
 		<-done
 		s.files.remove(path)
