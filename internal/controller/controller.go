@@ -23,7 +23,6 @@ import (
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/feed"
-	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/lease"
 	"github.com/fleetctl/fleetctl/internal/mcpserver"
 	"github.com/fleetctl/fleetctl/internal/metrics"
@@ -332,7 +331,11 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		Failpoints: fp, Metrics: met, Logger: log})
 	c.runner = task.New(task.Config{Store: c.store, Ops: svc, Instance: cfg.InstanceID, EnforceGrants: auth.Enabled(),
 		Failpoints: fp, Kick: c.disp.Kick, Interval: cfg.SweepInterval, Logger: log})
-	c.feed.Route(c.route) // every consumer exists from here on
+	// Every consumer of the store's facts exists from here on
+	// (feed.Consumers.Route says which fact goes where). TASK FACTS: the
+	// task runner joins them here once it takes wake-ups (runner.Wake).
+	c.feed.Route((&feed.Consumers{Waiters: c.api, Dispatcher: c.disp, Scheduler: c.sched, Stream: c.bus,
+		Remote: c.remoteEvent, Logger: log}).Route)
 	return c, nil
 }
 
@@ -448,58 +451,6 @@ func (c *Controller) watch(ctx context.Context) error {
 			c.disp.Connected()
 			c.probe.connected()
 		}
-	}
-}
-
-// route sends each of the store's facts (package feed) to the services
-// that act on it. It runs inline, on the writer's goroutine right after a
-// commit or on the goroutine that receives other instances' wake-ups:
-// every consumer returns at once (a waiter's signal, a non-blocking send).
-//
-//	changed operation (left started) → ?wait= callers (api.Changed)
-//	changed, any kind the stream has  → event stream (bus.Changed)
-//	remote operation (left started)   → ?wait= callers, and the event stream once read back (remoteEvents)
-//	due command (new: as inserted)    → dispatcher (Submitted, else Kick)
-//	rollout (a person's action)       → scheduler (Adopt when created here, else Wake)
-//	reset                             → event stream (a reset event)
-func (c *Controller) route(f store.Fact) {
-	switch f.Kind {
-	case store.FactChanged:
-		ch := f.Change
-		if ch.Machine == "operation" {
-			if f.Remote {
-				c.api.Changed(f.ID)
-				c.remoteEvent(f.ID)
-				return
-			}
-			if ch.To != string(fsm.OpStarted) {
-				c.api.Changed(ch.ID) // a ?wait= caller reads it again
-			}
-		}
-		// TASK FACTS: a task's change (ch.Machine == "task", ch.ID its
-		// task_id) goes to the task runner here once it takes wake-ups:
-		// c.runner.Wake(ch.ID). Until then it polls (task.Config.Interval)
-		// and kicks its steps' commands itself (task.Config.Kick).
-		c.bus.Changed(ch)
-	case store.FactDue:
-		if f.Inserted != nil {
-			c.disp.Submitted(f.ID, f.Inserted) // its first step decides on this copy
-		} else {
-			c.disp.Kick(f.ID) // the holder decides what follows; another holder's is dropped
-		}
-	case store.FactRollout:
-		if f.Token > 0 {
-			c.sched.Adopt(f.ID, f.Token)
-		} else {
-			c.sched.Wake(f.ID)
-		}
-	case store.FactReset:
-		if f.Remote {
-			c.log.Info("wake-ups from other instances may have been missed; the sweeps' polling covers them")
-		} else {
-			c.log.Info("facts from before the controller was built were dropped; the sweeps' polling covers them")
-		}
-		c.bus.Publish(events.KindReset, "", "", time.Now())
 	}
 }
 

@@ -24,8 +24,30 @@
 // once and never block or write to the store (a non-blocking channel send,
 // a waiter's signal); anything slower hands the fact to a goroutine of its
 // own without blocking, and a fact it drops is found again by the sweeps'
-// polling, as a dropped wake-up always was. The controller's route
-// (controller.route) is the one place that says which fact goes to whom.
+// polling, as a dropped wake-up always was. Consumers.Route is the one
+// place that says which fact goes to whom; controller.New hands it the
+// services once they all exist:
+//
+//	store commit ─┐                       ┌─ FactChanged operation (left started) → api ?wait= callers
+//	              ├─ Feed.Publish ─ Route ┼─ FactChanged (every machine)            → events.Bus (the stream)
+//	NOTIFY listen ┘   (inline)            ├─ remote operation → ?wait= callers, remoteEvents (read back → stream)
+//	                                      ├─ FactDue (new: as inserted / other)     → Dispatcher.Submitted / Kick
+//	                                      ├─ FactRollout (created here / a person)  → Scheduler.Adopt / Wake
+//	                                      └─ FactReset                              → the stream's reset event
+//
+// The broker's (re)connects are not the store's facts: the controller's
+// watch loop reads mqttx.Client.Connects and tells the dispatcher and the
+// receipt probe.
+//
+// # What is not routed here (yet)
+//
+// The task runner polls its active tasks and kicks its steps' commands
+// itself (task.Config.Kick); a task's changes are marked in Route where
+// they will go once it takes wake-ups. A device's presence change makes its
+// open commands due in a transaction of its own that the receipt ingestor
+// runs right after it, on the same goroutine, before the device's next
+// message (store.Wake, as before this feed); those commands reach the
+// dispatcher as FactDue. Route never writes to the store.
 //
 // # Before the route is set
 //
