@@ -86,7 +86,7 @@ func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() err
 		if res, err = t.submit(ctx, n); err != nil {
 			return err
 		}
-		t.submitted(res)
+		t.submitted(&res)
 		if !res.Created {
 			return nil
 		}

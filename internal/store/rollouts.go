@@ -899,7 +899,7 @@ func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice,
 	if err != nil {
 		return err
 	}
-	t.submitted(sub)
+	t.submitted(&sub)
 	res.Started = &sub
 	return nil
 }

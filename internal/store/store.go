@@ -83,6 +83,9 @@ type Change struct {
 // facts to the services that act on them.
 type Fact struct {
 	Kind FactKind
+	// Remote: the fact came from another instance's wake-up (PostgreSQL
+	// NOTIFY), not from this instance's commit.
+	Remote bool
 	// ID is the entity: the command_id of FactDue, the rollout_id of
 	// FactRollout, the operation_id of a remote FactChanged (whose Change
 	// holds only its Machine and ID: the status is read back).
@@ -94,9 +97,6 @@ type Fact struct {
 	// Token is the lease token of a rollout this instance created
 	// (FactRollout): it drives it under that fence; 0 otherwise.
 	Token int64
-	// Remote: the fact came from another instance's wake-up (PostgreSQL
-	// NOTIFY), not from this instance's commit.
-	Remote bool
 }
 
 // FactKind says what a Fact tells.
@@ -306,18 +306,22 @@ func (t *tx) wake(kind, id string) {
 // publish tells the feed f once this change commits (a change rolled back
 // to its savepoint drops it with its notes).
 func (t *tx) publish(f Fact) {
-	if feed := t.s.feed; feed != nil {
-		t.notes = append(t.notes, func(Observer) { feed.Publish(f) })
+	feed := t.s.feed
+	if feed == nil {
+		return
 	}
+	g := f // only a published fact goes to the heap (with its note: a Fact fits in one)
+	t.notes = append(t.notes, func(Observer) { feed.Publish(g) })
 }
 
 // submitted publishes a submit's command as due for its first decision: a
-// new one with its copy as inserted, a retry's without.
-func (t *tx) submitted(res SubmitResult) {
+// new one with its copy as inserted (res's own, which the dispatcher copies
+// before the submit's caller is answered), a retry's without.
+func (t *tx) submitted(res *SubmitResult) {
 	switch {
+	case t.s.feed == nil:
 	case res.Created:
-		ins := res.Inserted
-		t.publish(Fact{Kind: FactDue, ID: res.Operation.CommandID, Inserted: &ins})
+		t.publish(Fact{Kind: FactDue, ID: res.Operation.CommandID, Inserted: &res.Inserted})
 	case res.Retried:
 		t.publish(Fact{Kind: FactDue, ID: res.Operation.CommandID})
 	}
