@@ -48,10 +48,6 @@ type Config struct {
 	// WaitPoll is how often a ?wait= call re-reads its operation for
 	// changes no wake-up announced (another instance's); 250 ms by default.
 	WaitPoll time.Duration
-	// MCP, if set, serves the agent interface (internal/mcpserver) at
-	// /mcp behind the same bearer tokens: any valid one gets in, and each
-	// tool call is a request to the routes here, which check its role.
-	MCP http.Handler
 	// Hosts are the Host values the API answers to (the browser rules,
 	// browser.go); nil: any (no Host check, and an Origin must equal the
 	// request's Host).
@@ -133,9 +129,6 @@ func New(cfg Config) *Server {
 			h = withID(*rt.id, h)
 		}
 		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(h)))
-	}
-	if cfg.MCP != nil {
-		s.mux.Handle("/mcp", s.need("", cfg.MCP.ServeHTTP))
 	}
 	s.dashboardRoutes() // events.go: the event stream, the task list, whoami, /ui/
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -220,6 +213,14 @@ func (s *Server) serve(h handler) http.HandlerFunc {
 		}
 		writeJSON(w, status, body)
 	}
+}
+
+// MountMCP serves the agent interface (internal/mcpserver) at /mcp behind
+// the same bearer tokens: any valid one gets in, and each tool call is a
+// request to the routes here, which check its role. The handler calls this
+// Server, so it is built after it and mounted before the Server serves.
+func (s *Server) MountMCP(h http.Handler) {
+	s.mux.Handle("/mcp", s.need("", h.ServeHTTP))
 }
 
 // Changed wakes the ?wait= requests of an operation.

@@ -38,8 +38,6 @@ type Config struct {
 	Metrics       *metrics.Metrics
 	Logger        *slog.Logger
 	Now           func() time.Time
-	// Changed is told of every operation whose state this dispatcher changed.
-	Changed func(operationID string)
 }
 
 // Dispatcher publishes, asks about, re-sends and times out the commands of
@@ -75,9 +73,6 @@ func New(cfg Config) *Dispatcher {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.Changed == nil {
-		cfg.Changed = func(string) {}
 	}
 	return &Dispatcher{cfg: cfg, work: make(chan string, 4096), inFlight: map[string]bool{}, again: map[string]bool{},
 		inserted: map[string]store.OpenCommand{}, connected: make(chan struct{}, 1)}
@@ -217,19 +212,6 @@ func (d *Dispatcher) sweep(ctx context.Context, all bool) {
 		return
 	}
 	for _, id := range retrying {
-		d.Kick(id)
-	}
-}
-
-// DeviceChanged is told when a device's presence changed: its open
-// commands are looked at now (sent when it is back, parked when it left).
-func (d *Dispatcher) DeviceChanged(ctx context.Context, device string) {
-	ids, err := d.cfg.Store.Wake(ctx, device)
-	if err != nil {
-		d.cfg.Logger.Error("wake device commands", "device", device, "err", err)
-		return
-	}
-	for _, id := range ids {
 		d.Kick(id)
 	}
 }
@@ -531,12 +513,11 @@ func (d *Dispatcher) retryStep(ctx context.Context, commandID string) {
 		if err := d.cfg.Store.AbandonRetry(ctx, r, f, "retry: no answer about "+last.CommandID+" within the ttl"); err != nil && !errors.Is(err, store.ErrRefused) {
 			d.cfg.Logger.Error("abandon retry", "operation_id", op.OperationID, "err", err)
 		}
-		d.cfg.Changed(op.OperationID)
 	case !dev.Capabilities.Query:
 		if dev.Capabilities.Dedupe {
 			d.mint(ctx, r, f, dev, pol) // its operation_id rule keeps a late copy of the old one harmless
-		} else if err := d.cfg.Store.AbandonRetry(ctx, r, f, "retry: cannot ask a device without query about "+last.CommandID); err == nil {
-			d.cfg.Changed(op.OperationID)
+		} else {
+			_ = d.cfg.Store.AbandonRetry(ctx, r, f, "retry: cannot ask a device without query about "+last.CommandID) // a failure: the next sweep
 		}
 	case now.Before(last.NextCheckAt):
 	default:
@@ -576,7 +557,5 @@ func (d *Dispatcher) move(ctx context.Context, oc store.OpenCommand, to fsm.Comm
 		if !errors.Is(err, store.ErrRefused) {
 			d.cfg.Logger.Error("move command", "command_id", c.CommandID, "to", to, "err", err)
 		}
-		return
 	}
-	d.cfg.Changed(c.OperationID)
 }

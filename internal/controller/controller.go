@@ -22,6 +22,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/command"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
+	"github.com/fleetctl/fleetctl/internal/feed"
 	"github.com/fleetctl/fleetctl/internal/lease"
 	"github.com/fleetctl/fleetctl/internal/mcpserver"
 	"github.com/fleetctl/fleetctl/internal/metrics"
@@ -165,6 +166,7 @@ type Controller struct {
 	http   *http.Server
 	inst   *store.Instance
 	bus    *events.Bus
+	feed   *feed.Feed      // the store's facts, routed by route
 	peers  *peers.Division // nil: this instance applies every receipt
 	probe  *receiptProbe
 	remote chan string // operations other instances finished, for the bus
@@ -208,11 +210,14 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 		}
 	}()
 
-	// The dashboard's event stream: the store tells the bus of each change
-	// it committed (with its id), the way it tells the metrics.
+	// The dashboard's event stream. The store counts each change for the
+	// metrics and publishes it, with every wake-up it computes, into the
+	// feed, which route sends to the services once they all exist (the
+	// facts before that, a reclaim's, are kept for it).
 	c.bus = events.New(events.Config{First: uint64(time.Now().UnixMicro())})
 	met.Registry.MustRegister(c.bus.Collectors()...)
-	db, err := backend.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: observer{met, c.bus}})
+	c.feed = feed.New()
+	db, err := backend.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: met, Feed: c.feed})
 	if err != nil {
 		return nil, err
 	}
@@ -276,18 +281,15 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 			receipts: 1,
 			wire.Wildcard(cfg.TopicRoot, wire.KindPresence): 1,
 		},
-		OnConnect: func() { c.disp.Connected(); c.probe.connected() },
 	})
-	changed := func(id string) { c.api.Changed(id) }
 	c.disp = command.New(command.Config{
 		Store: c.store, Publisher: c.mqtt, Instance: cfg.InstanceID, TopicRoot: cfg.TopicRoot, Policy: policy,
 		TrustMargin: lease.TrustMargin(cfg.LeaseTTL), SweepInterval: cfg.SweepInterval, Failpoints: fp, Metrics: met,
-		Logger: log, Changed: changed,
+		Logger: log,
 	})
 	svc := ops.New(ops.Config{
 		Store: c.store, Instance: cfg.InstanceID, LeaseTTL: cfg.LeaseTTL, Policy: policy, Failpoints: fp,
 		EnforceGrants: auth.Enabled(), FourEyes: cfg.FourEyes && auth.Enabled(), MaxCommandBytes: cfg.MaxCommandBytes,
-		Submitted: c.disp.Submitted, Changed: changed,
 	})
 	if c.httpLn, err = net.Listen("tcp", cfg.HTTP); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", cfg.HTTP, err)
@@ -313,36 +315,30 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	fourEyes := cfg.FourEyes && auth.Enabled()
 	c.sched = rollout.NewScheduler(rollout.SchedulerConfig{Store: c.store, Ops: svc, Policy: policy, Instance: cfg.InstanceID,
 		LeaseTTL: cfg.LeaseTTL, Checks: store.RolloutChecks{EnforceGrants: auth.Enabled(), FourEyes: fourEyes},
-		Kick: c.disp.Kick, Changed: changed, Metrics: rollout.NewMetrics(met.Registry, c.store), Logger: log})
+		Metrics: rollout.NewMetrics(met.Registry, c.store), Logger: log})
 	rollouts := rollout.NewService(rollout.Config{Store: c.store, Ops: svc, Policy: policy, Instance: cfg.InstanceID,
-		LeaseTTL: cfg.LeaseTTL, FourEyes: fourEyes, Changed: c.sched.Wake, Created: c.sched.Adopt})
-	// /mcp: the MCP tools, each a request to this API in process as the caller.
-	agents := mcpserver.HTTPHandler(mcpserver.HTTPConfig{Addr: c.HTTPAddr, Logger: log,
-		API: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { c.api.ServeHTTP(w, r) })})
+		LeaseTTL: cfg.LeaseTTL, FourEyes: fourEyes})
 	c.api = api.New(api.Config{Service: svc, Store: c.store, Instance: cfg.InstanceID, Logger: log,
-		Metrics: met.Handler(), Auth: auth, Failpoints: fp, Hosts: hosts, WaitPoll: waitPoll, MCP: agents,
+		Metrics: met.Handler(), Auth: auth, Failpoints: fp, Hosts: hosts, WaitPoll: waitPoll,
 		Events: c.bus, UI: ui.Handler(), Rollouts: rollouts, Health: db.Err,
 		Refused: func(reason string) { met.InputRefused(metrics.SourceHTTP, reason) }})
+	// /mcp: the MCP tools, each a request to this API in process as the caller.
+	c.api.MountMCP(mcpserver.HTTPHandler(mcpserver.HTTPConfig{Addr: c.HTTPAddr, Logger: log, API: c.api}))
 	c.http = &http.Server{Handler: c.api, ReadHeaderTimeout: 10 * time.Second}
 	c.http.RegisterOnShutdown(c.bus.Close) // the streams end, so Shutdown finds their connections idle
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
 		ReceiptRate: receipt.ReceiptRate(cfg.ReceiptRate), PresenceRate: receipt.DefaultPresenceRate,
 		GroupReceipts: caps.GroupReceipts, Owns: c.owns(), ProbeTopic: c.probe.topic, OnProbe: c.probe.arrived,
-		OnReceipt: func(out store.ReceiptOutcome) {
-			if out.OperationID != "" && out.OperationMayChange() {
-				c.api.Changed(out.OperationID) // a ?wait= caller reads it again
-			}
-			if out.Due && out.CommandID != "" {
-				c.disp.Kick(out.CommandID) // the holder decides what follows
-			}
-		},
-		OnPresence: func(ctx context.Context, out store.PresenceOutcome) { c.disp.DeviceChanged(ctx, out.Device.DeviceID) },
 	})
 	c.keeper = lease.New(lease.Config{Store: c.store, Instance: cfg.InstanceID, TTL: cfg.LeaseTTL,
 		Failpoints: fp, Metrics: met, Logger: log})
 	c.runner = task.New(task.Config{Store: c.store, Ops: svc, Instance: cfg.InstanceID, EnforceGrants: auth.Enabled(),
-		Failpoints: fp, Kick: c.disp.Kick, Interval: cfg.SweepInterval, LeaseTTL: cfg.LeaseTTL, Logger: log})
+		Failpoints: fp, Interval: cfg.SweepInterval, LeaseTTL: cfg.LeaseTTL, Logger: log})
+	// Every consumer of the store's facts exists from here on
+	// (feed.Consumers.Route says which fact goes where).
+	c.feed.Route((&feed.Consumers{Waiters: c.api, Dispatcher: c.disp, Scheduler: c.sched, Tasks: c.runner, Stream: c.bus,
+		Remote: c.remoteEvent, Logger: log}).Route)
 	return c, nil
 }
 
@@ -420,7 +416,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		return c.http.Shutdown(shutdown)
 	})
 	g.Go(func() error { return c.mqtt.Run(ctx) })
-	g.Go(func() error { return c.wakeUps(ctx) })
+	g.Go(func() error { return c.watch(ctx) })
 	g.Go(func() error { return c.remoteEvents(ctx) })
 	g.Go(func() error { return c.probe.run(ctx, c.mqtt) })
 	if c.peers != nil {
@@ -442,11 +438,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	return err
 }
 
-// wakeUps acts on the other instances' wake-ups until ctx ends: an
-// operation that finished wakes this instance's ?wait= callers, a command
-// made due wakes its decision (the dispatcher drops another holder's). It
-// fails when the instance lock was lost to another process.
-func (c *Controller) wakeUps(ctx context.Context) error {
+// watch runs until ctx ends: after each broker (re)connect, once the
+// subscriptions are in place, the dispatcher reconciles and the receipt
+// probe runs again. It fails when the instance lock was lost to another
+// process.
+func (c *Controller) watch(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -454,30 +450,12 @@ func (c *Controller) wakeUps(ctx context.Context) error {
 		case err := <-c.inst.Lost():
 			c.log.Error("instance stops", "err", err)
 			return err
-		case w := <-c.inst.Wakes():
-			switch w.Kind {
-			case store.WakeOperation:
-				c.api.Changed(w.ID)
-				c.remoteEvent(w.ID)
-			case store.WakeCommand:
-				c.disp.Kick(w.ID)
-			case store.WakeAll:
-				c.log.Info("wake-ups from other instances may have been missed; the sweeps' polling covers them")
-				c.bus.Publish(events.KindReset, "", "", time.Now())
-			}
+		case <-c.mqtt.Connects():
+			c.disp.Connected()
+			c.probe.connected()
 		}
 	}
 }
-
-// observer is the store's observer: the metrics count each committed
-// change, the bus publishes it on the event stream.
-type observer struct {
-	*metrics.Metrics
-	bus *events.Bus
-}
-
-// Changed implements store.ChangeObserver.
-func (o observer) Changed(ch store.Change) { o.bus.Changed(ch) }
 
 // remoteEvent hands an operation another instance finished to
 // remoteEvents, while someone reads the stream (no read of the database

@@ -328,17 +328,15 @@ func stepsOf(target string) []apiwire.Step {
 	return []apiwire.Step{{Step: "restart-device", Action: "restart", Target: target, Params: []byte(`{"reason":"stuck"}`)}}
 }
 
-// feed is the store's observer in an in-process server: each committed
-// change goes to the bus, as in the controller.
+// feed is the store's feed in an in-process server: each committed
+// change goes to the bus, as the controller's route sends it.
 type feed struct{ bus *events.Bus }
 
-func (feed) Transition(string, string, string) {}
-func (feed) Refused(string, string)            {}
-func (feed) Receipt(string)                    {}
-func (feed) Fenced()                           {}
-func (feed) Deadlock()                         {}
-func (feed) Batch(int, time.Duration, bool)    {}
-func (f feed) Changed(c store.Change)          { f.bus.Changed(c) }
+func (f feed) Publish(x store.Fact) {
+	if x.Kind == store.FactChanged {
+		f.bus.Changed(x.Change)
+	}
+}
 
 // fakeRollout answers GET /v1/rollouts and /v1/rollouts/{id} with one
 // rollout in the API's shape, as the test sets it.
@@ -409,7 +407,7 @@ func TestDashboardPagesTenThousandDevicesAndShowsRollouts(t *testing.T) {
 	t.Parallel()
 	const n = 10000
 	bus := events.New(events.Config{})
-	st, err := backend.Open(context.Background(), store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Observer: feed{bus}})
+	st, err := backend.Open(context.Background(), store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Feed: feed{bus}})
 	require.NoError(t, err)
 	defer st.Close()
 	var wg sync.WaitGroup

@@ -3,9 +3,10 @@
 //
 // # What is published
 //
-// The store tells the Bus of each change it committed (store.ChangeObserver,
-// after the commit, in commit order): an operation, a command, a device's
-// presence, a task, a rollout. An instance's feed therefore holds what that
+// The store publishes each change it committed into the controller's post-
+// commit feed (package feed: after the commit, in commit order), whose route
+// tells the Bus: an operation, a command, a device's presence, a task, a
+// rollout. An instance's stream therefore holds what that
 // instance committed, plus what other instances' wake-ups tell it (an
 // operation that left started, read back for its status) and a reset when
 // wake-ups may have been lost. Every event gets the next number of one
@@ -304,7 +305,7 @@ func (b *Bus) Published() uint64 {
 // Dropped counts the subscribers dropped for falling behind.
 func (b *Bus) Dropped() int64 { return b.dropped.Load() }
 
-// Changed implements the change half of store.ChangeObserver: a committed
+// Changed is told each committed change (the feed's store.FactChanged): a
 // change of a kind the stream carries is published with its new state.
 func (b *Bus) Changed(c store.Change) {
 	if slices.Contains(Kinds, c.Machine) {

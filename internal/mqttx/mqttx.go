@@ -70,9 +70,6 @@ type Config struct {
 	ClientID string
 	// Subscriptions: topic filter → QoS, made on every connect.
 	Subscriptions map[string]byte
-	// OnConnect runs (in its own goroutine) after every connect and
-	// reconnect, once the subscriptions are in place.
-	OnConnect func()
 	// Timeout bounds every connect, subscribe and publish wait.
 	Timeout      time.Duration
 	KeepAlive    time.Duration
@@ -208,6 +205,8 @@ type Client struct {
 	log   *slog.Logger
 	ready chan struct{} // closed at the first connect
 	loss  lossWatch
+
+	connects chan struct{} // signalled after every connect (Connects)
 }
 
 // ErrTimeout is returned when the broker does not answer within the timeout.
@@ -224,7 +223,7 @@ func New(cfg Config) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	cl := &Client{cfg: cfg, inbox: newQueue(), log: cfg.Logger, ready: make(chan struct{})}
+	cl := &Client{cfg: cfg, inbox: newQueue(), log: cfg.Logger, ready: make(chan struct{}), connects: make(chan struct{}, 1)}
 	opts := mqtt.NewClientOptions().
 		AddBroker(cfg.URL).
 		SetClientID(cfg.ClientID).
@@ -310,8 +309,9 @@ func (cl *Client) onConnect(c mqtt.Client) {
 				return
 			}
 		}
-		if cl.cfg.OnConnect != nil {
-			cl.cfg.OnConnect()
+		select {
+		case cl.connects <- struct{}{}:
+		default: // one pending signal stands for several connects
 		}
 	}()
 }
@@ -356,6 +356,10 @@ func (cl *Client) Connected() bool { return cl.c.IsConnectionOpen() }
 
 // Ready is closed once the client first connected.
 func (cl *Client) Ready() <-chan struct{} { return cl.ready }
+
+// Connects receives after every connect and reconnect, once the
+// subscriptions are in place; several connects before it is read make one.
+func (cl *Client) Connects() <-chan struct{} { return cl.connects }
 
 // Run connects (see Start), stays connected until ctx ends, then stops.
 func (cl *Client) Run(ctx context.Context) error {

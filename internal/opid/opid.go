@@ -71,6 +71,17 @@ func ValidateWhole(id string, maxLen int) error {
 // Reserved reports whether id ends in ":approval-v<N>", the task runner's ids.
 func Reserved(id string) bool { return reserved.MatchString(id) }
 
+// TaskOf is the task_id of a task step's operation,
+// {task_id}:{step}:{target}:approval-v<N> (a task_id holds no ':'), and
+// whether id has that shape.
+func TaskOf(id string) (string, bool) {
+	if !Reserved(id) {
+		return "", false
+	}
+	task, _, ok := strings.Cut(id, ":")
+	return task, ok
+}
+
 // RolloutShaped reports whether id has the shape of a rollout device's
 // operation, {rollout_id}:rollout:{device}:v<N> (four parts, the second
 // "rollout", the last v and digits), which only the rollout scheduler may

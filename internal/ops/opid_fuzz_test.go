@@ -124,8 +124,7 @@ func FuzzStepParams(f *testing.F) {
 	}
 	f.Cleanup(func() { st.Close() })
 	svc := New(Config{Store: st, Instance: "i1", LeaseTTL: 10 * time.Second,
-		Policy:    func(string) command.Policy { return command.Policy{TTL: time.Minute, MaxAttempts: 3} },
-		Submitted: func(string, *store.OpenCommand) {}})
+		Policy: func(string) command.Policy { return command.Policy{TTL: time.Minute, MaxAttempts: 3} }})
 	ctx := context.Background()
 	f.Fuzz(func(t *testing.T, value []byte) {
 		// What the API hands over: the body is I-JSON (decodeBody checks

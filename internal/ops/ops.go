@@ -70,13 +70,6 @@ type Config struct {
 	// MaxCommandBytes bounds an encoded command (DefaultMaxCommandBytes when 0).
 	MaxCommandBytes int
 	Now             func() time.Time
-	// Submitted is told of each command that needs a first decision (a new
-	// operation, or a retry): the dispatcher's kick. A new operation's
-	// first command comes with its copy as inserted (nil for a retry's), so
-	// that the first decision needs no read.
-	Submitted func(commandID string, inserted *store.OpenCommand)
-	// Changed is told of each operation a person's action changed.
-	Changed func(operationID string)
 }
 
 // Service applies the domain rules.
@@ -89,12 +82,6 @@ func New(cfg Config) *Service {
 	}
 	if cfg.MaxCommandBytes <= 0 {
 		cfg.MaxCommandBytes = DefaultMaxCommandBytes
-	}
-	if cfg.Submitted == nil {
-		cfg.Submitted = func(string, *store.OpenCommand) {}
-	}
-	if cfg.Changed == nil {
-		cfg.Changed = func(string) {}
 	}
 	return &Service{cfg: cfg}
 }
@@ -281,12 +268,7 @@ func (s *Service) insert(ctx context.Context, n store.NewOperation) (store.Opera
 	if err != nil {
 		return store.Operation{}, false, err
 	}
-	switch {
-	case res.Created:
-		s.cfg.Submitted(res.Operation.CommandID, &res.Inserted)
-	case res.Retried:
-		s.cfg.Submitted(res.Operation.CommandID, nil)
-	}
+	// Its command, due for a first decision, is the store's fact (FactDue).
 	return res.Operation, res.Created, nil
 }
 
@@ -343,7 +325,6 @@ func (s *Service) Cancel(ctx context.Context, commandID, who string) (store.Comm
 	if err != nil {
 		return store.Command{}, err
 	}
-	s.cfg.Changed(c.OperationID)
 	return c, nil
 }
 
@@ -362,7 +343,6 @@ func (s *Service) Resolve(ctx context.Context, commandID, outcome, note, who str
 		return store.Command{}, refuse(KindConflict, "illegal_state",
 			"a final receipt settled this command first (%s); your resolve is kept as its late outcome", out.Command.Status)
 	}
-	s.cfg.Changed(out.Command.OperationID)
 	return out.Command, nil
 }
 

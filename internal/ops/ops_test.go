@@ -27,10 +27,23 @@ type testBundle struct {
 	inserted  []store.OpenCommand // the copies that came with them
 }
 
+// Publish is the store's feed: the commands made due (the dispatcher's
+// kicks), with the copies that came with them. The store publishes before
+// it answers, so a submit that returned is recorded.
+func (b *testBundle) Publish(f store.Fact) {
+	if f.Kind != store.FactDue {
+		return
+	}
+	b.submitted = append(b.submitted, f.ID)
+	if f.Inserted != nil {
+		b.inserted = append(b.inserted, *f.Inserted)
+	}
+}
+
 func setup(t *testing.T, enforceGrants bool) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: context.Background()}
-	st, err := backend.Open(b.ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1"})
+	st, err := backend.Open(b.ctx, store.Config{Path: filepath.Join(t.TempDir(), "c.db"), Instance: "i1", Feed: b})
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	b.st = st
@@ -41,12 +54,6 @@ func setup(t *testing.T, enforceGrants bool) *testBundle {
 				p.Approval = command.ApprovalRequired
 			}
 			return p
-		},
-		Submitted: func(id string, inserted *store.OpenCommand) {
-			b.submitted = append(b.submitted, id)
-			if inserted != nil {
-				b.inserted = append(b.inserted, *inserted)
-			}
 		},
 	})
 	return b

@@ -74,12 +74,6 @@ type Config struct {
 	Failpoints *failpoint.Set
 	Metrics    *metrics.Metrics
 	Logger     *slog.Logger
-	// OnReceipt is told what each applied receipt did (to wake waiters and
-	// let the lease holder decide what follows).
-	OnReceipt func(store.ReceiptOutcome)
-	// OnPresence is told of each applied presence change, before the
-	// device's next message is handled.
-	OnPresence func(context.Context, store.PresenceOutcome)
 	// Workers apply messages concurrently, each device's on one worker
 	// (DefaultWorkers).
 	Workers int
@@ -139,12 +133,6 @@ const refusalLogEvery = 10 * time.Second
 func New(cfg Config) *Ingestor {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.OnReceipt == nil {
-		cfg.OnReceipt = func(store.ReceiptOutcome) {}
-	}
-	if cfg.OnPresence == nil {
-		cfg.OnPresence = func(context.Context, store.PresenceOutcome) {}
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
@@ -520,11 +508,11 @@ func (in *Ingestor) beforeCommit(ctx context.Context) func() error {
 	return func() error { return in.cfg.Failpoints.HitContext(ctx, failpoint.BeforeReceiptCommit) }
 }
 
-// applied reports a receipt the store applied (or found a duplicate, stale,
-// late...: its effect) to OnReceipt.
+// applied logs a receipt the store applied (or found a duplicate, stale,
+// late...: its effect). What it changed (an operation that left started, a
+// command made due) the store publishes as facts (package feed).
 func (in *Ingestor) applied(device string, r wire.Receipt, out store.ReceiptOutcome) {
 	in.cfg.Logger.Debug("receipt", "device", device, "command_id", out.CommandID, "status", r.Status, "effect", out.Effect)
-	in.cfg.OnReceipt(out)
 }
 
 // applyAttempts bounds the tries of one message against store errors (about
@@ -579,13 +567,23 @@ func (in *Ingestor) apply(ctx context.Context, m mqttx.Message) error {
 		effect := "stale"
 		if out.Applied {
 			effect = "applied"
-			in.cfg.OnPresence(ctx, out)
+			in.wakeDevice(ctx, device)
 		}
 		in.cfg.Metrics.Presence.WithLabelValues(effect).Inc()
 	default:
 		// Commands and queries are ours; we are not subscribed to them.
 	}
 	return nil
+}
+
+// wakeDevice makes a device's open commands due after its presence changed
+// (sent when it is back, parked when it left), before its next message is
+// handled; the store publishes each as due (store.FactDue) for the
+// dispatcher. A failure leaves them to the sweeper.
+func (in *Ingestor) wakeDevice(ctx context.Context, device string) {
+	if _, err := in.cfg.Store.Wake(ctx, device); err != nil {
+		in.cfg.Logger.Error("wake device commands", "device", device, "err", err)
+	}
 }
 
 // refuse counts and logs a message refused whole; it changes nothing.

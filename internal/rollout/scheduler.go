@@ -28,10 +28,6 @@ type SchedulerConfig struct {
 	LeaseTTL time.Duration
 	// Checks are re-made before each start.
 	Checks store.RolloutChecks
-	// Kick is told of each command a start (or retry) made due: the
-	// dispatcher's wake-up. Changed is told of each operation cancelled.
-	Kick    func(commandID string)
-	Changed func(operationID string)
 	// Poll is how often the list of active rollouts is read (other
 	// instances' rollouts whose lease runs out are taken over then).
 	Poll time.Duration
@@ -73,12 +69,6 @@ func NewScheduler(cfg SchedulerConfig) *Scheduler {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
-	}
-	if cfg.Kick == nil {
-		cfg.Kick = func(string) {}
-	}
-	if cfg.Changed == nil {
-		cfg.Changed = func(string) {}
 	}
 	return &Scheduler{cfg: cfg, driving: map[string]chan struct{}{}, known: map[string]bool{}, adopted: map[string]int64{},
 		wake: make(chan struct{}, 1)}
@@ -239,18 +229,15 @@ func (s *Scheduler) drive(ctx context.Context, id string, f store.Fence, wake <-
 			r.Status = res.Decision.To
 			log.Info("rollout moved", "to", res.Decision.To, "reason", res.Decision.Reason)
 		}
-		for _, op := range res.Cancelled {
-			s.cfg.Changed(op)
-		}
+		// The operations cancelled and the command a start made due are the
+		// store's facts (package feed): their ?wait= callers and the
+		// dispatcher hear of them from there.
 		if len(res.Cancelled) > 0 {
 			log.Info("rollout ended: unpublished commands cancelled", "count", len(res.Cancelled))
 		}
 		if res.Started != nil {
 			cand = nil
 			s.cfg.Metrics.started(id)
-			if res.Started.Created || res.Started.Retried {
-				s.cfg.Kick(res.Started.Operation.CommandID)
-			}
 		} else if res.StartRefused != "" || res.Snapshot.Candidate == nil {
 			cand = nil // read it again
 		}

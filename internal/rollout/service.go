@@ -45,11 +45,6 @@ type Config struct {
 	LeaseTTL time.Duration
 	// FourEyes: nobody approves a rollout they created.
 	FourEyes bool
-	// Changed is told of each rollout a person's action changed (the
-	// scheduler's wake-up); Created of each rollout created here, with the
-	// fencing token of the scheduler's lease it took.
-	Changed func(rolloutID string)
-	Created func(rolloutID string, token int64)
 }
 
 // Service applies the domain rules of rollouts for the API (and the CLI
@@ -57,13 +52,9 @@ type Config struct {
 type Service struct{ cfg Config }
 
 // NewService builds a Service.
+// A create, an approval, a pause, resume or cancel is the store's fact
+// (store.FactRollout): the scheduler hears of it from the feed.
 func NewService(cfg Config) *Service {
-	if cfg.Changed == nil {
-		cfg.Changed = func(string) {}
-	}
-	if cfg.Created == nil {
-		cfg.Created = func(string, int64) {}
-	}
 	return &Service{cfg: cfg}
 }
 
@@ -132,9 +123,6 @@ func (s *Service) Create(ctx context.Context, req apiwire.RolloutRequest, who st
 	r, created, err := s.cfg.Store.CreateRollout(ctx, n)
 	if err != nil {
 		return store.Rollout{}, false, err
-	}
-	if created {
-		s.cfg.Created(r.RolloutID, r.FencingToken)
 	}
 	return r, created, nil
 }
@@ -235,11 +223,7 @@ func digits(s string) int {
 // Approve approves a rollout's version by who (four-eyes when on); an exact
 // replay returns it (created false).
 func (s *Service) Approve(ctx context.Context, id string, version int, who string) (store.Rollout, bool, error) {
-	r, created, err := s.cfg.Store.ApproveRollout(ctx, id, version, who, s.cfg.FourEyes)
-	if err == nil && created {
-		s.cfg.Changed(id)
-	}
-	return r, created, err
+	return s.cfg.Store.ApproveRollout(ctx, id, version, who, s.cfg.FourEyes)
 }
 
 // Move is a person's pause, resume or cancel.
@@ -250,9 +234,6 @@ func (s *Service) Move(ctx context.Context, id string, action store.RolloutActio
 		if gerr == nil {
 			return store.Rollout{}, refuse(ops.KindConflict, "illegal_state", "cannot %s rollout %s: it is %s", action, id, cur.Status)
 		}
-	}
-	if err == nil {
-		s.cfg.Changed(id)
 	}
 	return r, err
 }

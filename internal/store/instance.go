@@ -32,24 +32,37 @@ type Wake struct {
 }
 
 // Instance is this process's exclusive hold on its instance id (an flock
-// with SQLite, a session advisory lock with PostgreSQL) and the wake-ups
-// other instances send it. Close releases both.
+// with SQLite, a session advisory lock with PostgreSQL); while it holds,
+// the wake-ups other instances send it go into the store's feed (Config.Feed)
+// as remote facts. Close releases both.
 type Instance struct {
 	ID    string
-	wakes chan Wake
+	feed  Feed // nil: wake-ups are dropped
 	lost  chan error
 	once  sync.Once
 	close func()
 }
 
-func newInstance(id string, wakes chan Wake, closeFn func()) *Instance {
-	return &Instance{ID: id, wakes: wakes, lost: make(chan error, 1), close: closeFn}
+func newInstance(id string, feed Feed, closeFn func()) *Instance {
+	return &Instance{ID: id, feed: feed, lost: make(chan error, 1), close: closeFn}
 }
 
-// Wakes delivers other instances' wake-ups; never without the backend's
-// Notifications (SQLite), where instances poll. A wake-up that finds the channel full is dropped: the
-// sweeps' polling is the fallback.
-func (i *Instance) Wakes() <-chan Wake { return i.wakes }
+// deliver publishes another instance's wake-up as a remote fact; never with
+// SQLite, where instances poll. The feed never blocks; what its consumers
+// drop, the sweeps' polling finds.
+func (i *Instance) deliver(w Wake) {
+	if i.feed == nil {
+		return
+	}
+	switch w.Kind {
+	case WakeOperation:
+		i.feed.Publish(Fact{Kind: FactChanged, ID: w.ID, Change: Change{Machine: "operation", ID: w.ID}, Remote: true})
+	case WakeCommand:
+		i.feed.Publish(Fact{Kind: FactDue, ID: w.ID, Remote: true})
+	case WakeAll:
+		i.feed.Publish(Fact{Kind: FactReset, Remote: true})
+	}
+}
 
 // Lost receives an error if the hold on the id was lost and could not be
 // taken back (another process holds it now), or, with SQLite, once a file
@@ -72,11 +85,11 @@ func (i *Instance) fail(err error) {
 // the hold keeps (SQLite's lock beside the database) is guarded with the
 // database's files (guard.go): Lost fires when any of them left its path.
 func (s *DB) LockInstance(ctx context.Context, id string) (*Instance, error) {
-	var wakes chan Wake
+	var feed Feed
 	if s.caps.Notifications {
-		wakes = make(chan Wake, 4096)
+		feed = s.feed
 	}
-	inst := newInstance(id, wakes, nil)
+	inst := newInstance(id, feed, nil)
 	h, err := s.d.LockInstance(ctx, s.dsn, id, driver.HoldEvents{
 		Notification: func(payload string) {
 			if w, ok := parseWake(payload, id); ok {
@@ -122,13 +135,6 @@ func (s *DB) LockInstance(ctx context.Context, id string) (*Instance, error) {
 		}
 	}()
 	return inst, nil
-}
-
-func (i *Instance) deliver(w Wake) {
-	select {
-	case i.wakes <- w:
-	default: // full: the sweeps' polling finds it
-	}
 }
 
 // wakePayload is one notification's payload: "instance kind id" (ids have

@@ -137,6 +137,10 @@ func TestWakeUpsReachTheOtherInstances(t *testing.T) {
 	clk := clock.NewFake(time.Now())
 	ss := peers(t, "postgres", 2, clk)
 	ctx := context.Background()
+	heard := &remoteLog{got: make(chan Fact, 16)}
+	ss[0].feed = heard // what the holder hears from the other instance
+	applierHeard := &remoteLog{got: make(chan Fact, 16)}
+	ss[1].feed = applierHeard
 	holder, err := ss[0].LockInstance(ctx, "i1")
 	require.NoError(t, err)
 	defer holder.Close()
@@ -159,14 +163,15 @@ func TestWakeUpsReachTheOtherInstances(t *testing.T) {
 	require.Equal(t, EffectApplied, out.Effect)
 
 	select {
-	case w := <-holder.Wakes():
-		require.Equal(t, Wake{Kind: WakeOperation, ID: "op-1"}, w, "the first wake-up is the committed one")
+	case f := <-heard.got:
+		require.Equal(t, Fact{Kind: FactChanged, ID: "op-1", Change: Change{Machine: "operation", ID: "op-1"}, Remote: true}, f,
+			"the first wake-up is the committed one")
 	case <-time.After(10 * time.Second):
 		t.Fatal("no wake-up reached the other instance within 10s")
 	}
 	select {
-	case w := <-applier.Wakes():
-		t.Fatalf("an instance heard its own wake-up: %+v", w)
+	case f := <-applierHeard.got:
+		t.Fatalf("an instance heard its own wake-up: %+v", f)
 	default:
 	}
 
@@ -177,10 +182,20 @@ func TestWakeUpsReachTheOtherInstances(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"c-2"}, ids)
 	select {
-	case w := <-holder.Wakes():
-		require.Equal(t, Wake{Kind: WakeCommand, ID: "c-2"}, w)
+	case f := <-heard.got:
+		require.Equal(t, Fact{Kind: FactDue, ID: "c-2", Remote: true}, f)
 	case <-time.After(10 * time.Second):
 		t.Fatal("no command wake-up within 10s")
+	}
+}
+
+// remoteLog is a Feed that passes on the facts other instances' wake-ups
+// bring (an instance's own commits publish local ones too).
+type remoteLog struct{ got chan Fact }
+
+func (r *remoteLog) Publish(f Fact) {
+	if f.Remote {
+		r.got <- f
 	}
 }
 

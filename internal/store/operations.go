@@ -83,8 +83,12 @@ func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() err
 	var res SubmitResult
 	err := s.writeOrShed(ctx, func(ctx context.Context, t *tx) error {
 		var err error
-		if res, err = t.submit(ctx, n); err != nil || !res.Created {
+		if res, err = t.submit(ctx, n); err != nil {
 			return err
+		}
+		t.submitted(&res)
+		if !res.Created {
+			return nil
 		}
 		if beforeCommit != nil {
 			return t.hook(beforeCommit)

@@ -388,6 +388,7 @@ func (s *DB) CreateRollout(ctx context.Context, n NewRollout) (Rollout, bool, er
 			}
 		}
 		created = true
+		t.publish(Fact{Kind: FactRollout, ID: n.RolloutID, Token: 1}) // the creator holds its lease (fencing_token 1)
 		if err := t.event("rollout", n.RolloutID, "", string(status), fmt.Sprintf("created with %d devices", len(n.Devices)), 1); err != nil {
 			return err
 		}
@@ -527,6 +528,7 @@ func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approve
 			return err
 		}
 		created = true
+		t.publish(Fact{Kind: FactRollout, ID: id})
 		if err := t.event("rollout", id, string(r.Status), string(to), "approved by "+approver, 0); err != nil {
 			return err
 		}
@@ -561,6 +563,7 @@ func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, r
 		default:
 			return fmt.Errorf("rollout action %q: %w", action, ErrIllegalState)
 		}
+		t.publish(Fact{Kind: FactRollout, ID: id}) // a replay too: its scheduler looks again
 		if r.Status == to {
 			return nil // a replay
 		}
@@ -862,6 +865,7 @@ func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice,
 	if err != nil {
 		return err
 	}
+	t.submitted(&sub)
 	res.Started = &sub
 	return nil
 }

@@ -74,13 +74,53 @@ type Change struct {
 	At       time.Time // the transaction's now
 }
 
-// ChangeObserver is an Observer that is also told of each committed change
-// with its entity's id, after the commit and in commit order, on the
-// writer's goroutine: Changed must return at once and never block (the
-// dashboard's event stream implements it with a non-blocking publish).
-type ChangeObserver interface {
-	Observer
-	Changed(Change)
+// Fact is one thing the store tells the rest of the controller once it is
+// true: a committed change, a command made due, a person's action on a
+// rollout, or (Remote) another instance's wake-up. Package feed routes
+// facts to the services that act on them.
+type Fact struct {
+	Kind FactKind
+	// Remote: the fact came from another instance's wake-up (PostgreSQL
+	// NOTIFY), not from this instance's commit.
+	Remote bool
+	// ID is the entity: the command_id of FactDue, the rollout_id of
+	// FactRollout, the operation_id of a remote FactChanged (whose Change
+	// holds only its Machine and ID: the status is read back).
+	ID     string
+	Change Change // FactChanged
+	// Inserted is a new submit's command as inserted (FactDue), so that
+	// its first decision needs no read; nil otherwise.
+	Inserted *OpenCommand
+	// Token is the lease token of a rollout this instance created
+	// (FactRollout): it drives it under that fence; 0 otherwise.
+	Token int64
+}
+
+// FactKind says what a Fact tells.
+type FactKind uint8
+
+// Kinds of Fact.
+const (
+	// FactChanged: a change committed (Change, one line of the events
+	// log); remote: an operation left started on another instance.
+	FactChanged FactKind = iota + 1
+	// FactDue: a command needs its lease holder's decision now (a submit,
+	// a retry, a receipt that asks for one, its device's presence changed).
+	FactDue
+	// FactRollout: a person created, approved, paused, resumed or
+	// cancelled a rollout here: its scheduler looks at it now.
+	FactRollout
+	// FactReset: wake-ups from other instances may have been missed.
+	FactReset
+)
+
+// Feed receives the store's facts: those of each commit after it, in
+// commit order, on the writer's goroutine; those of other instances'
+// wake-ups on the goroutine that receives them. Publish must return at
+// once and never block (package feed routes inline to consumers that
+// never wait).
+type Feed interface {
+	Publish(Fact)
 }
 
 type nopObserver struct{}
@@ -101,7 +141,9 @@ type Config struct {
 	Instance string           // written into events and receipts
 	Now      func() time.Time // injectable clock; time.Now by default
 	Observer Observer
-	Readers  int // read pool size; 4 by default
+	// Feed is told every fact the store computes (see Fact); nil: nobody.
+	Feed    Feed
+	Readers int // read pool size; 4 by default
 	// QueueSize bounds the changes waiting for the writer
 	// (DefaultQueueSize); MaxBatch bounds the changes of one commit
 	// (DefaultMaxBatch).
@@ -119,7 +161,7 @@ type DB struct {
 	w, r         *sql.DB
 	now          func() time.Time
 	obs          Observer
-	changes      ChangeObserver // obs, when it wants changes; nil otherwise
+	feed         Feed // nil: no facts
 	instance     string
 
 	// The writer goroutine (writer.go) owns w once Open returns.
@@ -169,9 +211,8 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 		return nil, err
 	}
 	s := &DB{d: d, q: d.Statements(), caps: d.Capabilities(), eventInserts: eventInserts(d), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
-		queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch,
+		feed: cfg.Feed, queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch,
 		quit: make(chan struct{}), stopped: make(chan struct{})}
-	s.changes, _ = cfg.Observer.(ChangeObserver)
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		r.Close()
@@ -261,9 +302,36 @@ type tx struct {
 }
 
 // wake tells the other instances, once this change commits, that kind id
-// changed under them.
+// changed under them; a command made due is this instance's fact too.
 func (t *tx) wake(kind, id string) {
 	t.wakes = append(t.wakes, wakePayload(t.instance, kind, id))
+	if kind == WakeCommand {
+		t.publish(Fact{Kind: FactDue, ID: id})
+	}
+}
+
+// publish tells the feed f once this change commits (a change rolled back
+// to its savepoint drops it with its notes).
+func (t *tx) publish(f Fact) {
+	feed := t.s.feed
+	if feed == nil {
+		return
+	}
+	g := f // only a published fact goes to the heap (with its note: a Fact fits in one)
+	t.notes = append(t.notes, func(Observer) { feed.Publish(g) })
+}
+
+// submitted publishes a submit's command as due for its first decision: a
+// new one with its copy as inserted (res's own, which the dispatcher copies
+// before the submit's caller is answered), a retry's without.
+func (t *tx) submitted(res *SubmitResult) {
+	switch {
+	case t.s.feed == nil:
+	case res.Created:
+		t.publish(Fact{Kind: FactDue, ID: res.Operation.CommandID, Inserted: &res.Inserted})
+	case res.Retried:
+		t.publish(Fact{Kind: FactDue, ID: res.Operation.CommandID})
+	}
 }
 
 type refusal struct {
@@ -376,13 +444,9 @@ func (t *tx) event(machine, id, from, to, reason string, token int64) error {
 	return nil
 }
 
-// changed notes a change for the ChangeObserver, told once the transaction
-// commits (a change rolled back to its savepoint drops its notes).
+// changed publishes a change once the transaction commits.
 func (t *tx) changed(machine, id, from, to string) {
-	if co := t.s.changes; co != nil {
-		c := Change{Machine: machine, ID: id, From: from, To: to, At: t.now}
-		t.notes = append(t.notes, func(Observer) { co.Changed(c) })
-	}
+	t.publish(Fact{Kind: FactChanged, Change: Change{Machine: machine, ID: id, From: from, To: to, At: t.now}})
 }
 
 // refuse records a refused transition (written whether or not the

@@ -477,6 +477,7 @@ func (s *DB) TaskPass(ctx context.Context, id string, f Fence, ttl time.Duration
 			if err != nil {
 				return err
 			}
+			t.submitted(&sub) // the step's command is due: the dispatcher hears of it through the feed
 			res.Started = &sub
 		}
 		if err := t.moveTask(ctx, id, k.Status, k.RowVersion, d.To, d.StepIndex, d.Reason, "runner:"+f.Owner,

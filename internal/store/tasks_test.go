@@ -76,28 +76,32 @@ func TestListTasksByStatusPages(t *testing.T) {
 	})
 }
 
-// changeLog is a countingObserver that also records each Change.
+// changeLog is a Feed that records each fact, and each change apart.
 type changeLog struct {
-	*countingObserver
 	mu      sync.Mutex
+	facts   []Fact
 	changes []Change
 }
 
-func (c *changeLog) Changed(ch Change) {
+func (c *changeLog) Publish(f Fact) {
 	c.mu.Lock()
-	c.changes = append(c.changes, ch)
+	c.facts = append(c.facts, f)
+	if f.Kind == FactChanged {
+		c.changes = append(c.changes, f.Change)
+	}
 	c.mu.Unlock()
 }
 
-// TestChangeObserverSeesCommittedChangesWithIDs: a ChangeObserver is told
-// each committed change with its entity id, in order; a change that is
-// refused and rolled back tells it nothing.
-func TestChangeObserverSeesCommittedChangesWithIDs(t *testing.T) {
+// TestFeedSeesCommittedChangesWithIDs: the feed is told each committed
+// change with its entity id, in order, and a new submit's command as due
+// with its copy as inserted; a change that is refused and rolled back tells
+// it nothing.
+func TestFeedSeesCommittedChangesWithIDs(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
-		log := &changeLog{countingObserver: newObserver()}
-		s, err := testOpen(b.ctx, Config{Path: testDSN(t, be), Instance: "i1", Now: b.clk.Now, Observer: log})
+		log := &changeLog{}
+		s, err := testOpen(b.ctx, Config{Path: testDSN(t, be), Instance: "i1", Now: b.clk.Now, Observer: newObserver(), Feed: log})
 		require.NoError(t, err)
 		t.Cleanup(func() { s.Close() })
 
@@ -123,5 +127,16 @@ func TestChangeObserverSeesCommittedChangesWithIDs(t *testing.T) {
 			"task task-1 →waiting_approval",
 			"task task-1 waiting_approval→rejected",
 		}, got)
+		var due []Fact
+		for _, f := range log.facts {
+			if f.Kind == FactDue {
+				due = append(due, f)
+			}
+		}
+		require.Len(t, due, 1, "the submit's command, once")
+		require.Equal(t, "c-1", due[0].ID)
+		require.NotNil(t, due[0].Inserted)
+		require.Equal(t, "c-1", due[0].Inserted.CommandID)
+		require.False(t, due[0].Remote)
 	})
 }

@@ -54,7 +54,6 @@ type Config struct {
 	// EnforceGrants re-checks grants at each step (on when auth is on).
 	EnforceGrants bool
 	Failpoints    *failpoint.Set
-	Kick          func(commandID string)
 	// Interval is the safety net: how often the active tasks are listed
 	// (a peer's whose lease ran out is taken over then) and each task this
 	// instance drives gets a pass without a wake-up. At most LeaseTTL/3;
@@ -90,9 +89,6 @@ func New(cfg Config) *Runner {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.Kick == nil {
-		cfg.Kick = func(string) {}
 	}
 	return &Runner{cfg: cfg, rules: Rules(Checks{EnforceGrants: cfg.EnforceGrants}), held: map[string]store.Fence{},
 		known: map[string]bool{}, woken: map[string]bool{}, wake: make(chan struct{}, 1)}
@@ -224,9 +220,6 @@ func (r *Runner) drive(ctx context.Context, id string, f store.Fence) {
 		}
 		if res.Moved {
 			log.Info("task moved", "to", d.To, "step_index", d.StepIndex, "reason", d.Reason)
-		}
-		if res.Started != nil && (res.Started.Created || res.Started.Retried) {
-			r.cfg.Kick(res.Started.Operation.CommandID)
 		}
 		return
 	}

@@ -90,16 +90,8 @@ func (s *fakeStore) GetDevice(context.Context, string) (store.Device, error) {
 }
 
 type runnerBundle struct {
-	st    *fakeStore
-	r     *Runner
-	mu    sync.Mutex
-	kicks []string
-}
-
-func (b *runnerBundle) Kicks() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]string(nil), b.kicks...)
+	st *fakeStore
+	r  *Runner
 }
 
 func newRunner(t *testing.T, st *fakeStore, failpoints string) *runnerBundle {
@@ -112,11 +104,6 @@ func newRunner(t *testing.T, st *fakeStore, failpoints string) *runnerBundle {
 		Store: st, Instance: "i1", EnforceGrants: true, Failpoints: fps, Now: clock, LeaseTTL: 30 * time.Second,
 		Ops: ops.New(ops.Config{Store: st, Instance: "i1", LeaseTTL: 10 * time.Second, Now: clock,
 			Policy: func(string) command.Policy { return command.Policy{TTL: time.Minute, MaxAttempts: 3} }}),
-		Kick: func(id string) {
-			b.mu.Lock()
-			b.kicks = append(b.kicks, id)
-			b.mu.Unlock()
-		},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	return b
@@ -145,24 +132,23 @@ func TestLook(t *testing.T) {
 		acquireErr error
 		failpoints string
 		want       []string
-		kicks      []string
 	}{
 		{name: "approved, no holder: taken, the first step prepared and started", lease: free,
 			snap: snapshot(twoSteps(fsm.TaskApproved, 0), ""), started: created,
-			want: []string{acquire, pass, withOp0}, kicks: []string{"c-new"}},
+			want: []string{acquire, pass, withOp0}},
 		{name: "approved, window not open yet: one pass, waits", lease: free,
 			snap: snapshot(withWindow(twoSteps(fsm.TaskApproved, 0), at(time.Minute), nil), ""), want: []string{acquire, pass}},
 		{name: "running, step succeeded: the next step", lease: free,
 			snap: snapshot(twoSteps(fsm.TaskRunning, 0), fsm.OpSucceeded), started: created,
-			want: []string{acquire, pass, withOp1}, kicks: []string{"c-new"}},
+			want: []string{acquire, pass, withOp1}},
 		{name: "running, last step succeeded: completed in one pass", lease: free,
 			snap: snapshot(twoSteps(fsm.TaskRunning, 1), fsm.OpSucceeded), want: []string{acquire, pass}},
-		{name: "an existing operation is not kicked", lease: free, snap: snapshot(twoSteps(fsm.TaskRunning, 1), ""),
+		{name: "an existing operation: the same step pass", lease: free, snap: snapshot(twoSteps(fsm.TaskRunning, 1), ""),
 			started: store.SubmitResult{Operation: store.Operation{CommandID: "c-old"}}, want: []string{acquire, pass, withOp1}},
-		{name: "a retried step is kicked", lease: free, snap: snapshot(twoSteps(fsm.TaskRunning, 1), ""),
+		{name: "a retried step: the same step pass", lease: free, snap: snapshot(twoSteps(fsm.TaskRunning, 1), ""),
 			started: store.SubmitResult{Retried: true, Operation: store.Operation{CommandID: "c-2"}},
-			want:    []string{acquire, pass, withOp1}, kicks: []string{"c-2"}},
-		{name: "refused step: nothing kicked", lease: free, started: created,
+			want:    []string{acquire, pass, withOp1}},
+		{name: "refused step: the check-and-insert pass refuses it", lease: free, started: created,
 			snap: func() store.TaskSnapshot { s := snapshot(twoSteps(fsm.TaskApproved, 0), ""); s.Grants = nil; return s }(),
 			want: []string{acquire, pass, withOp0}},
 		{name: "failpoint before-step-insert: no check-and-insert pass", lease: free, started: created,
@@ -190,7 +176,6 @@ func TestLook(t *testing.T) {
 			b := newRunner(t, st, c.failpoints)
 			b.r.look(context.Background(), nil)
 			require.Equal(t, c.want, st.Calls())
-			require.Equal(t, c.kicks, b.Kicks())
 		})
 	}
 }
