@@ -248,7 +248,7 @@ func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.Command
 		}
 		now := ms(t.now)
 		err := t.cas(ctx, t.decision(ctx, commandID, expect, to, f), t.decided(ctx, &d), t.s.q.CommandClaimSend,
-			append([]any{to, qos, ms(nextCheck), now, now, commandID, expect, expectAttempt}, f.args(t.now)...)...)
+			append([]any{to, qos, ms(nextCheck), now, now, commandID, expect, expectAttempt}, fenceArgs(f, t.now)...)...)
 		if err != nil {
 			return err
 		}
@@ -267,7 +267,7 @@ func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect f
 	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		now := ms(t.now)
 		err := t.cas(ctx, t.decision(ctx, commandID, expect, expect, f), t.decided(ctx, &d), t.s.q.CommandClaimQuery,
-			append([]any{counted, queryID, ms(nextCheck), now, commandID, expect, expectQueries}, f.args(t.now)...)...)
+			append([]any{counted, queryID, ms(nextCheck), now, commandID, expect, expectQueries}, fenceArgs(f, t.now)...)...)
 		if err != nil {
 			return err
 		}
@@ -286,7 +286,7 @@ func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect f
 func (s *DB) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
 	return s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		r, err := t.Exec(t.s.q.CommandPostpone,
-			append([]any{ms(next), commandID, expectVersion}, f.args(t.now)...)...)
+			append([]any{ms(next), commandID, expectVersion}, fenceArgs(f, t.now)...)...)
 		if err != nil {
 			return fmt.Errorf("postpone %s: %w", commandID, err)
 		}
@@ -314,7 +314,7 @@ func (s *DB) Move(ctx context.Context, commandID string, from fsm.CommandState, 
 		forget := to == fsm.CmdWaitingDevice
 		var d Decision
 		err := t.cas(ctx, t.decision(ctx, commandID, from, to, f), t.decided(ctx, &d), t.s.q.CommandMove,
-			append([]any{to, reason, ms(nextCheck), ms(t.now), forget, forget, commandID, from, expectVersion}, f.args(t.now)...)...)
+			append([]any{to, reason, ms(nextCheck), ms(t.now), forget, forget, commandID, from, expectVersion}, fenceArgs(f, t.now)...)...)
 		if err != nil {
 			return err
 		}

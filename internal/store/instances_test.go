@@ -333,7 +333,7 @@ func TestADecisionHoldsItsFenceUntilItCommits(t *testing.T) {
 		decided <- i1.write(ctx, func(ctx context.Context, t *tx) error {
 			// A fenced decision's statement (the backend's, with its locks).
 			r, err := t.Exec(t.s.q.CommandPostpone,
-				append([]any{ms(start.Add(2 * time.Second)), "c-1", c.Command.Version}, fence.args(t.now)...)...)
+				append([]any{ms(start.Add(2 * time.Second)), "c-1", c.Command.Version}, fenceArgs(fence, t.now)...)...)
 			if err != nil {
 				return err
 			}

@@ -87,7 +87,7 @@ func (s *DB) MintCommand(ctx context.Context, r Retrying, f Fence, commandID str
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpStarted, f), nil,
 			s.q.OperationMintCommand,
-			append([]any{commandID, ms(t.now), op.OperationID, fsm.OpStarted, op.Version}, f.args(t.now)...)...); err != nil {
+			append([]any{commandID, ms(t.now), op.OperationID, fsm.OpStarted, op.Version}, fenceArgs(f, t.now)...)...); err != nil {
 			return err
 		}
 		if err := t.event("operation", op.OperationID, string(fsm.OpStarted), string(fsm.OpStarted),
@@ -106,7 +106,7 @@ func (s *DB) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason strin
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpFailedRetryable, f), nil,
 			s.q.OperationAbandonRetry,
-			append([]any{fsm.OpFailedRetryable, reason, ms(t.now), op.OperationID, fsm.OpStarted, op.Version}, f.args(t.now)...)...); err != nil {
+			append([]any{fsm.OpFailedRetryable, reason, ms(t.now), op.OperationID, fsm.OpStarted, op.Version}, fenceArgs(f, t.now)...)...); err != nil {
 			return err
 		}
 		return t.event("operation", op.OperationID, string(fsm.OpStarted), string(fsm.OpFailedRetryable), reason, f.Token)

@@ -747,7 +747,7 @@ func (s *DB) RolloutPass(ctx context.Context, id string, f Fence, ttl time.Durat
 		}
 		held := change{machine: "rollout", id: id, from: string(r.Status), to: string(r.Status), token: f.Token,
 			explain: func() (string, error) { return ReasonFenced, nil }}
-		if err := t.cas(ctx, held, nil, s.q.RolloutRenew, append([]any{ms(t.now.Add(ttl)), id}, f.args(t.now)...)...); err != nil {
+		if err := t.cas(ctx, held, nil, s.q.RolloutRenew, append([]any{ms(t.now.Add(ttl)), id}, fenceArgs(f, t.now)...)...); err != nil {
 			return err
 		}
 		snap := RolloutSnapshot{Now: t.now}
@@ -833,7 +833,7 @@ func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice,
 	now := ms(t.now)
 	ch := change{machine: "rollout", id: r.RolloutID, from: string(r.Status), to: string(r.Status), token: f.Token}
 	err := t.cas(ctx, ch, nil, t.s.q.RolloutCountStart,
-		append([]any{now, r.RolloutID, now - dec.Interval.Milliseconds()}, f.args(t.now)...)...)
+		append([]any{now, r.RolloutID, now - dec.Interval.Milliseconds()}, fenceArgs(f, t.now)...)...)
 	if errors.Is(err, ErrRefused) {
 		res.StartRefused = "spacing"
 		return nil // recorded; the next pass tries again

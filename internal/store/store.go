@@ -513,7 +513,7 @@ func (t *tx) cas(ctx context.Context, ch change, scan func(rowScanner) error, qu
 func (t *tx) fenceExplainer(ctx context.Context, held, id string, f Fence) func() (string, error) {
 	return func() (string, error) {
 		var ok bool
-		if err := t.QueryRowContext(ctx, held, append([]any{id}, f.args(t.now)...)...).Scan(&ok); err != nil {
+		if err := t.QueryRowContext(ctx, held, append([]any{id}, fenceArgs(f, t.now)...)...).Scan(&ok); err != nil {
 			return "", fmt.Errorf("read lease of %s: %w", id, err)
 		}
 		if ok {
@@ -533,7 +533,9 @@ type rowScanner interface{ Scan(dest ...any) error }
 //
 //	owner = ? AND fencing_token = ? AND lease_expires_at > ?
 
-func (f Fence) args(now time.Time) []any { return []any{f.Owner, f.Token, ms(now)} }
+// fenceArgs are a fence's arguments to a fenced statement: the owner,
+// the token and the holder's now (its lease must run past it).
+func fenceArgs(f Fence, now time.Time) []any { return []any{f.Owner, f.Token, ms(now)} }
 
 // sqlList renders states as an SQL list: ('a','b').
 func sqlList[S ~string](states []S) string {

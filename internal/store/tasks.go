@@ -301,7 +301,7 @@ func (t *tx) moveTask(ctx context.Context, taskID string, from fsm.TaskState, ro
 	args := []any{to, reason, stepIndex, stepIndex, ms(t.now), taskID, from, rowVersion}
 	if f != nil {
 		q = t.s.q.TaskMoveFenced
-		args = append(args, f.args(t.now)...)
+		args = append(args, fenceArgs(*f, t.now)...)
 		ch.token = f.Token
 		ch.explain = t.fenceExplainer(ctx, t.s.q.TaskFenceHeld, taskID, *f)
 	}
@@ -458,7 +458,7 @@ func (s *DB) TaskPass(ctx context.Context, id string, f Fence, ttl time.Duration
 		res = TaskPassResult{}
 		held := change{machine: "task", id: id, token: f.Token, explain: func() (string, error) { return ReasonFenced, nil }}
 		if err := t.cas(ctx, held, nil, s.q.TaskRenew,
-			append([]any{ms(t.now.Add(ttl)), id}, f.args(t.now)...)...); err != nil {
+			append([]any{ms(t.now.Add(ttl)), id}, fenceArgs(f, t.now)...)...); err != nil {
 			return err
 		}
 		snap, err := t.taskSnapshot(ctx, id, rules)
