@@ -6,9 +6,8 @@ import (
 	"net/http"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
-	"github.com/fleetctl/fleetctl/internal/opid"
-	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
@@ -28,49 +27,64 @@ func apiErr(status int, code, msg string) *APIError {
 	return &APIError{Status: status, Code: code, Message: msg}
 }
 
-// toAPIError maps every error to its HTTP form, in one place.
+// toAPIError maps every error to its HTTP form, in one place: the
+// transport's own refusals (APIError) as they are, the domain's by their
+// code (codeStatus).
 func toAPIError(err error) *APIError {
 	var ae *APIError
-	var oe *ops.Error
+	var de *domain.Error
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &ae):
 		return ae
-	case errors.As(err, &oe):
-		return apiErr(kindStatus[oe.Kind], oe.Code, oe.Message)
 	case errors.As(err, &mbe):
 		return refusal(http.StatusRequestEntityTooLarge, "too_large", wire.ReasonTooLarge, "request body exceeds 1 MiB")
-	case errors.Is(err, opid.ErrInvalid):
-		return apiErr(http.StatusBadRequest, "invalid_request", err.Error())
-	case errors.Is(err, store.ErrNotFound):
-		return apiErr(http.StatusNotFound, "not_found", err.Error())
-	case errors.Is(err, store.ErrKeyReused):
-		return apiErr(http.StatusUnprocessableEntity, "idempotency_key_reused",
-			"this operation_id exists with other action, target or params; use a new operation_id for a new intent")
-	case errors.Is(err, store.ErrOverloaded):
-		return apiErr(http.StatusServiceUnavailable, "overloaded", "the controller is saturated; retry with the same operation_id after Retry-After")
 	case errors.Is(err, failpoint.ErrInjected):
 		return apiErr(http.StatusServiceUnavailable, "unavailable", err.Error()+"; retry with the same operation_id")
-	case errors.Is(err, store.ErrStaleVersion):
-		return apiErr(http.StatusConflict, "stale_version", err.Error())
-	case errors.Is(err, store.ErrFourEyes):
-		return apiErr(http.StatusForbidden, "four_eyes", err.Error())
-	case errors.Is(err, store.ErrAlreadyPublished):
-		return apiErr(http.StatusConflict, "already_published", err.Error())
-	case errors.Is(err, store.ErrIllegalState):
-		return apiErr(http.StatusConflict, "illegal_state", err.Error())
 	case errors.Is(err, store.ErrRefused):
-		return apiErr(http.StatusConflict, "illegal_state", err.Error())
+		return apiErr(http.StatusConflict, string(domain.CodeIllegalState), err.Error())
+	case errors.As(err, &de):
+		status, ok := codeStatus[de.Code]
+		if !ok {
+			break
+		}
+		msg := de.Message // a worded refusal (domain.Errorf) says it all
+		switch {
+		case de.Code == domain.CodeKeyReused:
+			msg = "this operation_id exists with other action, target or params; use a new operation_id for a new intent"
+		case de.Code == domain.CodeOverloaded:
+			msg = "the controller is saturated; retry with the same operation_id after Retry-After"
+		case sentinels[de]:
+			msg = err.Error() // a sentinel says it with the context it was wrapped in
+		}
+		return apiErr(status, string(de.Code), msg)
 	}
 	return apiErr(http.StatusServiceUnavailable, "unavailable", "the store did not answer; retry with the same operation_id")
 }
 
-// kindStatus maps each kind of domain refusal to its HTTP status.
-var kindStatus = map[ops.Kind]int{
-	ops.KindInvalid:   http.StatusBadRequest,
-	ops.KindForbidden: http.StatusForbidden,
-	ops.KindConflict:  http.StatusConflict,
-	ops.KindTooLarge:  http.StatusRequestEntityTooLarge,
+// sentinels are the domain's bare refusals, worded by their wrapping.
+var sentinels = map[*domain.Error]bool{domain.ErrInvalid: true, domain.ErrNotFound: true, domain.ErrKeyReused: true,
+	domain.ErrStaleVersion: true, domain.ErrFourEyes: true, domain.ErrAlreadyPublished: true, domain.ErrIllegalState: true,
+	domain.ErrPermissionDenied: true, domain.ErrOverloaded: true}
+
+// codeStatus is the HTTP status of each domain code.
+var codeStatus = map[domain.Code]int{
+	domain.CodeInvalid:             http.StatusBadRequest,
+	domain.CodeInvalidPlan:         http.StatusBadRequest,
+	domain.CodeKeyMismatch:         http.StatusBadRequest,
+	domain.CodeDeviceUnknown:       http.StatusBadRequest,
+	domain.CodeApprovalRequired:    http.StatusForbidden,
+	domain.CodePermissionDenied:    http.StatusForbidden,
+	domain.CodeReservedOperationID: http.StatusForbidden,
+	domain.CodeFourEyes:            http.StatusForbidden,
+	domain.CodeNotFound:            http.StatusNotFound,
+	domain.CodeIllegalState:        http.StatusConflict,
+	domain.CodeNotFinal:            http.StatusConflict,
+	domain.CodeStaleVersion:        http.StatusConflict,
+	domain.CodeAlreadyPublished:    http.StatusConflict,
+	domain.CodeKeyReused:           http.StatusUnprocessableEntity,
+	domain.CodeTooLarge:            http.StatusRequestEntityTooLarge,
+	domain.CodeOverloaded:          http.StatusServiceUnavailable,
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

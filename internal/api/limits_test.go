@@ -18,6 +18,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/store/backend"
@@ -165,10 +166,10 @@ func TestBodyLimitsNameTheFieldAndChangeNothing(t *testing.T) {
 	}
 	for _, id := range []string{"op-bad", "t:1:device-1:v1"} {
 		_, err := b.st.GetOperation(context.Background(), id)
-		require.ErrorIs(t, err, store.ErrNotFound)
+		require.ErrorIs(t, err, domain.ErrNotFound)
 	}
 	_, err := b.st.GetTask(context.Background(), "t1")
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, domain.ErrNotFound)
 
 	// A good submit after all that: created, nothing counted.
 	status, e := b.do(t, call{"POST", "/v1/operations", `{"operation_id":"op-ok","target":"device-1","action":"restart","params":{"n":9007199254740991,"x":[[1]],"more":"fields are fine in params"}}`, nil})
@@ -218,7 +219,7 @@ func TestBrowserRules(t *testing.T) {
 	require.Equal(t, counted, b.counts())
 	for i := 1; i <= n; i++ {
 		_, err := b.st.GetOperation(context.Background(), fmt.Sprintf("op-%d", i))
-		require.ErrorIs(t, err, store.ErrNotFound, "a refused request created op-%d", i)
+		require.ErrorIs(t, err, domain.ErrNotFound, "a refused request created op-%d", i)
 	}
 
 	for _, h := range []map[string]string{

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
@@ -19,7 +20,7 @@ func timePtr(t time.Time) *time.Time {
 	return &t
 }
 
-func rolloutView(r store.Rollout, now time.Time, history bool) apiwire.RolloutView {
+func rolloutView(r domain.Rollout, now time.Time, history bool) apiwire.RolloutView {
 	spec, _ := rollout.ParseSpec(r.Spec)
 	v := apiwire.RolloutView{RolloutID: r.RolloutID, Status: string(r.Status), Reason: r.Reason, Version: r.Version, Action: r.Action,
 		Params: r.Params, Devices: r.Selector, DevicesTotal: r.DevicesTotal, RolloutSpec: apiwire.RolloutSpec(spec), ApprovalRequired: r.ApprovalRequired,
@@ -72,7 +73,7 @@ func (s *Server) handleCreateRollout(r *http.Request) (int, any, error) {
 		return 0, nil, err
 	}
 	ro, isNew, err := s.cfg.Rollouts.Create(r.Context(), req, principal(r))
-	if errors.Is(err, store.ErrKeyReused) {
+	if errors.Is(err, domain.ErrKeyReused) {
 		err = apiErr(http.StatusUnprocessableEntity, "idempotency_key_reused", "rollout "+req.RolloutID+" exists with other content; use a new rollout_id for a new rollout")
 	}
 	if err != nil {

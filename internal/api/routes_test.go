@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/rollout"
@@ -132,7 +133,7 @@ func TestWrongMethodIs405WithAllow(t *testing.T) {
 		}
 	}
 	_, err := b.st.GetOperation(context.Background(), "op-1")
-	require.ErrorIs(t, err, store.ErrNotFound, "nothing was created")
+	require.ErrorIs(t, err, domain.ErrNotFound, "nothing was created")
 }
 
 // One rule for the query string of every route: a parameter the route
@@ -177,7 +178,7 @@ func TestQueryParametersOneRule(t *testing.T) {
 	// Nothing changed.
 	for _, id := range []string{"op-2", "op-1:compensate:v1"} {
 		_, err := b.st.GetOperation(context.Background(), id)
-		require.ErrorIs(t, err, store.ErrNotFound, id)
+		require.ErrorIs(t, err, domain.ErrNotFound, id)
 	}
 	c, err := b.st.GetCommand(context.Background(), op.CommandID)
 	require.NoError(t, err)
@@ -217,7 +218,7 @@ func TestRolloutZeroLimitsAreRefused(t *testing.T) {
 		require.Contains(t, e.Message, tc.field+" 0", tc.extra)
 	}
 	_, err := b.st.GetRollout(context.Background(), "fw-0")
-	require.ErrorIs(t, err, store.ErrNotFound, "nothing was created")
+	require.ErrorIs(t, err, domain.ErrNotFound, "nothing was created")
 
 	for id, extra := range map[string]string{"fw-absent": ``, "fw-null": `,"max_per_minute":null,"max_in_flight":null`} {
 		rec := b.send(t, "POST", "/v1/rollouts", `{"rollout_id":"`+id+`","action":"set-config","devices":["device-1"]`+extra+`}`)
@@ -265,5 +266,5 @@ func TestRolloutShapedSubmitIsReserved(t *testing.T) {
 		require.Equal(t, "reserved_operation_id", errorOf(t, rec).Code)
 	}
 	_, err := b.st.GetOperation(context.Background(), "fw-9:rollout:device-1:v1")
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, domain.ErrNotFound)
 }

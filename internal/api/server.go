@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
@@ -409,7 +410,7 @@ func (s *Server) handleGetOperation(r *http.Request) (int, any, error) {
 // ends. It wakes on this instance's changes (and, through the store's
 // wake-ups, on other instances'), and polls every Config.WaitPoll for the
 // changes of other instances that no wake-up reached.
-func (s *Server) waitOperation(ctx context.Context, id string, wait time.Duration) (store.Operation, error) {
+func (s *Server) waitOperation(ctx context.Context, id string, wait time.Duration) (domain.Operation, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	poll := time.NewTicker(s.cfg.WaitPoll)
@@ -429,7 +430,7 @@ func (s *Server) waitOperation(ctx context.Context, id string, wait time.Duratio
 			return s.cfg.Store.GetOperation(ctx, id)
 		case <-ctx.Done():
 			s.hub.Unwatch(id, ch)
-			return store.Operation{}, ctx.Err()
+			return domain.Operation{}, ctx.Err()
 		}
 		s.hub.Unwatch(id, ch)
 	}
@@ -504,7 +505,7 @@ func (s *Server) handleListDevices(r *http.Request) (int, any, error) {
 func (s *Server) handleGetDevice(r *http.Request) (int, any, error) {
 	id := r.PathValue("id")
 	d, err := s.cfg.Store.GetDevice(r.Context(), id)
-	if errors.Is(err, store.ErrNotFound) && wire.ValidDeviceID(id) {
+	if errors.Is(err, domain.ErrNotFound) && wire.ValidDeviceID(id) {
 		d, err = store.UnseenDevice(id), nil // never seen: offline, no capabilities
 	}
 	if err != nil {

@@ -5,25 +5,26 @@ import (
 	"net/http"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
 
-func approvalView(a *store.Approval) *apiwire.ApprovalV {
+func approvalView(a *domain.Approval) *apiwire.ApprovalV {
 	if a == nil {
 		return nil
 	}
 	return &apiwire.ApprovalV{TaskID: a.TaskID, Version: a.Version, Approver: a.Approver, ApprovedAt: a.ApprovedAt, PlanHash: a.PlanHash}
 }
 
-func taskView(k store.Task) apiwire.TaskView {
+func taskView(k domain.Task) apiwire.TaskView {
 	v := apiwire.TaskView{TaskID: k.TaskID, Status: string(k.Status), Reason: k.Reason, Version: k.Version, PlanHash: k.PlanHash,
 		Requester: k.Requester(), CreatedBy: k.CreatedBy, ExecuteAfter: k.ExecuteAfter, ExecuteBefore: k.ExecuteBefore,
 		Approval: approvalView(k.Approval), Steps: []apiwire.TaskStep{}, History: []apiwire.HistoryEv{}}
 	for _, s := range k.Steps {
 		ts := apiwire.TaskStep{Step: apiwire.Step(s)}
 		if k.Approval != nil {
-			id := ops.StepOperationID(k.TaskID, s, k.Approval.Version)
+			id := domain.TaskStepOperationID(k.TaskID, s.Step, s.Target, k.Approval.Version)
 			ts.OperationID = &id
 		}
 		v.Steps = append(v.Steps, ts)
@@ -37,7 +38,7 @@ func taskView(k store.Task) apiwire.TaskView {
 
 // wireSteps and storeSteps convert a plan between its API and its store
 // forms (the same fields).
-func wireSteps(in []store.Step) []apiwire.Step {
+func wireSteps(in []domain.Step) []apiwire.Step {
 	if in == nil {
 		return nil
 	}
@@ -48,13 +49,13 @@ func wireSteps(in []store.Step) []apiwire.Step {
 	return out
 }
 
-func storeSteps(in []apiwire.Step) []store.Step {
+func storeSteps(in []apiwire.Step) []domain.Step {
 	if in == nil {
 		return nil
 	}
-	out := make([]store.Step, len(in))
+	out := make([]domain.Step, len(in))
 	for i, st := range in {
-		out[i] = store.Step(st)
+		out[i] = domain.Step(st)
 	}
 	return out
 }
@@ -69,7 +70,7 @@ func (s *Server) handleCreateTask(r *http.Request) (int, any, error) {
 	}
 	task, isNew, err := s.cfg.Service.CreateTask(r.Context(), ops.TaskRequest{TaskID: req.TaskID,
 		ExecuteAfter: req.ExecuteAfter, ExecuteBefore: req.ExecuteBefore, Steps: storeSteps(req.Steps)}, principal(r))
-	if errors.Is(err, store.ErrKeyReused) {
+	if errors.Is(err, domain.ErrKeyReused) {
 		err = apiErr(http.StatusUnprocessableEntity, "idempotency_key_reused", "task "+req.TaskID+" exists with another plan or window")
 	}
 	if err != nil {
@@ -125,7 +126,7 @@ func (s *Server) handleReject(r *http.Request) (int, any, error) {
 	return http.StatusOK, taskView(task), nil
 }
 
-func grantView(g store.Grant) apiwire.GrantView {
+func grantView(g domain.Grant) apiwire.GrantView {
 	return apiwire.GrantView{GrantID: g.GrantID, Principal: g.Principal, Action: g.Action, Devices: g.Devices,
 		CreatedBy: g.CreatedBy, CreatedAt: g.CreatedAt, RevokedAt: g.RevokedAt}
 }

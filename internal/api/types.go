@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
-	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/domain"
 )
 
 // The API's bodies are apiwire's types; these views build them from the
 // store's records, at the API's edge.
 
-func operationView(op store.Operation) apiwire.Operation {
+func operationView(op domain.Operation) apiwire.Operation {
 	return apiwire.Operation{
 		OperationID: op.OperationID, Status: string(op.Status), RequestHash: op.RequestHash, Action: op.Action,
 		Target: op.Target, Params: op.Params, Result: nullable(op.Result), Reason: op.Reason, CommandID: op.CommandID,
@@ -28,7 +28,7 @@ func nullable(m json.RawMessage) json.RawMessage {
 	return m
 }
 
-func commandView(c store.Command, receipts []store.ReceiptRecord, events []store.Event) apiwire.Command {
+func commandView(c domain.Command, receipts []domain.ReceiptRecord, events []domain.Event) apiwire.Command {
 	out := apiwire.Command{
 		CommandID: c.CommandID, OperationID: c.OperationID, DeviceID: c.DeviceID, Action: c.Action, Params: c.Params,
 		Status: string(c.Status), Reason: c.Reason, Result: nullable(c.Result), Attempt: c.Attempt, Queries: c.Queries,
@@ -47,7 +47,7 @@ func commandView(c store.Command, receipts []store.ReceiptRecord, events []store
 	return out
 }
 
-func deviceView(d store.Device) apiwire.Device {
+func deviceView(d domain.Device) apiwire.Device {
 	return apiwire.Device{DeviceID: d.DeviceID, Online: d.Online, Confirmed: d.Confirmed, Seen: d.Seen, Session: d.Session,
 		Capabilities: apiwire.Caps{Dedupe: d.Capabilities.Dedupe, Query: d.Capabilities.Query},
 		ClockSkewMS:  d.ClockSkew.Milliseconds(), LastSeenAt: d.LastSeenAt,

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/rollout"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
@@ -24,10 +25,10 @@ func TestPageLimitsAreTheStores(t *testing.T) {
 // store's form unchanged, and an absent plan stays absent (null), an
 // empty one empty ([]), as when the store's type was sent as it is.
 func TestStepsConvertAtTheEdge(t *testing.T) {
-	steps := []store.Step{{Step: "s1", Action: "restart", Target: "device-1", Params: json.RawMessage(`{"a":1}`)},
+	steps := []domain.Step{{Step: "s1", Action: "restart", Target: "device-1", Params: json.RawMessage(`{"a":1}`)},
 		{Step: "s2", Action: "set-config", Target: "device-2"}}
 	require.Equal(t, steps, storeSteps(wireSteps(steps)))
-	for _, in := range [][]store.Step{nil, {}, steps} {
+	for _, in := range [][]domain.Step{nil, {}, steps} {
 		want, err := json.Marshal(in)
 		require.NoError(t, err)
 		got, err := json.Marshal(wireSteps(in))

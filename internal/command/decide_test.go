@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/clock"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/store"
@@ -22,10 +23,10 @@ var t0 = time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 
 // The decision table: state × capabilities × policy × last answer → decision.
 func TestDecideTable(t *testing.T) {
-	conforming := store.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Dedupe: true, Query: true}}
-	noQuery := store.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Dedupe: true}}
-	legacy := store.Device{Online: true, Seen: true}
-	legacyQuery := store.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Query: true}}
+	conforming := domain.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Dedupe: true, Query: true}}
+	noQuery := domain.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Dedupe: true}}
+	legacy := domain.Device{Online: true, Seen: true}
+	legacyQuery := domain.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Query: true}}
 	offline := conforming
 	offline.Online = false
 	legacyOffline := legacy
@@ -39,8 +40,8 @@ func TestDecideTable(t *testing.T) {
 	resend.OnUnknown = UnknownResend
 
 	expires := t0.Add(time.Minute)
-	cmd := func(st fsm.CommandState, attempt, queries int, lastQuery, lastAnswer string) store.Command {
-		return store.Command{Status: st, Attempt: attempt, Queries: queries, LastQueryID: lastQuery, LastAnswer: lastAnswer,
+	cmd := func(st fsm.CommandState, attempt, queries int, lastQuery, lastAnswer string) domain.Command {
+		return domain.Command{Status: st, Attempt: attempt, Queries: queries, LastQueryID: lastQuery, LastAnswer: lastAnswer,
 			ExpiresAt: expires, NextCheckAt: t0}
 	}
 	moveTo := func(to fsm.CommandState) Decision { return Decision{Kind: Move, To: to, Until: expires} }
@@ -48,8 +49,8 @@ func TestDecideTable(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		c    store.Command
-		dev  store.Device
+		c    domain.Command
+		dev  domain.Device
 		pol  Policy
 		now  time.Time
 		want Decision
@@ -98,12 +99,12 @@ func TestDecideTable(t *testing.T) {
 // Every decision the table makes for a legacy device after a publish is
 // something other than a re-send, unless its policy accepts duplicates.
 func TestDecideNeverResendsToALegacyDevice(t *testing.T) {
-	legacy := store.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Query: true}}
+	legacy := domain.Device{Online: true, Seen: true, Capabilities: wire.Capabilities{Query: true}}
 	pol := Policy{MaxAttempts: 5, Offline: OfflineWait, OnUnknown: UnknownNeedsAttention}
 	for _, st := range []fsm.CommandState{fsm.CmdSent, fsm.CmdReceived, fsm.CmdExecuting, fsm.CmdWaitingDevice} {
 		for _, answer := range []string{"", "unknown", "received"} {
 			for q := 0; q <= 5; q++ {
-				c := store.Command{Status: st, Attempt: 1, Queries: q, LastQueryID: "q", LastAnswer: answer,
+				c := domain.Command{Status: st, Attempt: 1, Queries: q, LastQueryID: "q", LastAnswer: answer,
 					ExpiresAt: t0.Add(time.Minute), NextCheckAt: t0}
 				require.NotEqual(t, Send, Decide(c, legacy, pol, t0).Kind, "%s, answer %q, %d queries", st, answer, q)
 			}

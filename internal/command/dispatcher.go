@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/metrics"
@@ -219,7 +220,7 @@ func (d *Dispatcher) sweep(ctx context.Context, all bool) {
 // step reads a command fresh and makes the one decision it needs now.
 func (d *Dispatcher) step(ctx context.Context, commandID string) {
 	oc, err := d.openCommand(ctx, commandID)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, domain.ErrNotFound) {
 		d.retryStep(ctx, commandID) // terminal: maybe the last command of a retry
 		return
 	}
@@ -268,7 +269,7 @@ type Decision struct {
 // counters, the device's presence and capabilities, the action's policy,
 // the device's last answer and the time, the one thing to do now. It is
 // pure; the store's conditional writes make the decision stick or refuse it.
-func Decide(c store.Command, dev store.Device, pol Policy, now time.Time) Decision {
+func Decide(c domain.Command, dev domain.Device, pol Policy, now time.Time) Decision {
 	move := func(to fsm.CommandState, reason string) Decision {
 		return Decision{Kind: Move, To: to, Reason: reason, Until: c.ExpiresAt}
 	}
@@ -316,13 +317,13 @@ func Decide(c store.Command, dev store.Device, pol Policy, now time.Time) Decisi
 }
 
 // canResend: the device deduplicates, or the caller accepts a duplicate.
-func canResend(dev store.Device, pol Policy) bool {
+func canResend(dev domain.Device, pol Policy) bool {
 	return dev.Capabilities.Dedupe || pol.OnUnknown == UnknownResend
 }
 
 // device returns what the controller knows of a device; one never seen is
 // offline and cannot deduplicate or answer queries.
-func (d *Dispatcher) device(ctx context.Context, id string) store.Device {
+func (d *Dispatcher) device(ctx context.Context, id string) domain.Device {
 	dev, err := d.cfg.Store.GetDevice(ctx, id)
 	if err != nil {
 		return store.UnseenDevice(id)
@@ -334,7 +335,7 @@ func (d *Dispatcher) device(ctx context.Context, id string) store.Device {
 // receipt after the ack timeout (and each backoff): ask, or re-send the same
 // command after an unanswered question, or, for a device that cannot
 // deduplicate, park the command for a person once its asks are used up.
-func check(c store.Command, dev store.Device, pol Policy) Decision {
+func check(c domain.Command, dev domain.Device, pol Policy) Decision {
 	unanswered := c.LastQueryID != "" && c.LastAnswer == ""
 	unknown := c.LastAnswer == string(wire.ReceiptUnknown)
 	resend := canResend(dev, pol) && (c.Status == fsm.CmdSent || c.Status == fsm.CmdWaitingDevice) &&
@@ -378,7 +379,7 @@ func (d *Dispatcher) trusted(lease time.Time) bool {
 // of that window: by then the heartbeat has renewed the lease, or it has
 // expired and a takeover resets the check, instead of the command waiting
 // the back-off the decision set. A refusal means the lease is gone already.
-func (d *Dispatcher) recheckSoon(ctx context.Context, dec store.Decision, f store.Fence) {
+func (d *Dispatcher) recheckSoon(ctx context.Context, dec store.Decision, f domain.Fence) {
 	c := dec.Command
 	at := d.cfg.Now().Add(d.cfg.TrustMargin)
 	if err := d.cfg.Store.Postpone(ctx, c.CommandID, c.Version, f, at); err != nil && !errors.Is(err, store.ErrRefused) {
@@ -390,7 +391,7 @@ func (d *Dispatcher) recheckSoon(ctx context.Context, dec store.Decision, f stor
 // attempt n → n+1) and then publishes the command, unchanged but for
 // attempt. A device that cannot deduplicate gets it at QoS 0 and only once,
 // unless its policy accepts duplicates.
-func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand, dev store.Device, pol Policy) {
+func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand, dev domain.Device, pol Policy) {
 	c := oc.Command
 	if c.Attempt > 0 && !canResend(dev, pol) {
 		return
@@ -425,7 +426,7 @@ func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand, dev store.D
 
 // ask commits a query decision about c and publishes the Query; counted
 // says whether it uses the command's budget of asks.
-func (d *Dispatcher) ask(ctx context.Context, c store.Command, f store.Fence, dev store.Device, pol Policy, counted bool) {
+func (d *Dispatcher) ask(ctx context.Context, c domain.Command, f domain.Fence, dev domain.Device, pol Policy, counted bool) {
 	if !dev.Capabilities.Query {
 		return
 	}
@@ -500,7 +501,7 @@ func (d *Dispatcher) retryStep(ctx context.Context, commandID string) {
 		return
 	}
 	op, last := r.Operation, r.Last
-	f := store.Fence{Owner: op.Owner, Token: op.FencingToken}
+	f := domain.Fence{Owner: op.Owner, Token: op.FencingToken}
 	now := d.cfg.Now()
 	dev := d.device(ctx, last.DeviceID)
 	pol := d.cfg.Policy(op.Action)
@@ -525,7 +526,7 @@ func (d *Dispatcher) retryStep(ctx context.Context, commandID string) {
 	}
 }
 
-func (d *Dispatcher) mint(ctx context.Context, r store.Retrying, f store.Fence, dev store.Device, pol Policy) {
+func (d *Dispatcher) mint(ctx context.Context, r store.Retrying, f domain.Fence, dev domain.Device, pol Policy) {
 	id := NewCommandID(d.cfg.Now())
 	if err := d.cfg.Store.MintCommand(ctx, r, f, id, pol.TTL, QoS(dev)); err != nil {
 		if !errors.Is(err, store.ErrRefused) {

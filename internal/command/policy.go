@@ -1,13 +1,13 @@
 package command
 
 import (
-	"github.com/fleetctl/fleetctl/internal/store"
-
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/fleetctl/fleetctl/internal/domain"
 )
 
 // Offline policies: what a command for an offline device does.
@@ -179,7 +179,7 @@ func LoadPolicies(path string, base Policy) (Policies, error) {
 // QoS is the one QoS rule for commands: a device that cannot deduplicate
 // (and a device never seen, which is assumed unable to) gets each command
 // at most once, at QoS 0; every other device gets QoS 1.
-func QoS(dev store.Device) int {
+func QoS(dev domain.Device) int {
 	if dev.Capabilities.Dedupe {
 		return 1
 	}

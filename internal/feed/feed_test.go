@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
 
@@ -33,7 +34,7 @@ func TestEachKindReachesTheRouteInline(t *testing.T) {
 	fd := New()
 	var r recorder
 	fd.Route(r.route)
-	ins := &store.OpenCommand{Command: store.Command{CommandID: "c-1"}}
+	ins := &store.OpenCommand{Command: domain.Command{CommandID: "c-1"}}
 	facts := []store.Fact{
 		{Kind: store.FactChanged, Change: store.Change{Machine: "operation", ID: "op-1", From: "started", To: "succeeded"}},
 		{Kind: store.FactChanged, ID: "op-2", Change: store.Change{Machine: "operation", ID: "op-2"}, Remote: true},

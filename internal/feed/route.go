@@ -4,9 +4,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/fsm"
-	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
 
@@ -56,7 +56,7 @@ func (c *Consumers) Route(f store.Fact) {
 	case store.FactChanged:
 		ch := f.Change
 		if ch.Machine == "operation" {
-			if task, ok := opid.TaskOf(ch.ID); ok && (f.Remote || ch.To != string(fsm.OpStarted)) {
+			if task, ok := domain.TaskOf(ch.ID); ok && (f.Remote || ch.To != string(fsm.OpStarted)) {
 				c.Tasks.Wake(task) // a step's operation ended: the task goes on
 			}
 			if f.Remote {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/events"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
@@ -84,7 +85,7 @@ func TestRouteSendsEachKindToItsConsumers(t *testing.T) {
 		{"a rollout's own move", changed("rollout", "r-1", "scheduled", "running"), []string{"stream rollout r-1 running"}},
 		{"a lease (the stream drops it)", changed("lease", "i1", "", "reclaimed"), []string{"stream lease i1 reclaimed"}},
 		{"a new submit's command", store.Fact{Kind: store.FactDue, ID: "c-1",
-			Inserted: &store.OpenCommand{Command: store.Command{CommandID: "c-1"}}}, []string{"submitted c-1 c-1"}},
+			Inserted: &store.OpenCommand{Command: domain.Command{CommandID: "c-1"}}}, []string{"submitted c-1 c-1"}},
 		{"a command made due", store.Fact{Kind: store.FactDue, ID: "c-2"}, []string{"kick c-2"}},
 		{"a command made due elsewhere", store.Fact{Kind: store.FactDue, ID: "c-3", Remote: true}, []string{"kick c-3"}},
 		{"a rollout created here", store.Fact{Kind: store.FactRollout, ID: "r-1", Token: 1}, []string{"adopt r-1 1"}},

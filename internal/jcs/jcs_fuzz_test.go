@@ -32,8 +32,8 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/jcs"
-	"github.com/fleetctl/fleetctl/internal/opid"
 )
 
 // node is a JSON value as the generator and the oracle see it.
@@ -536,7 +536,7 @@ func clone(n node) node {
 // checkDefect puts one defect into params, at a place and in a spelling
 // chosen by pick, and checks that every spelling of the result is refused:
 // by Canonicalize with want (or accepted, want nil), and always by the
-// params check of a submit (opid.Params).
+// params check of a submit (domain.SplitParams).
 func checkDefect(t *testing.T, params node, seed uint64, pick byte, d int) {
 	t.Helper()
 	def := defects[d]
@@ -570,8 +570,8 @@ func checkDefect(t *testing.T, params node, seed uint64, pick byte, d int) {
 		if def.want == nil && err != nil || def.want != nil && !errors.Is(err, def.want) {
 			t.Fatalf("%s: Canonicalize(%s) = %s, %v; want %v", def.name, doc, out, err, def.want)
 		}
-		if _, _, err := opid.Params(json.RawMessage(doc)); !errors.Is(err, opid.ErrInvalid) {
-			t.Fatalf("%s: opid.Params accepted %s (%v)", def.name, doc, err)
+		if _, _, err := domain.SplitParams(json.RawMessage(doc)); !errors.Is(err, domain.ErrInvalid) {
+			t.Fatalf("%s: domain.SplitParams accepted %s (%v)", def.name, doc, err)
 		}
 	}
 }
@@ -604,14 +604,14 @@ func FuzzEquivalentSpellings(f *testing.F) {
 			if i == 0 {
 				continue
 			}
-			sent, canonical, err := opid.Params(json.RawMessage(text))
+			sent, canonical, err := domain.SplitParams(json.RawMessage(text))
 			if err != nil || string(canonical) != want {
-				t.Fatalf("opid.Params(%s) = %s, %v; want %s", text, canonical, err, want)
+				t.Fatalf("domain.SplitParams(%s) = %s, %v; want %s", text, canonical, err, want)
 			}
 			if c, _ := jcs.Canonicalize(sent); string(c) != want {
 				t.Fatalf("sent params %s are another value than %s", sent, text)
 			}
-			got, err := opid.RequestHash("restart", "device-1", canonical)
+			got, err := domain.RequestHash("restart", "device-1", canonical)
 			if err != nil {
 				t.Fatal(err)
 			}

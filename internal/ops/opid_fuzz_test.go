@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/jcs"
-	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/store/backend"
 )
@@ -61,10 +61,10 @@ func FuzzOperationID(f *testing.F) {
 	f.Fuzz(func(t *testing.T, opID, task, step, target, version, key string) {
 		in := Intent{OperationID: opID, TaskID: task, Step: step, Target: target, BusinessVersion: version}
 		id, err := operationID(in, key)
-		if err != nil && !errors.Is(err, opid.ErrInvalid) && code(err) != "idempotency_key_mismatch" {
+		if err != nil && !errors.Is(err, domain.ErrInvalid) && code(err) != "idempotency_key_mismatch" {
 			t.Fatalf("operationID(%+v, %q) refused without ErrInvalid: %v", in, key, err)
 		}
-		parts := opid.Parts{TaskID: task, Step: step, Target: target, BusinessVersion: version}
+		parts := domain.OperationParts{TaskID: task, Step: step, Target: target, BusinessVersion: version}
 		derivedValid := validPart(task) && validPart(step) && validPart(target) && validPart(version)
 		derived := task + ":" + step + ":" + target + ":" + version
 
@@ -136,21 +136,21 @@ func FuzzStepParams(f *testing.F) {
 		if jcs.CheckIJSON(body) != nil || json.Unmarshal(body, &req) != nil {
 			return
 		}
-		steps := []store.Step{{Step: "restart-device", Action: "restart", Target: "device-1", Params: req.Params}}
+		steps := []domain.Step{{Step: "restart-device", Action: "restart", Target: "device-1", Params: req.Params}}
 		canon, _, err := svc.Plan(ctx, steps, "alice")
 		if err != nil {
 			return // refused when the plan is submitted: fine
 		}
-		var stored []store.Step // the plan as the store keeps and reads it
+		var stored []domain.Step // the plan as the store keeps and reads it
 		if err := json.Unmarshal(canon, &stored); err != nil {
 			t.Fatalf("stored plan %s: %v", canon, err)
 		}
-		task := store.Task{TaskID: "task-1", Approval: &store.Approval{TaskID: "task-1", Version: 1, Steps: stored}}
+		task := domain.Task{TaskID: "task-1", Approval: &domain.Approval{TaskID: "task-1", Version: 1, Steps: stored}}
 		n, err := svc.PrepareStep(ctx, task, 0)
 		if err != nil {
 			t.Fatalf("an accepted plan's step cannot run: params %s, stored as %s: %v", req.Params, stored[0].Params, err)
 		}
-		wantParams, _ := opid.CanonicalParams(req.Params)
+		wantParams, _ := domain.CanonicalParams(req.Params)
 		if c, err := jcs.Canonicalize(n.Params); err != nil || !bytes.Equal(c, wantParams) {
 			t.Fatalf("the step sends %s, another value than %s", n.Params, req.Params)
 		}

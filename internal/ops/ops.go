@@ -19,41 +19,17 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/jcs"
-	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/wire"
-)
-
-// Kind classifies a domain error; the HTTP layer maps each kind to one status.
-type Kind int
-
-// Kinds of domain errors.
-const (
-	KindInvalid   Kind = iota + 1 // the request is malformed (400)
-	KindForbidden                 // the caller may not do this (403)
-	KindConflict                  // the entity's state does not allow it (409)
-	KindTooLarge                  // the command would be too large to publish (413)
 )
 
 // DefaultMaxCommandBytes bounds an encoded command: what devicesim accepts
 // (wire.MaxPayload), well under the shipped broker's max_packet_size.
 const DefaultMaxCommandBytes = wire.MaxPayload
-
-// Error is a refusal by a domain rule, with the contract's stable code.
-type Error struct {
-	Kind    Kind
-	Code    string // e.g. approval_required, reserved_operation_id, not_final
-	Message string
-}
-
-func (e *Error) Error() string { return e.Code + ": " + e.Message }
-
-func refuse(kind Kind, code, format string, args ...any) *Error {
-	return &Error{Kind: kind, Code: code, Message: fmt.Sprintf(format, args...)}
-}
 
 // Config configures a Service.
 type Config struct {
@@ -101,24 +77,24 @@ type Intent struct {
 // Submit validates a direct submission and inserts it, or returns the stored
 // record (created false). key is the Idempotency-Key header ("" if absent);
 // who is the caller.
-func (s *Service) Submit(ctx context.Context, in Intent, key, who string) (store.Operation, bool, error) {
+func (s *Service) Submit(ctx context.Context, in Intent, key, who string) (domain.Operation, bool, error) {
 	id, err := operationID(in, key)
 	if err != nil {
-		return store.Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
 	if err := reserved(id); err != nil {
-		return store.Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
-	if opid.CompensationShaped(id) {
-		return store.Operation{}, false, refuse(KindForbidden, "reserved_operation_id",
+	if domain.CompensationShaped(id) {
+		return domain.Operation{}, false, domain.Errorf(domain.CodeReservedOperationID,
 			"operation id %s has the shape {operation_id}:compensate:{business_version}, which belongs to compensations: POST /v1/operations/{id}/compensations", id)
 	}
 	n, err := s.Prepare(ctx, id, in)
 	if err != nil {
-		return store.Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
 	if err := s.authorizeDirect(ctx, who, in.Action, in.Target); err != nil {
-		return store.Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
 	return s.insert(ctx, n)
 }
@@ -130,11 +106,11 @@ func (s *Service) Submit(ctx context.Context, in Intent, key, who string) (store
 // Prepare and PrepareStep, which do not.
 func reserved(id string) error {
 	switch {
-	case opid.Reserved(id):
-		return refuse(KindForbidden, "reserved_operation_id",
+	case domain.TaskStepShaped(id):
+		return domain.Errorf(domain.CodeReservedOperationID,
 			"operation ids ending in :approval-v<N> belong to approved tasks")
-	case opid.RolloutShaped(id):
-		return refuse(KindForbidden, "reserved_operation_id",
+	case domain.RolloutShaped(id):
+		return domain.Errorf(domain.CodeReservedOperationID,
 			"operation id %s has the shape {rollout_id}:rollout:{device}:v<N>, which belongs to rollouts", id)
 	}
 	return nil
@@ -145,7 +121,7 @@ func reserved(id string) error {
 // only if the operation is new), the action's ttl, the device's QoS and
 // this instance's lease.
 func (s *Service) Prepare(ctx context.Context, id string, in Intent) (store.NewOperation, error) {
-	return s.prepare(ctx, id, in, opid.Params)
+	return s.prepare(ctx, id, in, domain.SplitParams)
 }
 
 // stepParams are the params of an approved plan's step: checked as I-JSON
@@ -153,23 +129,23 @@ func (s *Service) Prepare(ctx context.Context, id string, in Intent) (store.NewO
 // may be spelt as an integer (1e16 as 10000000000000000), which the I-JSON
 // check of a caller's params would refuse.
 func stepParams(p json.RawMessage) (sent, canonical json.RawMessage, err error) {
-	c, err := opid.CanonicalParams(p)
+	c, err := domain.CanonicalParams(p)
 	return c, c, err
 }
 
 func (s *Service) prepare(ctx context.Context, id string, in Intent,
 	checkParams func(json.RawMessage) (sent, canonical json.RawMessage, err error)) (store.NewOperation, error) {
 	if !wire.ValidDeviceID(in.Target) {
-		return store.NewOperation{}, fmt.Errorf("%w: target %q is not a device id ([A-Za-z0-9._-]{1,64}, not controller-*)", opid.ErrInvalid, in.Target)
+		return store.NewOperation{}, fmt.Errorf("%w: target %q is not a device id ([A-Za-z0-9._-]{1,64}, not controller-*)", domain.ErrInvalid, in.Target)
 	}
-	if err := opid.ValidateAction(in.Action); err != nil {
+	if err := domain.ValidateAction(in.Action); err != nil {
 		return store.NewOperation{}, err
 	}
 	params, canonical, err := checkParams(in.Params)
 	if err != nil {
 		return store.NewOperation{}, err
 	}
-	hash, err := opid.RequestHash(in.Action, in.Target, canonical)
+	hash, err := domain.RequestHash(in.Action, in.Target, canonical)
 	if err != nil {
 		return store.NewOperation{}, err
 	}
@@ -178,7 +154,7 @@ func (s *Service) prepare(ctx context.Context, id string, in Intent,
 		return store.NewOperation{}, err
 	}
 	dev, err := s.cfg.Store.GetDevice(ctx, in.Target)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, domain.ErrNotFound) {
 		dev, err = store.UnseenDevice(in.Target), nil
 	}
 	if err != nil {
@@ -203,7 +179,7 @@ func (s *Service) checkSize(id, action string, params []byte, pol command.Policy
 		return err
 	}
 	if len(payload) > s.cfg.MaxCommandBytes {
-		return refuse(KindTooLarge, "too_large", "the command would be %d bytes, over --max-command-bytes %d", len(payload), s.cfg.MaxCommandBytes)
+		return domain.Errorf(domain.CodeTooLarge, "the command would be %d bytes, over --max-command-bytes %d", len(payload), s.cfg.MaxCommandBytes)
 	}
 	return nil
 }
@@ -214,7 +190,7 @@ func (s *Service) checkSize(id, action string, params []byte, pol command.Policy
 func operationID(in Intent, key string) (string, error) {
 	id, derived := in.OperationID, false
 	if id == "" && (in.TaskID != "" || in.Step != "" || in.BusinessVersion != "") {
-		d, err := opid.Derive(opid.Parts{TaskID: in.TaskID, Step: in.Step, Target: in.Target, BusinessVersion: in.BusinessVersion})
+		d, err := domain.DeriveOperationID(domain.OperationParts{TaskID: in.TaskID, Step: in.Step, Target: in.Target, BusinessVersion: in.BusinessVersion})
 		if err != nil {
 			return "", err
 		}
@@ -222,15 +198,15 @@ func operationID(in Intent, key string) (string, error) {
 	}
 	switch {
 	case key != "" && id != "" && key != id:
-		return "", refuse(KindInvalid, "idempotency_key_mismatch", "Idempotency-Key %q differs from the operation_id %q", key, id)
+		return "", domain.Errorf(domain.CodeKeyMismatch, "Idempotency-Key %q differs from the operation_id %q", key, id)
 	case id == "":
 		id = key
 	}
 	if id == "" {
-		return "", fmt.Errorf("%w: give operation_id (or an Idempotency-Key header), or task_id, step and business_version", opid.ErrInvalid)
+		return "", fmt.Errorf("%w: give operation_id (or an Idempotency-Key header), or task_id, step and business_version", domain.ErrInvalid)
 	}
 	if !derived {
-		if err := opid.ValidateWhole(id, 200); err != nil {
+		if err := domain.ValidateOperationID(id, 200); err != nil {
 			return "", err
 		}
 	}
@@ -242,7 +218,7 @@ func operationID(in Intent, key string) (string, error) {
 // device (permission_denied).
 func (s *Service) authorizeDirect(ctx context.Context, who, action, device string) error {
 	if s.cfg.Policy(action).Approval == command.ApprovalRequired {
-		return refuse(KindForbidden, "approval_required", "action %s needs an approved task (POST /v1/tasks)", action)
+		return domain.Errorf(domain.CodeApprovalRequired, "action %s needs an approved task (POST /v1/tasks)", action)
 	}
 	return s.CheckGrant(ctx, who, action, device)
 }
@@ -258,15 +234,15 @@ func (s *Service) CheckGrant(ctx context.Context, who, action, device string) er
 		return err
 	}
 	if !ok {
-		return refuse(KindForbidden, "permission_denied", "%s holds no grant for %s on %s", who, action, device)
+		return domain.Errorf(domain.CodePermissionDenied, "%s holds no grant for %s on %s", who, action, device)
 	}
 	return nil
 }
 
-func (s *Service) insert(ctx context.Context, n store.NewOperation) (store.Operation, bool, error) {
+func (s *Service) insert(ctx context.Context, n store.NewOperation) (domain.Operation, bool, error) {
 	res, err := s.cfg.Store.Submit(ctx, n, func() error { return s.cfg.Failpoints.HitContext(ctx, failpoint.SubmitBeforeCommit) })
 	if err != nil {
-		return store.Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
 	// Its command, due for a first decision, is the store's fact (FactDue).
 	return res.Operation, res.Created, nil
@@ -284,46 +260,46 @@ type Compensation struct {
 // the original's target, once the original is final (not_final otherwise).
 // It is an ordinary operation: a replay returns it, other content is
 // ErrKeyReused, an action that needs approval is refused.
-func (s *Service) Compensate(ctx context.Context, originalID string, c Compensation, who string) (store.Operation, bool, error) {
+func (s *Service) Compensate(ctx context.Context, originalID string, c Compensation, who string) (domain.Operation, bool, error) {
 	orig, err := s.cfg.Store.GetOperation(ctx, originalID)
 	if err != nil {
-		return store.Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
 	if !orig.Status.Terminal() {
-		return store.Operation{}, false, refuse(KindConflict, "not_final",
+		return domain.Operation{}, false, domain.Errorf(domain.CodeNotFinal,
 			"operation %s is %s: compensate once it is succeeded or failed_final", orig.OperationID, orig.Status)
 	}
-	if opid.ApprovalLike(c.BusinessVersion) {
-		return store.Operation{}, false, fmt.Errorf("%w: business_version %q looks like approval-v<N>", opid.ErrInvalid, c.BusinessVersion)
+	if domain.ApprovalLike(c.BusinessVersion) {
+		return domain.Operation{}, false, fmt.Errorf("%w: business_version %q looks like approval-v<N>", domain.ErrInvalid, c.BusinessVersion)
 	}
-	if _, err := opid.Derive(opid.Parts{TaskID: "t", Step: "s", Target: "d", BusinessVersion: c.BusinessVersion}); err != nil {
-		return store.Operation{}, false, err
+	if _, err := domain.DeriveOperationID(domain.OperationParts{TaskID: "t", Step: "s", Target: "d", BusinessVersion: c.BusinessVersion}); err != nil {
+		return domain.Operation{}, false, err
 	}
-	id := orig.OperationID + ":compensate:" + c.BusinessVersion
-	if err := opid.ValidateWhole(id, 400); err != nil {
-		return store.Operation{}, false, err
+	id := domain.CompensationOperationID(orig.OperationID, c.BusinessVersion)
+	if err := domain.ValidateOperationID(id, 400); err != nil {
+		return domain.Operation{}, false, err
 	}
 	// "r:rollout" compensated with business_version v1 would be the
 	// operation of device "compensate" in rollout r.
 	if err := reserved(id); err != nil {
-		return store.Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
 	n, err := s.Prepare(ctx, id, Intent{Target: orig.Target, Action: c.Action, Params: c.Params, BusinessVersion: c.BusinessVersion})
 	if err != nil {
-		return store.Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
 	if err := s.authorizeDirect(ctx, who, c.Action, orig.Target); err != nil {
-		return store.Operation{}, false, err
+		return domain.Operation{}, false, err
 	}
 	n.Compensates = orig.OperationID
 	return s.insert(ctx, n)
 }
 
 // Cancel cancels a command that was never published.
-func (s *Service) Cancel(ctx context.Context, commandID, who string) (store.Command, error) {
+func (s *Service) Cancel(ctx context.Context, commandID, who string) (domain.Command, error) {
 	c, err := s.cfg.Store.Cancel(ctx, commandID, who)
 	if err != nil {
-		return store.Command{}, err
+		return domain.Command{}, err
 	}
 	return c, nil
 }
@@ -331,16 +307,16 @@ func (s *Service) Cancel(ctx context.Context, commandID, who string) (store.Comm
 // Resolve records a person's resolution (succeeded or failed) of a
 // needs_attention command. A resolve that lost the race to a final receipt
 // is kept as the command's late outcome and refused (illegal_state).
-func (s *Service) Resolve(ctx context.Context, commandID, outcome, note, who string) (store.Command, error) {
+func (s *Service) Resolve(ctx context.Context, commandID, outcome, note, who string) (domain.Command, error) {
 	if outcome != string(fsm.CmdSucceeded) && outcome != string(fsm.CmdFailed) {
-		return store.Command{}, fmt.Errorf("%w: outcome must be succeeded or failed", opid.ErrInvalid)
+		return domain.Command{}, fmt.Errorf("%w: outcome must be succeeded or failed", domain.ErrInvalid)
 	}
 	out, err := s.cfg.Store.Resolve(ctx, commandID, fsm.CommandState(outcome), note, who)
 	if err != nil {
-		return store.Command{}, err
+		return domain.Command{}, err
 	}
 	if out.Lost {
-		return store.Command{}, refuse(KindConflict, "illegal_state",
+		return domain.Command{}, domain.Errorf(domain.CodeIllegalState,
 			"a final receipt settled this command first (%s); your resolve is kept as its late outcome", out.Command.Status)
 	}
 	return out.Command, nil
@@ -348,51 +324,45 @@ func (s *Service) Resolve(ctx context.Context, commandID, outcome, note, who str
 
 // ResetPresence forgets a device's presence rank, so its next presence
 // message applies whatever its session (see store.ResetPresence).
-func (s *Service) ResetPresence(ctx context.Context, device, who string) (store.Device, error) {
+func (s *Service) ResetPresence(ctx context.Context, device, who string) (domain.Device, error) {
 	if !wire.ValidDeviceID(device) {
-		return store.Device{}, fmt.Errorf("%w: %q is not a device id", opid.ErrInvalid, device)
+		return domain.Device{}, fmt.Errorf("%w: %q is not a device id", domain.ErrInvalid, device)
 	}
 	return s.cfg.Store.ResetPresence(ctx, device, who)
 }
 
-// StepOperationID is a task step's operation id:
-// {task_id}:{step}:{target}:approval-v{version}.
-func StepOperationID(taskID string, st store.Step, version int) string {
-	return fmt.Sprintf("%s:%s:%s:approval-v%d", taskID, st.Step, st.Target, version)
-}
-
 // PrepareStep builds the operation record of step i of a task's approved plan.
-func (s *Service) PrepareStep(ctx context.Context, k store.Task, i int) (store.NewOperation, error) {
+func (s *Service) PrepareStep(ctx context.Context, k domain.Task, i int) (store.NewOperation, error) {
 	st := k.Approval.Steps[i]
-	return s.prepare(ctx, StepOperationID(k.TaskID, st, k.Approval.Version), Intent{TaskID: k.TaskID, Step: st.Step,
+	return s.prepare(ctx, domain.TaskStepOperationID(k.TaskID, st.Step, st.Target, k.Approval.Version), Intent{TaskID: k.TaskID, Step: st.Step,
 		Target: st.Target, BusinessVersion: "approval-v" + strconv.Itoa(k.Approval.Version), Action: st.Action, Params: st.Params},
 		stepParams)
 }
 
 func invalidPlan(format string, args ...any) error {
-	return refuse(KindInvalid, "invalid_plan", format, args...)
+	return domain.Errorf(domain.CodeInvalidPlan, format, args...)
 }
 
 // Plan validates a plan's steps for who (each step's ids, action and
 // params; (step, target) unique; a grant for each step) and returns its
 // canonical JSON and plan_hash (SHA-256 of the JCS of the steps).
-func (s *Service) Plan(ctx context.Context, steps []store.Step, who string) (json.RawMessage, string, error) {
+func (s *Service) Plan(ctx context.Context, steps []domain.Step, who string) (json.RawMessage, string, error) {
 	if len(steps) == 0 {
 		return nil, "", invalidPlan("a plan needs at least one step")
 	}
 	seen := map[[2]string]bool{}
 	for i := range steps {
 		st := &steps[i]
-		if _, err := opid.Derive(opid.Parts{TaskID: "t", Step: st.Step, Target: st.Target, BusinessVersion: "v"}); err != nil {
+		if _, err := domain.DeriveOperationID(domain.OperationParts{TaskID: "t", Step: st.Step, Target: st.Target, BusinessVersion: "v"}); err != nil {
 			return nil, "", invalidPlan("step %d: %v", i+1, err)
 		}
 		if !wire.ValidDeviceID(st.Target) {
 			return nil, "", invalidPlan("step %d: target %q is not a device id", i+1, st.Target)
 		}
-		if err := opid.ValidateAction(st.Action); err != nil {
+		if err := domain.ValidateAction(st.Action); err != nil {
 			return nil, "", invalidPlan("step %d: %v", i+1, err)
 		}
-		params, err := opid.CanonicalParams(st.Params)
+		params, err := domain.CanonicalParams(st.Params)
 		if err != nil {
 			return nil, "", invalidPlan("step %d: %v", i+1, err)
 		}
@@ -423,22 +393,22 @@ type TaskRequest struct {
 	TaskID        string
 	ExecuteAfter  *time.Time
 	ExecuteBefore *time.Time
-	Steps         []store.Step
+	Steps         []domain.Step
 }
 
 // CreateTask stores a task with its first plan version, or returns it
 // (created false) for a replay with the same steps and window; other
 // content is ErrKeyReused.
-func (s *Service) CreateTask(ctx context.Context, req TaskRequest, who string) (store.Task, bool, error) {
-	if _, err := opid.Derive(opid.Parts{TaskID: req.TaskID, Step: "s", Target: "t", BusinessVersion: "v"}); err != nil {
-		return store.Task{}, false, err
+func (s *Service) CreateTask(ctx context.Context, req TaskRequest, who string) (domain.Task, bool, error) {
+	if _, err := domain.DeriveOperationID(domain.OperationParts{TaskID: req.TaskID, Step: "s", Target: "t", BusinessVersion: "v"}); err != nil {
+		return domain.Task{}, false, err
 	}
 	if req.ExecuteAfter != nil && req.ExecuteBefore != nil && !req.ExecuteBefore.After(*req.ExecuteAfter) {
-		return store.Task{}, false, invalidPlan("execute_before must be after execute_after")
+		return domain.Task{}, false, invalidPlan("execute_before must be after execute_after")
 	}
 	steps, planHash, err := s.Plan(ctx, req.Steps, who)
 	if err != nil {
-		return store.Task{}, false, err
+		return domain.Task{}, false, err
 	}
 	createBody, err := jcs.Marshal(struct {
 		Steps         json.RawMessage `json:"steps"`
@@ -446,7 +416,7 @@ func (s *Service) CreateTask(ctx context.Context, req TaskRequest, who string) (
 		ExecuteBefore *time.Time      `json:"execute_before"`
 	}{steps, utc(req.ExecuteAfter), utc(req.ExecuteBefore)})
 	if err != nil {
-		return store.Task{}, false, err
+		return domain.Task{}, false, err
 	}
 	return s.cfg.Store.CreateTask(ctx, store.NewTask{TaskID: req.TaskID, Steps: steps, PlanHash: planHash,
 		CreateHash: sha(createBody), ExecuteAfter: req.ExecuteAfter, ExecuteBefore: req.ExecuteBefore, Author: who})
@@ -462,25 +432,25 @@ func utc(t *time.Time) *time.Time {
 
 // UpdatePlan records a new plan version by who (the current one for an
 // unchanged plan); baseVersion, when given, must be the current version.
-func (s *Service) UpdatePlan(ctx context.Context, taskID string, steps []store.Step, baseVersion *int, who string) (store.Task, error) {
+func (s *Service) UpdatePlan(ctx context.Context, taskID string, steps []domain.Step, baseVersion *int, who string) (domain.Task, error) {
 	if _, err := s.cfg.Store.GetTask(ctx, taskID); err != nil {
-		return store.Task{}, err
+		return domain.Task{}, err
 	}
 	canon, planHash, err := s.Plan(ctx, steps, who)
 	if err != nil {
-		return store.Task{}, err
+		return domain.Task{}, err
 	}
 	task, _, err := s.cfg.Store.UpdatePlan(ctx, taskID, canon, planHash, who, baseVersion)
 	return task, err
 }
 
 // Approve approves a plan version by who, with four-eyes when it is on.
-func (s *Service) Approve(ctx context.Context, taskID string, version int, planHash, who string) (store.Approval, bool, error) {
+func (s *Service) Approve(ctx context.Context, taskID string, version int, planHash, who string) (domain.Approval, bool, error) {
 	return s.cfg.Store.Approve(ctx, taskID, version, planHash, who, s.cfg.FourEyes)
 }
 
 // Reject rejects a task waiting for approval or approved.
-func (s *Service) Reject(ctx context.Context, taskID, reason, who string) (store.Task, error) {
+func (s *Service) Reject(ctx context.Context, taskID, reason, who string) (domain.Task, error) {
 	return s.cfg.Store.Reject(ctx, taskID, reason, who)
 }
 
@@ -493,17 +463,17 @@ var principalPattern = regexp.MustCompile(`^[A-Za-z0-9._@-]{1,64}$`)
 
 // CreateGrant lets principal run action on the devices glob, or returns the
 // live grant with the same three (created false).
-func (s *Service) CreateGrant(ctx context.Context, principal, action, devices, by string) (store.Grant, bool, error) {
+func (s *Service) CreateGrant(ctx context.Context, principal, action, devices, by string) (domain.Grant, bool, error) {
 	if principal == "" || action == "" || devices == "" {
-		return store.Grant{}, false, fmt.Errorf("%w: principal, action and devices are required", opid.ErrInvalid)
+		return domain.Grant{}, false, fmt.Errorf("%w: principal, action and devices are required", domain.ErrInvalid)
 	}
 	if !principalPattern.MatchString(principal) {
-		return store.Grant{}, false, fmt.Errorf("%w: principal %.64q must match [A-Za-z0-9._@-]{1,64} (a name, matched exactly: no spaces or glob characters)",
-			opid.ErrInvalid, principal)
+		return domain.Grant{}, false, fmt.Errorf("%w: principal %.64q must match [A-Za-z0-9._@-]{1,64} (a name, matched exactly: no spaces or glob characters)",
+			domain.ErrInvalid, principal)
 	}
 	g, created, err := s.cfg.Store.CreateGrant(ctx, command.NewID("g-", s.cfg.Now()), principal, action, devices, by)
-	if errors.Is(err, store.ErrIllegalState) {
-		err = fmt.Errorf("%w: %v", opid.ErrInvalid, err)
+	if errors.Is(err, domain.ErrIllegalState) {
+		err = fmt.Errorf("%w: %v", domain.ErrInvalid, err)
 	}
 	return g, created, err
 }

@@ -3,7 +3,6 @@ package ops
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
-	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/store/backend"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -65,13 +64,7 @@ func (b *testBundle) birth(t *testing.T, device string, caps wire.Capabilities) 
 	require.NoError(t, err)
 }
 
-func code(err error) string {
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return ""
-}
+func code(err error) string { return string(domain.ErrorCode(err)) }
 
 func TestSubmitDerivesTheIdAndReplays(t *testing.T) {
 	b := setup(t, false)
@@ -93,7 +86,7 @@ func TestSubmitDerivesTheIdAndReplays(t *testing.T) {
 
 	in.Params = json.RawMessage(`{"a":"y"}`)
 	_, _, err = b.svc.Submit(b.ctx, in, "", "alice")
-	require.ErrorIs(t, err, store.ErrKeyReused)
+	require.ErrorIs(t, err, domain.ErrKeyReused)
 }
 
 func TestSubmitRefusals(t *testing.T) {
@@ -118,7 +111,7 @@ func TestSubmitRefusals(t *testing.T) {
 			_, _, err := b.svc.Submit(b.ctx, tc.in, tc.key, "alice")
 			require.Error(t, err)
 			if tc.invalid {
-				require.ErrorIs(t, err, opid.ErrInvalid)
+				require.ErrorIs(t, err, domain.ErrInvalid)
 			} else {
 				require.Equal(t, tc.code, code(err), "%v", err)
 			}
@@ -167,7 +160,7 @@ func TestCompensate(t *testing.T) {
 	require.Equal(t, "not_final", code(err), "the original is still started")
 
 	// Published, and the device succeeds: the original is final.
-	_, err = b.st.ClaimSend(b.ctx, orig.CommandID, fsm.CmdPending, 0, 1, store.Fence{Owner: orig.Owner, Token: orig.FencingToken},
+	_, err = b.st.ClaimSend(b.ctx, orig.CommandID, fsm.CmdPending, 0, 1, domain.Fence{Owner: orig.Owner, Token: orig.FencingToken},
 		time.Now().Add(time.Minute))
 	require.NoError(t, err)
 	_, err = b.st.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: orig.CommandID, OperationID: orig.OperationID,
@@ -183,18 +176,18 @@ func TestCompensate(t *testing.T) {
 	require.False(t, created, "a replay returns it")
 	comp.Params = json.RawMessage(`{"fw":"4.0"}`)
 	_, _, err = b.svc.Compensate(b.ctx, orig.OperationID, comp, "alice")
-	require.ErrorIs(t, err, store.ErrKeyReused)
+	require.ErrorIs(t, err, domain.ErrKeyReused)
 	comp.BusinessVersion = "approval-v2"
 	_, _, err = b.svc.Compensate(b.ctx, orig.OperationID, comp, "alice")
-	require.ErrorIs(t, err, opid.ErrInvalid)
+	require.ErrorIs(t, err, domain.ErrInvalid)
 	_, _, err = b.svc.Compensate(b.ctx, "nope", comp, "alice")
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, domain.ErrNotFound)
 }
 
 func TestPlanValidationAndHash(t *testing.T) {
 	b := setup(t, false)
-	steps := func(params string) []store.Step {
-		return []store.Step{{Step: "restart-device", Action: "restart", Target: "device-1001", Params: json.RawMessage(params)}}
+	steps := func(params string) []domain.Step {
+		return []domain.Step{{Step: "restart-device", Action: "restart", Target: "device-1001", Params: json.RawMessage(params)}}
 	}
 	_, h1, err := b.svc.Plan(b.ctx, steps(`{"a":1,"b":[true]}`), "alice")
 	require.NoError(t, err)
@@ -202,7 +195,7 @@ func TestPlanValidationAndHash(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, h1, h2, "the plan hash is over canonical JSON")
 
-	for name, bad := range map[string][]store.Step{
+	for name, bad := range map[string][]domain.Step{
 		"empty":      {},
 		"twice":      append(steps(`{}`), steps(`{}`)...),
 		"bad target": {{Step: "s", Action: "restart", Target: "a/b"}},
@@ -220,10 +213,10 @@ func TestPlanValidationAndHash(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, created)
 	_, _, err = b.svc.CreateTask(b.ctx, TaskRequest{TaskID: "task-88", Steps: steps(`{"x":1}`)}, "agent")
-	require.ErrorIs(t, err, store.ErrKeyReused)
+	require.ErrorIs(t, err, domain.ErrKeyReused)
 
 	_, _, err = b.svc.Approve(b.ctx, "task-88", 1, "", "agent")
-	require.ErrorIs(t, err, store.ErrFourEyes)
+	require.ErrorIs(t, err, domain.ErrFourEyes)
 	b.birth(t, "device-1001", wire.Capabilities{Dedupe: true, Query: true})
 	a, created, err := b.svc.Approve(b.ctx, "task-88", 1, "", "alice")
 	require.NoError(t, err)
@@ -233,16 +226,16 @@ func TestPlanValidationAndHash(t *testing.T) {
 	n, err := b.svc.PrepareStep(b.ctx, task, 0)
 	require.NoError(t, err)
 	require.Equal(t, "task-88:restart-device:device-1001:approval-v1", n.OperationID)
-	require.Equal(t, n.OperationID, StepOperationID("task-88", task.Approval.Steps[0], a.Version))
+	require.Equal(t, n.OperationID, domain.TaskStepOperationID("task-88", task.Approval.Steps[0].Step, task.Approval.Steps[0].Target, a.Version))
 	require.Equal(t, "approval-v1", n.BusinessVersion)
 }
 
 func TestResolveValidatesTheOutcome(t *testing.T) {
 	b := setup(t, false)
 	_, err := b.svc.Resolve(b.ctx, "c-1", "maybe", "", "alice")
-	require.ErrorIs(t, err, opid.ErrInvalid)
+	require.ErrorIs(t, err, domain.ErrInvalid)
 	_, err = b.svc.Resolve(b.ctx, "c-1", "succeeded", "", "alice")
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, domain.ErrNotFound)
 }
 
 // The device receives params as the caller sent them (compacted); only the
@@ -261,7 +254,7 @@ func TestParamsAsSentAndIJSON(t *testing.T) {
 	for _, bad := range []string{`{"n":9007199254740993}`, `{"n":1` + "0000000000000000000000000000000000000000" + `}`,
 		`{"a":1,"a":2}`, `{"f":1e400}`} {
 		_, err := b.svc.Prepare(b.ctx, "op-2", Intent{Target: "device-1", Action: "restart", Params: json.RawMessage(bad)})
-		require.ErrorIs(t, err, opid.ErrInvalid, bad)
+		require.ErrorIs(t, err, domain.ErrInvalid, bad)
 	}
 }
 
@@ -275,7 +268,7 @@ func TestCommandSizeIsCheckedAtSubmit(t *testing.T) {
 	_, _, err = b.svc.Submit(b.ctx, Intent{OperationID: "op-2", Target: "device-1", Action: "restart", Params: big}, "", "alice")
 	require.Equal(t, "too_large", code(err))
 	_, err = b.st.GetOperation(b.ctx, "op-2")
-	require.ErrorIs(t, err, store.ErrNotFound, "nothing was stored")
+	require.ErrorIs(t, err, domain.ErrNotFound, "nothing was stored")
 }
 
 // A new operation's first command is told with its copy as inserted; a
@@ -290,7 +283,7 @@ func TestSubmittedGetsTheInsertedCommand(t *testing.T) {
 	require.Len(t, b.inserted, 1)
 	require.Equal(t, op.CommandID, b.inserted[0].CommandID)
 	require.Equal(t, fsm.CmdPending, b.inserted[0].Status)
-	require.Equal(t, store.Fence{Owner: "i1", Token: 1}, b.inserted[0].Fence)
+	require.Equal(t, domain.Fence{Owner: "i1", Token: 1}, b.inserted[0].Fence)
 
 	_, created, err = b.svc.Submit(b.ctx, in, "", "alice")
 	require.NoError(t, err)
@@ -319,7 +312,7 @@ func TestRolloutShapedIdsAreReserved(t *testing.T) {
 		require.Equal(t, "reserved_operation_id", code(err), "%s: %v", tc.name, err)
 		require.Contains(t, err.Error(), "rollout", tc.name)
 		_, err = b.st.GetOperation(b.ctx, tc.id)
-		require.ErrorIs(t, err, store.ErrNotFound, tc.name)
+		require.ErrorIs(t, err, domain.ErrNotFound, tc.name)
 	}
 	require.Empty(t, b.submitted, "nothing was stored")
 
@@ -346,7 +339,7 @@ func TestRolloutShapedIdsAreReserved(t *testing.T) {
 	_, _, err = b.svc.Compensate(b.ctx, orig.OperationID, Compensation{Action: "restart", BusinessVersion: "v1"}, "alice")
 	require.Equal(t, "reserved_operation_id", code(err), "%v", err)
 	_, err = b.st.GetOperation(b.ctx, "fw-43:rollout:compensate:v1")
-	require.ErrorIs(t, err, store.ErrNotFound)
+	require.ErrorIs(t, err, domain.ErrNotFound)
 	_, created, err := b.svc.Compensate(b.ctx, orig.OperationID, Compensation{Action: "restart", BusinessVersion: "fix-1"}, "alice")
 	require.NoError(t, err, "another business_version is an ordinary compensation")
 	require.True(t, created)
@@ -359,7 +352,7 @@ func TestGrantPrincipalRule(t *testing.T) {
 	for _, p := range []string{"ali ce", "agent*", "agent?", "[ab]gent", " agent", "agent\n", "agént", "a/b", "a:b",
 		strings.Repeat("a", 65)} {
 		_, _, err := b.svc.CreateGrant(b.ctx, p, "restart", "device-*", "admin")
-		require.ErrorIs(t, err, opid.ErrInvalid, "%q", p)
+		require.ErrorIs(t, err, domain.ErrInvalid, "%q", p)
 		require.ErrorContains(t, err, "principal", "%q", p)
 	}
 	gs, err := b.st.ListGrants(b.ctx, store.GrantFilter{Revoked: true}, store.Page{Limit: 10})
@@ -392,9 +385,9 @@ func TestCompensationShapedIdsAreReserved(t *testing.T) {
 		require.Equal(t, "reserved_operation_id", code(err), "%s: %v", tc.name, err)
 	}
 	_, err = b.st.GetOperation(b.ctx, "orig-1:compensate:v1")
-	require.ErrorIs(t, err, store.ErrNotFound)
-	require.True(t, opid.CompensationShaped(orig.OperationID+":compensate:v1"))
+	require.ErrorIs(t, err, domain.ErrNotFound)
+	require.True(t, domain.CompensationShaped(orig.OperationID+":compensate:v1"))
 	for _, id := range []string{"orig-1:compensate", "orig-1:compensate:", "compensate:v1", "orig-1:compensated:v1", "orig-1:compensate:v1:x"} {
-		require.False(t, opid.CompensationShaped(id), id)
+		require.False(t, domain.CompensationShaped(id), id)
 	}
 }

@@ -40,12 +40,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/domain"
 )
 
 // Lister lists the instances sharing the database (store.Store does).
 type Lister interface {
-	ListInstances(ctx context.Context) ([]store.InstanceInfo, error)
+	ListInstances(ctx context.Context) ([]domain.InstanceInfo, error)
 }
 
 // Config configures a Division.

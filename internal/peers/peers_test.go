@@ -6,9 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/stretchr/testify/require"
-
-	"github.com/fleetctl/fleetctl/internal/store"
 )
 
 func devices(n int) []string {
@@ -80,9 +79,9 @@ func TestOwnsKeepsTheFormerShareForGrace(t *testing.T) {
 	}
 }
 
-type lister []store.InstanceInfo
+type lister []domain.InstanceInfo
 
-func (l lister) ListInstances(context.Context) ([]store.InstanceInfo, error) { return l, nil }
+func (l lister) ListInstances(context.Context) ([]domain.InstanceInfo, error) { return l, nil }
 
 // Refresh takes the live instances, and always this one.
 func TestRefreshTakesTheLiveInstances(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/clock"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/store/backend"
@@ -102,7 +103,7 @@ func TestWrite(t *testing.T) {
 		Owner: "i1", LeaseTTL: 10 * time.Second}, nil)
 	require.NoError(t, err)
 	clk.Advance(20 * time.Millisecond)
-	_, err = s.ClaimSend(ctx, "c-1", fsm.CmdPending, 0, 1, store.Fence{Owner: "i1", Token: 1}, clk.Now().Add(time.Second))
+	_, err = s.ClaimSend(ctx, "c-1", fsm.CmdPending, 0, 1, domain.Fence{Owner: "i1", Token: 1}, clk.Now().Add(time.Second))
 	require.NoError(t, err)
 	clk.Advance(30 * time.Millisecond)
 	sent := clk.Now()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
@@ -132,8 +133,8 @@ func snapshot(status fsm.RolloutState, c map[fsm.RolloutDeviceState]int, now tim
 	for _, n := range c {
 		total += n
 	}
-	return store.RolloutSnapshot{Now: now, InFlight: c[fsm.DevStarted], Candidate: &store.RolloutDevice{DeviceID: "device-9"},
-		Rollout: store.Rollout{RolloutID: "fw", Status: status, Counts: c, DevicesTotal: total, MaxInFlight: 5, LastStartAt: last}}
+	return store.RolloutSnapshot{Now: now, InFlight: c[fsm.DevStarted], Candidate: &domain.RolloutDevice{DeviceID: "device-9"},
+		Rollout: domain.Rollout{RolloutID: "fw", Status: status, Counts: c, DevicesTotal: total, MaxInFlight: 5, LastStartAt: last}}
 }
 
 func TestDecide(t *testing.T) {

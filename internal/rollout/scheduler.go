@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/lease"
 	"github.com/fleetctl/fleetctl/internal/ops"
@@ -140,12 +141,12 @@ func (s *Scheduler) look(ctx context.Context, wg *sync.WaitGroup) {
 		if driving {
 			continue
 		}
-		var f store.Fence
+		var f domain.Fence
 		err = nil
 		claim := lease.ClaimFor(l.Owner, l.LeaseExpiresAt, s.cfg.Instance, first, now)
 		switch {
 		case created && l.Owner == s.cfg.Instance && l.FencingToken == adopted && l.LeaseExpiresAt.After(now):
-			f = store.Fence{Owner: s.cfg.Instance, Token: adopted} // created here: the lease it took
+			f = domain.Fence{Owner: s.cfg.Instance, Token: adopted} // created here: the lease it took
 		case claim == lease.Leave:
 			continue
 		default: // this instance held it before it restarted (or created it just now), or it ran out
@@ -179,7 +180,7 @@ func (s *Scheduler) look(ctx context.Context, wg *sync.WaitGroup) {
 
 // drive makes passes over one rollout under fence f until it is over for
 // this instance.
-func (s *Scheduler) drive(ctx context.Context, id string, f store.Fence, wake <-chan struct{}) {
+func (s *Scheduler) drive(ctx context.Context, id string, f domain.Fence, wake <-chan struct{}) {
 	log := s.cfg.Logger.With("rollout_id", id)
 	r, err := s.cfg.Store.GetRollout(ctx, id)
 	if err != nil {
@@ -266,7 +267,7 @@ func (s *Scheduler) drive(ctx context.Context, id string, f store.Fence, wake <-
 }
 
 // candidate reads the next device to start and builds its operation record.
-func (s *Scheduler) candidate(ctx context.Context, r store.Rollout) (*store.RolloutCandidate, error) {
+func (s *Scheduler) candidate(ctx context.Context, r domain.Rollout) (*store.RolloutCandidate, error) {
 	d, ok, err := s.cfg.Store.NextRolloutCandidate(ctx, r.RolloutID)
 	if err != nil || !ok {
 		return nil, err

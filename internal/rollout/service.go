@@ -14,8 +14,8 @@ import (
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/jcs"
-	"github.com/fleetctl/fleetctl/internal/opid"
 	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -32,7 +32,7 @@ const Step = "rollout"
 // OperationID is the operation of one device of a rollout:
 // {rollout_id}:rollout:{device}:v{version}.
 func OperationID(rolloutID, device string) string {
-	return store.RolloutOperationID(rolloutID, device, Version)
+	return domain.RolloutOperationID(rolloutID, device, Version)
 }
 
 // Config configures a Service.
@@ -58,38 +58,34 @@ func NewService(cfg Config) *Service {
 	return &Service{cfg: cfg}
 }
 
-func refuse(kind ops.Kind, code, format string, args ...any) *ops.Error {
-	return &ops.Error{Kind: kind, Code: code, Message: fmt.Sprintf(format, args...)}
-}
-
 // Create validates a rollout, resolves its device set against the devices
 // seen so far and stores it, or returns it (created false) for a replay of
 // the same request; other content with the same rollout_id is
-// store.ErrKeyReused. Every device needs a grant of who's for the action
+// domain.ErrKeyReused. Every device needs a grant of who's for the action
 // (when grants are enforced); an action whose policy needs approval makes
 // the rollout wait for one.
-func (s *Service) Create(ctx context.Context, req apiwire.RolloutRequest, who string) (store.Rollout, bool, error) {
-	if _, err := opid.Derive(opid.Parts{TaskID: req.RolloutID, Step: Step, Target: "d", BusinessVersion: "v1"}); err != nil {
-		return store.Rollout{}, false, fmt.Errorf("rollout_id: %w", err)
+func (s *Service) Create(ctx context.Context, req apiwire.RolloutRequest, who string) (domain.Rollout, bool, error) {
+	if _, err := domain.DeriveOperationID(domain.OperationParts{TaskID: req.RolloutID, Step: Step, Target: "d", BusinessVersion: "v1"}); err != nil {
+		return domain.Rollout{}, false, fmt.Errorf("rollout_id: %w", err)
 	}
-	if err := opid.ValidateAction(req.Action); err != nil {
-		return store.Rollout{}, false, err
+	if err := domain.ValidateAction(req.Action); err != nil {
+		return domain.Rollout{}, false, err
 	}
-	params, canonical, err := opid.Params(req.Params)
+	params, canonical, err := domain.SplitParams(req.Params)
 	if err != nil {
-		return store.Rollout{}, false, err
+		return domain.Rollout{}, false, err
 	}
 	spec := Spec(req.RolloutSpec)
 	if err := spec.Validate(); err != nil {
-		return store.Rollout{}, false, err
+		return domain.Rollout{}, false, err
 	}
 	selector, devices, err := s.resolve(ctx, req.Devices)
 	if err != nil {
-		return store.Rollout{}, false, err
+		return domain.Rollout{}, false, err
 	}
 	specJSON, err := jcs.Marshal(spec)
 	if err != nil {
-		return store.Rollout{}, false, err
+		return domain.Rollout{}, false, err
 	}
 	createBody, err := jcs.Marshal(struct {
 		Action  string          `json:"action"`
@@ -98,7 +94,7 @@ func (s *Service) Create(ctx context.Context, req apiwire.RolloutRequest, who st
 		Spec    json.RawMessage `json:"spec"`
 	}{req.Action, canonical, selector, specJSON})
 	if err != nil {
-		return store.Rollout{}, false, err
+		return domain.Rollout{}, false, err
 	}
 	sum := sha256.Sum256(createBody)
 	n := store.NewRollout{RolloutID: req.RolloutID, Action: req.Action, Params: params, Selector: selector, Spec: specJSON,
@@ -108,21 +104,21 @@ func (s *Service) Create(ctx context.Context, req apiwire.RolloutRequest, who st
 		CreatedBy:        who, Owner: s.cfg.Instance, LeaseTTL: s.cfg.LeaseTTL}
 	for _, d := range devices {
 		id := OperationID(req.RolloutID, d)
-		if err := opid.ValidateWhole(id, 200); err != nil {
-			return store.Rollout{}, false, err
+		if err := domain.ValidateOperationID(id, 200); err != nil {
+			return domain.Rollout{}, false, err
 		}
 		if err := s.cfg.Ops.CheckGrant(ctx, who, req.Action, d); err != nil {
-			return store.Rollout{}, false, err
+			return domain.Rollout{}, false, err
 		}
 		n.Devices, n.OperationIDs = append(n.Devices, d), append(n.OperationIDs, id)
 	}
 	// The command, as every device will get it, must fit (413 too_large).
 	if _, err := s.cfg.Ops.Prepare(ctx, n.OperationIDs[0], intent(n.RolloutID, req.Action, params, devices[0])); err != nil {
-		return store.Rollout{}, false, err
+		return domain.Rollout{}, false, err
 	}
 	r, created, err := s.cfg.Store.CreateRollout(ctx, n)
 	if err != nil {
-		return store.Rollout{}, false, err
+		return domain.Rollout{}, false, err
 	}
 	return r, created, nil
 }
@@ -156,7 +152,7 @@ func (s *Service) resolve(ctx context.Context, raw json.RawMessage) (json.RawMes
 		}
 		sort.SliceStable(devices, func(i, j int) bool { return naturalLess(devices[i], devices[j]) })
 		if len(devices) == 0 {
-			return nil, nil, refuse(ops.KindInvalid, "invalid_request", "devices: %q matches none of the %d devices seen so far", glob, len(seen))
+			return nil, nil, domain.Errorf(domain.CodeInvalid, "devices: %q matches none of the %d devices seen so far", glob, len(seen))
 		}
 		sel, err := json.Marshal(glob)
 		return sel, devices, err
@@ -180,7 +176,7 @@ func (s *Service) resolve(ctx context.Context, raw json.RawMessage) (json.RawMes
 		case dup[id]:
 			return nil, nil, invalid("devices: %q appears twice", id)
 		case !known[id]:
-			return nil, nil, refuse(ops.KindInvalid, "device_unknown", "devices: %s was never seen (no birth yet)", id)
+			return nil, nil, domain.Errorf(domain.CodeDeviceUnknown, "devices: %s was never seen (no birth yet)", id)
 		}
 		dup[id] = true
 	}
@@ -222,17 +218,17 @@ func digits(s string) int {
 
 // Approve approves a rollout's version by who (four-eyes when on); an exact
 // replay returns it (created false).
-func (s *Service) Approve(ctx context.Context, id string, version int, who string) (store.Rollout, bool, error) {
+func (s *Service) Approve(ctx context.Context, id string, version int, who string) (domain.Rollout, bool, error) {
 	return s.cfg.Store.ApproveRollout(ctx, id, version, who, s.cfg.FourEyes)
 }
 
 // Move is a person's pause, resume or cancel.
-func (s *Service) Move(ctx context.Context, id string, action store.RolloutAction, who string) (store.Rollout, error) {
+func (s *Service) Move(ctx context.Context, id string, action store.RolloutAction, who string) (domain.Rollout, error) {
 	r, err := s.cfg.Store.MoveRollout(ctx, id, action, "", who)
-	if errors.Is(err, store.ErrIllegalState) {
+	if errors.Is(err, domain.ErrIllegalState) {
 		cur, gerr := s.cfg.Store.GetRollout(ctx, id)
 		if gerr == nil {
-			return store.Rollout{}, refuse(ops.KindConflict, "illegal_state", "cannot %s rollout %s: it is %s", action, id, cur.Status)
+			return domain.Rollout{}, domain.Errorf(domain.CodeIllegalState, "cannot %s rollout %s: it is %s", action, id, cur.Status)
 		}
 	}
 	return r, err

@@ -11,8 +11,8 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
-	"github.com/fleetctl/fleetctl/internal/opid"
 )
 
 // Spec is a rollout's rules: everything that decides when a device starts
@@ -52,7 +52,7 @@ const PacingMargin = 1.05
 var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", opid.ErrInvalid, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s", domain.ErrInvalid, fmt.Sprintf(format, args...))
 }
 
 // CheckGivenLimits refuses a request body (POST /v1/rollouts) that gives

@@ -4,9 +4,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/stretchr/testify/require"
-
-	"github.com/fleetctl/fleetctl/internal/opid"
 )
 
 // A limit given as 0 is refused, naming it; absent or null is the default,
@@ -18,7 +17,7 @@ func TestCheckGivenLimits(t *testing.T) {
 		`{"max_in_flight":3,"max_per_minute":0}`: "max_per_minute",
 	} {
 		err := CheckGivenLimits([]byte(body))
-		require.True(t, errors.Is(err, opid.ErrInvalid), "%s: %v", body, err)
+		require.True(t, errors.Is(err, domain.ErrInvalid), "%s: %v", body, err)
 		require.ErrorContains(t, err, field+" 0", body)
 	}
 	for _, body := range []string{`{}`, `{"max_per_minute":null,"max_in_flight":null}`, `{"max_per_minute":1,"max_in_flight":1}`} {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store/driver"
 )
@@ -254,27 +255,27 @@ const presenceMachine = "device"
 
 // Events lists the whole events log, applied and refused lines of every
 // machine, in the order they were written (by id).
-func (a *Audit) Events(ctx context.Context) ([]Event, error) {
+func (a *Audit) Events(ctx context.Context) ([]domain.Event, error) {
 	return listEvents(ctx, a.q, stmts(a.q).EventList)
 }
 
 // EventsOf lists the events log of one entity (an operation, command, task,
 // device or instance id), in the order written.
-func (a *Audit) EventsOf(ctx context.Context, entityID string) ([]Event, error) {
+func (a *Audit) EventsOf(ctx context.Context, entityID string) ([]domain.Event, error) {
 	return listEvents(ctx, a.q, stmts(a.q).EventListOf, entityID)
 }
 
 // PresenceEvents lists the presence changes (online, offline) recorded for
 // one device with from <= at <= to (millisecond precision), in the order
 // written.
-func (a *Audit) PresenceEvents(ctx context.Context, deviceID string, from, to time.Time) ([]Event, error) {
+func (a *Audit) PresenceEvents(ctx context.Context, deviceID string, from, to time.Time) ([]domain.Event, error) {
 	return listEvents(ctx, a.q, stmts(a.q).EventListPresence,
 		presenceMachine, deviceID, ms(from), ms(to))
 }
 
 // Receipts lists the receipt log of one command (the receipts applied to it,
 // or naming it), in the order received.
-func (a *Audit) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
+func (a *Audit) Receipts(ctx context.Context, commandID string) ([]domain.ReceiptRecord, error) {
 	return listReceipts(ctx, a.q, commandID)
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
@@ -23,7 +24,7 @@ type auditRun struct {
 	t0   time.Time
 }
 
-var auditFence = Fence{Owner: "i1", Token: 1}
+var auditFence = domain.Fence{Owner: "i1", Token: 1}
 
 func (r *auditRun) clock() time.Time { return r.now }
 
@@ -108,7 +109,7 @@ func newAuditRun(t *testing.T, be string) *auditRun {
 
 	r.submit(t, "op-3", "c-3", "device-2", `{"a":1}`)
 	r.tick()
-	_, err = s.ClaimSend(ctx, "c-3", fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 7}, r.now)
+	_, err = s.ClaimSend(ctx, "c-3", fsm.CmdPending, 0, 1, domain.Fence{Owner: "i1", Token: 7}, r.now)
 	require.ErrorIs(t, err, ErrFenced)
 
 	r.presence(t, "device-1", wire.Presence{Online: false, Session: 1})
@@ -193,7 +194,7 @@ func TestAuditEventsReceiptsAndQueries(t *testing.T) {
 		want, err := r.s.AllEvents(ctx)
 		require.NoError(t, err)
 		require.Equal(t, want, all)
-		var fenced []Event
+		var fenced []domain.Event
 		for _, e := range all {
 			if e.Refused && e.Reason == ReasonFenced {
 				fenced = append(fenced, e)

@@ -8,39 +8,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
-
-// Command is the controller's record of one command_id.
-type Command struct {
-	CommandID    string
-	OperationID  string
-	DeviceID     string
-	Action       string
-	Params       json.RawMessage
-	IssuedAt     time.Time
-	ExpiresAt    time.Time
-	Status       fsm.CommandState
-	StatusRank   int
-	Attempt      int // committed publish decisions
-	Queries      int // committed query decisions
-	QoS          int
-	Version      int64
-	Reason       string
-	Result       json.RawMessage
-	LastSeq      int
-	ExecutedAs   string
-	ResolvedBy   string
-	LateOutcome  string
-	LateResult   json.RawMessage
-	LateConflict bool
-	LastQueryID  string
-	LastAnswer   string
-	NextCheckAt  time.Time
-	LastSentAt   *time.Time
-	CreatedAt    time.Time
-	UpdatedAt    time.Time
-}
 
 // The columns the backends' command statements read (CommandGet and the
 // others RETURNING a command), in scanCommand's order:
@@ -49,9 +19,9 @@ type Command struct {
 //	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
 //	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
 
-func scanCommand(row interface{ Scan(...any) error }) (Command, error) {
+func scanCommand(row interface{ Scan(...any) error }) (domain.Command, error) {
 	var (
-		c                             Command
+		c                             domain.Command
 		params, result, lateResult    sql.NullString
 		issued, expires, next, cr, up int64
 		lastSent                      sql.NullInt64
@@ -61,7 +31,7 @@ func scanCommand(row interface{ Scan(...any) error }) (Command, error) {
 		&c.ResolvedBy, &c.LateOutcome, &lateResult, &c.LateConflict, &c.LastQueryID, &c.LastAnswer, &next, &lastSent,
 		&cr, &up)
 	if err != nil {
-		return Command{}, err
+		return domain.Command{}, err
 	}
 	c.Params = json.RawMessage(params.String)
 	if result.Valid {
@@ -75,7 +45,7 @@ func scanCommand(row interface{ Scan(...any) error }) (Command, error) {
 	return c, nil
 }
 
-func getCommand(ctx context.Context, q queryer, id string) (Command, error) {
+func getCommand(ctx context.Context, q queryer, id string) (domain.Command, error) {
 	st, locking := statementsOf(q)
 	query := st.CommandGet
 	if locking {
@@ -83,63 +53,34 @@ func getCommand(ctx context.Context, q queryer, id string) (Command, error) {
 	}
 	c, err := scanCommand(q.QueryRowContext(ctx, query, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return Command{}, fmt.Errorf("command %s: %w", id, ErrNotFound)
+		return domain.Command{}, fmt.Errorf("command %s: %w", id, domain.ErrNotFound)
 	}
 	if err != nil {
-		return Command{}, fmt.Errorf("get command %s: %w", id, err)
+		return domain.Command{}, fmt.Errorf("get command %s: %w", id, err)
 	}
 	return c, nil
 }
 
 // GetCommand reads one command.
-func (s *DB) GetCommand(ctx context.Context, id string) (Command, error) {
+func (s *DB) GetCommand(ctx context.Context, id string) (domain.Command, error) {
 	return getCommand(ctx, s.rq, id)
 }
 
-// ReceiptRecord is one line of a command's receipt log.
-type ReceiptRecord struct {
-	CommandID  string
-	SentAs     string
-	DeviceID   string
-	Status     string
-	Seq        int
-	At         string
-	ReceivedAt time.Time
-	QueryID    string
-	Effect     string
-	Error      string
-	Result     json.RawMessage
-	Instance   string
-}
-
-// Event is one line of the events log.
-type Event struct {
-	ID           int64
-	At           time.Time
-	Machine      string
-	EntityID     string
-	From, To     string
-	Reason       string
-	Instance     string
-	FencingToken int64
-	Refused      bool
-}
-
 // Receipts lists the receipt log of one command, oldest first.
-func (s *DB) Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error) {
+func (s *DB) Receipts(ctx context.Context, commandID string) ([]domain.ReceiptRecord, error) {
 	return listReceipts(ctx, s.rq, commandID)
 }
 
-func listReceipts(ctx context.Context, q queryer, commandID string) ([]ReceiptRecord, error) {
+func listReceipts(ctx context.Context, q queryer, commandID string) ([]domain.ReceiptRecord, error) {
 	rows, err := q.QueryContext(ctx, stmts(q).ReceiptList, commandID)
 	if err != nil {
 		return nil, fmt.Errorf("list receipts of %s: %w", commandID, err)
 	}
 	defer rows.Close()
-	out := []ReceiptRecord{}
+	out := []domain.ReceiptRecord{}
 	for rows.Next() {
 		var (
-			r      ReceiptRecord
+			r      domain.ReceiptRecord
 			recv   int64
 			result sql.NullString
 		)
@@ -157,27 +98,27 @@ func listReceipts(ctx context.Context, q queryer, commandID string) ([]ReceiptRe
 }
 
 // Events lists the events log of one entity (operation or command id), oldest first.
-func (s *DB) Events(ctx context.Context, entityID string) ([]Event, error) {
+func (s *DB) Events(ctx context.Context, entityID string) ([]domain.Event, error) {
 	return listEvents(ctx, s.rq, s.q.EventListOf, entityID)
 }
 
 // AllEvents lists the whole events log, oldest first (for verification).
-func (s *DB) AllEvents(ctx context.Context) ([]Event, error) {
+func (s *DB) AllEvents(ctx context.Context) ([]domain.Event, error) {
 	return listEvents(ctx, s.rq, s.q.EventList)
 }
 
 // listEvents lists the events a statement of the EventList family
 // selects, oldest first.
-func listEvents(ctx context.Context, q queryer, query string, args ...any) ([]Event, error) {
+func listEvents(ctx context.Context, q queryer, query string, args ...any) ([]domain.Event, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list events: %w", err)
 	}
 	defer rows.Close()
-	out := []Event{}
+	out := []domain.Event{}
 	for rows.Next() {
 		var (
-			e  Event
+			e  domain.Event
 			at int64
 		)
 		if err := rows.Scan(&e.ID, &at, &e.Machine, &e.EntityID, &e.From, &e.To, &e.Reason, &e.Instance,
@@ -194,18 +135,18 @@ func listEvents(ctx context.Context, q queryer, query string, args ...any) ([]Ev
 // the lease expiry the write checked, for the trust-window check the holder
 // makes right before acting.
 type Decision struct {
-	Command        Command
+	Command        domain.Command
 	LeaseExpiresAt time.Time
 }
 
 // decision is the change of a fenced decision about a command.
-func (t *tx) decision(ctx context.Context, commandID string, from, to fsm.CommandState, f Fence) change {
+func (t *tx) decision(ctx context.Context, commandID string, from, to fsm.CommandState, f domain.Fence) change {
 	return change{machine: "command", id: commandID, from: string(from), to: string(to), token: f.Token,
 		explain: t.fenceExplainer(ctx, t.s.q.CommandFenceHeld, commandID, f)}
 }
 
 // scanInto reads a RETURNING row of commandColumns into c.
-func scanInto(c *Command) func(rowScanner) error {
+func scanInto(c *domain.Command) func(rowScanner) error {
 	return func(row rowScanner) (err error) {
 		*c, err = scanCommand(row)
 		return err
@@ -234,7 +175,7 @@ func (t *tx) decided(ctx context.Context, d *Decision) func(rowScanner) error {
 // expect with attempt n → n+1. Only one caller can win a given (state,
 // attempt); the others get a *RefusedError. nextCheck is when the sweeper
 // looks at the command again if no final receipt arrives.
-func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error) {
+func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f domain.Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
 	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		to := expect
@@ -262,7 +203,7 @@ func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.Command
 // max_attempts; the asks after a reconnect are not counted), fenced like
 // every decision and conditioned on the command still being in the state and
 // count the caller saw.
-func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, counted bool, f Fence, nextCheck time.Time) (Decision, error) {
+func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, counted bool, f domain.Fence, nextCheck time.Time) (Decision, error) {
 	var d Decision
 	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		now := ms(t.now)
@@ -283,7 +224,7 @@ func (s *DB) ClaimQuery(ctx context.Context, commandID, queryID string, expect f
 // Postpone moves a command's next check without any other change (nothing to
 // do yet). It is fenced like a decision; a refusal is not recorded (nothing
 // was decided), only returned.
-func (s *DB) Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error {
+func (s *DB) Postpone(ctx context.Context, commandID string, expectVersion int64, f domain.Fence, next time.Time) error {
 	return s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		r, err := t.Exec(t.s.q.CommandPostpone,
 			append([]any{ms(next), commandID, expectVersion}, fenceArgs(f, t.now)...)...)
@@ -303,8 +244,8 @@ func (s *DB) Postpone(ctx context.Context, commandID string, expectVersion int64
 // version the caller saw, and the fence; a terminal state ends the
 // operation by the contract's outcome mapping. nextCheck is when the
 // sweeper looks again (ignored for terminal states).
-func (s *DB) Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error) {
-	var out Command
+func (s *DB) Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f domain.Fence, nextCheck time.Time) (domain.Command, error) {
+	var out domain.Command
 	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		if err := fsm.Command.Transition(from, to); err != nil {
 			return t.refuse("command", commandID, string(from), string(to), ReasonIllegal, f.Token)
@@ -347,8 +288,8 @@ func (s *DB) Wake(ctx context.Context, device string) ([]string, error) {
 // OpenCommand is a non-terminal command with the lease of its operation,
 // for the sweeper and for reconciliation.
 type OpenCommand struct {
-	Command
-	Fence          Fence
+	domain.Command
+	Fence          domain.Fence
 	LeaseExpiresAt time.Time
 }
 
@@ -364,14 +305,14 @@ func (s *DB) DueCommands(ctx context.Context, owner string, now time.Time, all b
 }
 
 // OpenCommand reads one non-terminal command of a started operation with
-// its operation's lease; ErrNotFound if it is terminal or unknown.
+// its operation's lease; domain.ErrNotFound if it is terminal or unknown.
 func (s *DB) OpenCommand(ctx context.Context, commandID string) (OpenCommand, error) {
 	out, err := s.openCommands(ctx, s.q.CommandOpen, commandID)
 	if err != nil {
 		return OpenCommand{}, err
 	}
 	if len(out) == 0 {
-		return OpenCommand{}, fmt.Errorf("open command %s: %w", commandID, ErrNotFound)
+		return OpenCommand{}, fmt.Errorf("open command %s: %w", commandID, domain.ErrNotFound)
 	}
 	return out[0], nil
 }

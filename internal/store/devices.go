@@ -7,30 +7,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
-// Device is what the controller knows of one device's presence.
-type Device struct {
-	DeviceID     string
-	Online       bool
-	Confirmed    bool // spoke since the controller's last connect to the broker
-	Seen         bool // a birth was ever applied
-	Session      int64
-	PresenceRank int64
-	Capabilities wire.Capabilities
-	ClockSkew    time.Duration // device clock minus controller clock, from its birth
-	// StalePresence counts presence messages ignored for a rank lower than
-	// the stored one; LastStaleSession is the session of the latest.
-	StalePresence    int64
-	LastStaleSession int64
-	LastSeenAt       *time.Time
-	UpdatedAt        time.Time
-}
-
 // UnseenDevice is a device never seen: offline, and assumed unable to
 // deduplicate or answer queries until its first birth.
-func UnseenDevice(id string) Device { return Device{DeviceID: id} }
+func UnseenDevice(id string) domain.Device { return domain.Device{DeviceID: id} }
 
 // deviceColumns are the columns scanDevice reads, in its order: those of
 // the backends' device statements (DeviceGet, DeviceResetPresence), and of
@@ -38,28 +21,28 @@ func UnseenDevice(id string) Device { return Device{DeviceID: id} }
 const deviceColumns = `device_id, online, confirmed, seen, session, presence_rank, dedupe, query, clock_skew_ms,
 	stale_presence, last_stale_session, last_seen_at, updated_at`
 
-func scanDevice(row interface{ Scan(...any) error }) (Device, error) {
+func scanDevice(row interface{ Scan(...any) error }) (domain.Device, error) {
 	var (
-		d        Device
+		d        domain.Device
 		skew, up int64
 		last     sql.NullInt64
 	)
 	if err := row.Scan(&d.DeviceID, &d.Online, &d.Confirmed, &d.Seen, &d.Session, &d.PresenceRank,
 		&d.Capabilities.Dedupe, &d.Capabilities.Query, &skew, &d.StalePresence, &d.LastStaleSession, &last, &up); err != nil {
-		return Device{}, err
+		return domain.Device{}, err
 	}
 	d.ClockSkew, d.LastSeenAt, d.UpdatedAt = time.Duration(skew)*time.Millisecond, fromNullMS(last), fromMS(up)
 	return d, nil
 }
 
-// GetDevice reads one device; a device never seen is ErrNotFound.
-func (s *DB) GetDevice(ctx context.Context, id string) (Device, error) {
+// GetDevice reads one device; a device never seen is domain.ErrNotFound.
+func (s *DB) GetDevice(ctx context.Context, id string) (domain.Device, error) {
 	d, err := scanDevice(s.rq.QueryRowContext(ctx, s.q.DeviceGet, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return Device{}, fmt.Errorf("device %s: %w", id, ErrNotFound)
+		return domain.Device{}, fmt.Errorf("device %s: %w", id, domain.ErrNotFound)
 	}
 	if err != nil {
-		return Device{}, fmt.Errorf("get device %s: %w", id, err)
+		return domain.Device{}, fmt.Errorf("get device %s: %w", id, err)
 	}
 	return d, nil
 }
@@ -73,13 +56,13 @@ type DeviceFilter struct {
 // by id, with the number that match the filter. The index devices_online
 // (online, device_id) serves a filtered page and its count; the primary key
 // an unfiltered one.
-func (s *DB) ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[Device], error) {
+func (s *DB) ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[domain.Device], error) {
 	return readPage(ctx, s, deviceKeyset(f), p)
 }
 
-func deviceKeyset(f DeviceFilter) keyset[Device] {
-	k := keyset[Device]{table: "devices", key: "device_id", columns: deviceColumns, scan: scanDevice,
-		id: func(d Device) string { return d.DeviceID }}
+func deviceKeyset(f DeviceFilter) keyset[domain.Device] {
+	k := keyset[domain.Device]{table: "devices", key: "device_id", columns: deviceColumns, scan: scanDevice,
+		id: func(d domain.Device) string { return d.DeviceID }}
 	if f.Online != nil {
 		k.where, k.args = append(k.where, "online = ?"), append(k.args, *f.Online)
 	}
@@ -89,9 +72,9 @@ func deviceKeyset(f DeviceFilter) keyset[Device] {
 // PresenceOutcome says whether a presence message was applied.
 type PresenceOutcome struct {
 	Applied    bool
-	Device     Device // after the message
-	WentOnline bool   // offline (or never seen) → online
-	Stale      bool   // ignored for a rank lower than the stored one
+	Device     domain.Device // after the message
+	WentOnline bool          // offline (or never seen) → online
+	Stale      bool          // ignored for a rank lower than the stored one
 }
 
 // ApplyPresence applies a birth, a clean offline or an LWT, guarded by rank:
@@ -175,13 +158,13 @@ func onlineWord(online bool) string {
 // for a device whose counter went backwards (a reflash, lost storage) or a
 // rank poisoned by a forged retained message. Its presence is unchanged
 // until that message arrives. An admin's action.
-func (s *DB) ResetPresence(ctx context.Context, device, who string) (Device, error) {
-	var out Device
+func (s *DB) ResetPresence(ctx context.Context, device, who string) (domain.Device, error) {
+	var out domain.Device
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var err error
 		out, err = scanDevice(t.QueryRowContext(ctx, s.q.DeviceResetPresence, ms(t.now), device))
 		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("device %s: %w", device, ErrNotFound)
+			return fmt.Errorf("device %s: %w", device, domain.ErrNotFound)
 		}
 		if err != nil {
 			return fmt.Errorf("reset presence of %s: %w", device, err)

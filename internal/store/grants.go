@@ -5,35 +5,21 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/fleetctl/fleetctl/internal/approval"
+	"github.com/fleetctl/fleetctl/internal/domain"
 )
-
-// Grant lets a principal run an action (a shell glob) on devices (a shell glob).
-type Grant struct {
-	GrantID   string
-	Principal string
-	Action    string
-	Devices   string
-	CreatedBy string
-	CreatedAt time.Time
-	RevokedAt *time.Time
-}
-
-// ErrPermissionDenied: no live grant covers the principal, action and device.
-var ErrPermissionDenied = errors.New("permission denied")
 
 const grantColumns = `grant_id, principal, action, devices, created_by, created_at, revoked_at`
 
-func scanGrant(row interface{ Scan(...any) error }) (Grant, error) {
+func scanGrant(row interface{ Scan(...any) error }) (domain.Grant, error) {
 	var (
-		g       Grant
+		g       domain.Grant
 		created int64
 		revoked sql.NullInt64
 	)
 	if err := row.Scan(&g.GrantID, &g.Principal, &g.Action, &g.Devices, &g.CreatedBy, &created, &revoked); err != nil {
-		return Grant{}, err
+		return domain.Grant{}, err
 	}
 	g.CreatedAt, g.RevokedAt = fromMS(created), fromNullMS(revoked)
 	return g, nil
@@ -41,13 +27,13 @@ func scanGrant(row interface{ Scan(...any) error }) (Grant, error) {
 
 // CreateGrant inserts a grant, or returns the live one with the same
 // (principal, action, devices) (created false).
-func (s *DB) CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error) {
+func (s *DB) CreateGrant(ctx context.Context, id, principal, action, devices, by string) (domain.Grant, bool, error) {
 	for _, glob := range []string{action, devices} {
 		if err := approval.ValidPattern(glob); err != nil {
-			return Grant{}, false, fmt.Errorf("glob %q: %w", glob, ErrIllegalState)
+			return domain.Grant{}, false, fmt.Errorf("glob %q: %w", glob, domain.ErrIllegalState)
 		}
 	}
-	var g Grant
+	var g domain.Grant
 	var created bool
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		r, err := t.Exec(s.q.GrantInsert,
@@ -64,8 +50,8 @@ func (s *DB) CreateGrant(ctx context.Context, id, principal, action, devices, by
 }
 
 // RevokeGrant sets revoked_at (once; a second revoke returns the grant as it is).
-func (s *DB) RevokeGrant(ctx context.Context, id string) (Grant, error) {
-	var g Grant
+func (s *DB) RevokeGrant(ctx context.Context, id string) (domain.Grant, error) {
+	var g domain.Grant
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		if _, err := t.Exec(s.q.GrantRevoke, ms(t.now), id); err != nil {
 			return fmt.Errorf("revoke grant %s: %w", id, err)
@@ -73,7 +59,7 @@ func (s *DB) RevokeGrant(ctx context.Context, id string) (Grant, error) {
 		var err error
 		g, err = scanGrant(t.QueryRowContext(ctx, s.q.GrantGet, id))
 		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("grant %s: %w", id, ErrNotFound)
+			return fmt.Errorf("grant %s: %w", id, domain.ErrNotFound)
 		}
 		return err
 	})
@@ -87,15 +73,15 @@ type GrantFilter struct {
 
 // ListGrants lists one page of grants by grant_id (minted time-ordered, so
 // this is also the order they were created in), with the number that match.
-func (s *DB) ListGrants(ctx context.Context, f GrantFilter, p Page) (Listed[Grant], error) {
+func (s *DB) ListGrants(ctx context.Context, f GrantFilter, p Page) (Listed[domain.Grant], error) {
 	return readPage(ctx, s, grantKeyset(f), p)
 }
 
 // grantKeyset walks the primary key; the live filter is applied row by row,
 // which is cheap for the few grants a fleet has.
-func grantKeyset(f GrantFilter) keyset[Grant] {
-	k := keyset[Grant]{table: "grants", key: "grant_id", columns: grantColumns, scan: scanGrant,
-		id: func(g Grant) string { return g.GrantID }}
+func grantKeyset(f GrantFilter) keyset[domain.Grant] {
+	k := keyset[domain.Grant]{table: "grants", key: "grant_id", columns: grantColumns, scan: scanGrant,
+		id: func(g domain.Grant) string { return g.GrantID }}
 	if !f.Revoked {
 		k.where = append(k.where, "revoked_at IS NULL")
 	}

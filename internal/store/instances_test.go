@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/clock"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
@@ -87,7 +88,7 @@ func TestInstancesRaceOnOneDatabase(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_, err := s.ClaimSend(ctx, id, fsm.CmdPending, 0, 1, Fence{Owner: s.instance, Token: 2}, clk.Now())
+					_, err := s.ClaimSend(ctx, id, fsm.CmdPending, 0, 1, domain.Fence{Owner: s.instance, Token: 2}, clk.Now())
 					if err == nil {
 						mu.Lock()
 						wins[id]++

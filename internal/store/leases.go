@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/fleetctl/fleetctl/internal/domain"
 )
 
 // RenewLeases extends the leases owner holds on its started operations, in
@@ -43,28 +45,18 @@ func (t *tx) heartbeat(owner string, ttl time.Duration, start bool) error {
 	return nil
 }
 
-// InstanceInfo is one controller instance as GET /v1/instances shows it.
-type InstanceInfo struct {
-	InstanceID  string
-	StartedAt   time.Time
-	HeartbeatAt time.Time
-	LeaseTTL    time.Duration
-	Live        bool // its last heartbeat is within its lease ttl
-	Leases      int  // started operations it holds
-}
-
 // ListInstances lists the instances that ever ran on this database, live
 // or not, by id, with the leases each holds now.
-func (s *DB) ListInstances(ctx context.Context) ([]InstanceInfo, error) {
+func (s *DB) ListInstances(ctx context.Context) ([]domain.InstanceInfo, error) {
 	rows, err := s.rq.QueryContext(ctx, s.q.InstanceList)
 	if err != nil {
 		return nil, fmt.Errorf("list instances: %w", err)
 	}
 	defer rows.Close()
 	now := s.now()
-	out := []InstanceInfo{}
+	out := []domain.InstanceInfo{}
 	for rows.Next() {
-		var in InstanceInfo
+		var in domain.InstanceInfo
 		var started, beat, ttl int64
 		if err := rows.Scan(&in.InstanceID, &started, &beat, &ttl, &in.Leases); err != nil {
 			return nil, fmt.Errorf("list instances: %w", err)

@@ -9,41 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
-
-// Operation is the idempotency record of one business intent.
-type Operation struct {
-	OperationID     string
-	Action          string
-	Target          string
-	Params          json.RawMessage
-	RequestHash     string
-	Status          fsm.OperationState
-	Result          json.RawMessage
-	Reason          string
-	Attempt         int
-	CommandID       string
-	CommandIDs      []string
-	Version         int64
-	Owner           string
-	LeaseExpiresAt  time.Time
-	FencingToken    int64
-	TaskID          string
-	Step            string
-	BusinessVersion string
-	Compensates     string
-	Compensations   []string
-	StartedAt       time.Time
-	UpdatedAt       time.Time
-}
-
-// Fence is the lease holder's claim that a decision is made under: the
-// owner and the fencing token it holds on the operation.
-type Fence struct {
-	Owner string
-	Token int64
-}
 
 // NewOperation is a first submission: the operation and its first command,
 // inserted together before anything is published (the outbox).
@@ -66,7 +34,7 @@ type NewOperation struct {
 
 // SubmitResult says what Submit found or made.
 type SubmitResult struct {
-	Operation Operation
+	Operation domain.Operation
 	Created   bool // a new operation and command were inserted
 	Retried   bool // a failed_retryable operation was started again (its retry)
 	// Inserted is the new command as inserted, with its fence (Created
@@ -76,7 +44,7 @@ type SubmitResult struct {
 
 // Submit inserts the operation and its first command in one transaction, or
 // returns the stored record when the operation_id exists with the same
-// request_hash (ErrKeyReused with another). beforeCommit runs inside the
+// request_hash (domain.ErrKeyReused with another). beforeCommit runs inside the
 // transaction, last (the submit-before-commit failpoint); an error from it
 // rolls everything back.
 func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
@@ -122,14 +90,14 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	}
 	op := n.inserted(now, ms(t.now.Add(n.LeaseTTL)))
 	return SubmitResult{Operation: op, Created: true,
-		Inserted: OpenCommand{Command: c, Fence: Fence{Owner: op.Owner, Token: op.FencingToken}, LeaseExpiresAt: op.LeaseExpiresAt}}, nil
+		Inserted: OpenCommand{Command: c, Fence: domain.Fence{Owner: op.Owner, Token: op.FencingToken}, LeaseExpiresAt: op.LeaseExpiresAt}}, nil
 }
 
 // inserted is the operation as submit inserted it, as getOperation would
 // read it back: one command, no compensations yet (only a final operation
 // is compensated, so a new one has none).
-func (n NewOperation) inserted(now, leaseExpires int64) Operation {
-	return Operation{
+func (n NewOperation) inserted(now, leaseExpires int64) domain.Operation {
+	return domain.Operation{
 		OperationID: n.OperationID, Action: n.Action, Target: n.Target,
 		Params: json.RawMessage(string(n.Params)), RequestHash: n.RequestHash,
 		Status: fsm.OpStarted, Attempt: 1, CommandID: n.CommandID, CommandIDs: []string{n.CommandID},
@@ -141,14 +109,14 @@ func (n NewOperation) inserted(now, leaseExpires int64) Operation {
 
 // resubmit answers a submission whose operation_id exists: the stored
 // record for the same request_hash (a failed_retryable one started again),
-// ErrKeyReused for another.
+// domain.ErrKeyReused for another.
 func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	existing, err := getOperation(ctx, t, n.OperationID)
 	if err != nil {
 		return SubmitResult{}, err
 	}
 	if existing.RequestHash != n.RequestHash {
-		return SubmitResult{}, ErrKeyReused
+		return SubmitResult{}, domain.ErrKeyReused
 	}
 	res := SubmitResult{Operation: existing}
 	if existing.Status == fsm.OpFailedRetryable {
@@ -165,14 +133,14 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 
 // insertCommand inserts a new pending command and returns it as a read
 // would find it.
-func insertCommand(t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int) (Command, error) {
+func insertCommand(t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int) (domain.Command, error) {
 	now, expires := ms(t.now), ms(t.now.Add(ttl))
 	_, err := t.Exec(t.s.q.CommandInsert,
 		commandID, operationID, device, action, string(params), now, expires, qos, now, now, now)
 	if err != nil {
-		return Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
+		return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
 	}
-	c := Command{CommandID: commandID, OperationID: operationID, DeviceID: device, Action: action,
+	c := domain.Command{CommandID: commandID, OperationID: operationID, DeviceID: device, Action: action,
 		Params: json.RawMessage(string(params)), IssuedAt: fromMS(now), ExpiresAt: fromMS(expires),
 		Status: fsm.CmdPending, QoS: qos, Version: 1, NextCheckAt: fromMS(now), CreatedAt: fromMS(now), UpdatedAt: fromMS(now)}
 	return c, t.event("command", commandID, "", string(fsm.CmdPending), "submitted", 0)
@@ -181,7 +149,7 @@ func insertCommand(t *tx, commandID, operationID, device, action string, params 
 // getOperationRow reads an operation's own row, without the lists of its
 // commands and compensations (a write that decides by its state needs no
 // more).
-func getOperationRow(ctx context.Context, q queryer, id string) (Operation, error) {
+func getOperationRow(ctx context.Context, q queryer, id string) (domain.Operation, error) {
 	st, locking := statementsOf(q)
 	query := st.OperationGetRow
 	if locking {
@@ -189,10 +157,10 @@ func getOperationRow(ctx context.Context, q queryer, id string) (Operation, erro
 	}
 	op, err := scanOperation(q.QueryRowContext(ctx, query, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return Operation{}, fmt.Errorf("operation %s: %w", id, ErrNotFound)
+		return domain.Operation{}, fmt.Errorf("operation %s: %w", id, domain.ErrNotFound)
 	}
 	if err != nil {
-		return Operation{}, fmt.Errorf("get operation %s: %w", id, err)
+		return domain.Operation{}, fmt.Errorf("get operation %s: %w", id, err)
 	}
 	return op, nil
 }
@@ -210,9 +178,9 @@ type queryer interface {
 //	COALESCE(compensates, ''), started_at, updated_at
 
 // scanOperation scans operationColumns, then extra columns into more.
-func scanOperation(row interface{ Scan(...any) error }, more ...any) (Operation, error) {
+func scanOperation(row interface{ Scan(...any) error }, more ...any) (domain.Operation, error) {
 	var (
-		op             Operation
+		op             domain.Operation
 		params, result sql.NullString
 		lease, st, up  int64
 	)
@@ -220,7 +188,7 @@ func scanOperation(row interface{ Scan(...any) error }, more ...any) (Operation,
 		&op.Reason, &op.Attempt, &op.CommandID, &op.Version, &op.Owner, &lease, &op.FencingToken,
 		&op.TaskID, &op.Step, &op.BusinessVersion, &op.Compensates, &st, &up}, more...)...)
 	if err != nil {
-		return Operation{}, err
+		return domain.Operation{}, err
 	}
 	op.Params = json.RawMessage(params.String)
 	if result.Valid {
@@ -234,7 +202,7 @@ func scanOperation(row interface{ Scan(...any) error }, more ...any) (Operation,
 // creation) and of its compensations (by start, then id) in one round
 // trip: the lists come as comma-joined aggregates, which ids never contain
 // (their charset is [A-Za-z0-9._:-]).
-func getOperation(ctx context.Context, q queryer, id string) (Operation, error) {
+func getOperation(ctx context.Context, q queryer, id string) (domain.Operation, error) {
 	var cmds, comps string
 	st, locking := statementsOf(q)
 	query := st.OperationGet
@@ -243,10 +211,10 @@ func getOperation(ctx context.Context, q queryer, id string) (Operation, error) 
 	}
 	op, err := scanOperation(q.QueryRowContext(ctx, query, id), &cmds, &comps)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Operation{}, fmt.Errorf("operation %s: %w", id, ErrNotFound)
+		return domain.Operation{}, fmt.Errorf("operation %s: %w", id, domain.ErrNotFound)
 	}
 	if err != nil {
-		return Operation{}, fmt.Errorf("get operation %s: %w", id, err)
+		return domain.Operation{}, fmt.Errorf("get operation %s: %w", id, err)
 	}
 	op.CommandIDs, op.Compensations = splitIDs(cmds), splitIDs(comps)
 	return op, nil
@@ -278,7 +246,7 @@ func queryStrings(ctx context.Context, q queryer, query string, args ...any) ([]
 }
 
 // GetOperation reads one operation with its command ids and links.
-func (s *DB) GetOperation(ctx context.Context, id string) (Operation, error) {
+func (s *DB) GetOperation(ctx context.Context, id string) (domain.Operation, error) {
 	return getOperation(ctx, s.rq, id)
 }
 
@@ -290,7 +258,7 @@ func (s *DB) GetOperation(ctx context.Context, id string) (Operation, error) {
 // late marks an outcome learned after the command was already terminal (a
 // late receipt): it decides the operation only if it is final (succeeded or
 // a device failure), never to make it retryable again.
-func (t *tx) finishOperation(ctx context.Context, cmd Command, state fsm.CommandState, reason string, result json.RawMessage, late bool) error {
+func (t *tx) finishOperation(ctx context.Context, cmd domain.Command, state fsm.CommandState, reason string, result json.RawMessage, late bool) error {
 	to, ok := fsm.OperationOutcome(state, reason)
 	if !ok || (late && to == fsm.OpFailedRetryable) {
 		return nil

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/jcs"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -183,7 +184,7 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 	}
 	out := ReceiptOutcome{CommandID: target, OperationID: r.OperationID}
 	c, err := getCommand(ctx, t, target)
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, domain.ErrNotFound) {
 		out.Effect, out.CommandID = EffectUnknownCommand, ""
 		return out, t.logReceipt(target, "", device, r, out.Effect)
 	}
@@ -261,7 +262,7 @@ func (t *tx) unpark(commandID string) (bool, error) {
 
 // advance moves a non-terminal command forward to the receipt's state,
 // guarded by rank, and ends the operation when the command ends.
-func (t *tx) advance(ctx context.Context, c Command, r wire.Receipt, rank int, sentAs string) (string, fsm.CommandState, error) {
+func (t *tx) advance(ctx context.Context, c domain.Command, r wire.Receipt, rank int, sentAs string) (string, fsm.CommandState, error) {
 	to, _ := fsm.CommandStateForReceipt(r.Status)
 	if !fsm.Command.Can(c.Status, to) {
 		// needs_attention learns of progress but only a final receipt moves it.
@@ -310,7 +311,7 @@ func (t *tx) advance(ctx context.Context, c Command, r wire.Receipt, rank int, s
 // that repeats what is known (the device's own final receipt, or the late
 // outcome) is a duplicate; one that contradicts it (another status, another
 // result or error) sets late_conflict and is kept, never filed as a duplicate.
-func (t *tx) lateReceipt(ctx context.Context, c Command, r wire.Receipt) (string, error) {
+func (t *tx) lateReceipt(ctx context.Context, c domain.Command, r wire.Receipt) (string, error) {
 	if !r.Status.Final() {
 		return EffectStale, nil
 	}

@@ -8,19 +8,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
-
-// ErrAlreadyPublished: a cancel of a command that was ever published.
-var ErrAlreadyPublished = errors.New("command already published")
-
-// ErrIllegalState: the request does not fit the entity's state.
-var ErrIllegalState = errors.New("illegal state")
 
 // startRetry turns a failed_retryable operation back to started under the
 // retrying instance's lease (a new token), with retry_until bounding the
 // question about its last command.
-func (t *tx) startRetry(ctx context.Context, op Operation, owner string, leaseTTL, retryFor time.Duration) error {
+func (t *tx) startRetry(ctx context.Context, op domain.Operation, owner string, leaseTTL, retryFor time.Duration) error {
 	now := ms(t.now)
 	ch := change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(fsm.OpStarted), token: op.FencingToken}
 	// A new token: the row is locked as a takeover locks it (tokenLock),
@@ -39,26 +34,26 @@ func (t *tx) startRetry(ctx context.Context, op Operation, owner string, leaseTT
 }
 
 // operationDecision is the change of a fenced decision about an operation.
-func (t *tx) operationDecision(ctx context.Context, op Operation, to fsm.OperationState, f Fence) change {
+func (t *tx) operationDecision(ctx context.Context, op domain.Operation, to fsm.OperationState, f domain.Fence) change {
 	return change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(to), token: f.Token,
 		explain: t.fenceExplainer(ctx, t.s.q.OperationFenceHeld, op.OperationID, f)}
 }
 
 // Retrying is an operation whose retry is asking about its last command.
 type Retrying struct {
-	Operation  Operation
+	Operation  domain.Operation
 	RetryUntil time.Time
-	Last       Command
+	Last       domain.Command
 }
 
 // RetryingOf returns the retrying operation whose current command is
-// commandID, owned by owner; ErrNotFound if there is none.
+// commandID, owned by owner; domain.ErrNotFound if there is none.
 func (s *DB) RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error) {
 	var opID string
 	var until int64
 	err := s.rq.QueryRowContext(ctx, s.q.OperationRetrying, commandID, owner).Scan(&opID, &until)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Retrying{}, fmt.Errorf("retrying operation of %s: %w", commandID, ErrNotFound)
+		return Retrying{}, fmt.Errorf("retrying operation of %s: %w", commandID, domain.ErrNotFound)
 	}
 	if err != nil {
 		return Retrying{}, fmt.Errorf("retrying operation of %s: %w", commandID, err)
@@ -82,7 +77,7 @@ func (s *DB) RetryingCommands(ctx context.Context, owner string, limit int) ([]s
 // MintCommand gives a retrying operation a new command_id (the last one is
 // known not to run: the device answered unknown or rejected, or it was never
 // published). Fenced like every decision.
-func (s *DB) MintCommand(ctx context.Context, r Retrying, f Fence, commandID string, ttl time.Duration, qos int) error {
+func (s *DB) MintCommand(ctx context.Context, r Retrying, f domain.Fence, commandID string, ttl time.Duration, qos int) error {
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpStarted, f), nil,
@@ -101,7 +96,7 @@ func (s *DB) MintCommand(ctx context.Context, r Retrying, f Fence, commandID str
 
 // AbandonRetry puts a retrying operation back to failed_retryable (no
 // answer about its last command within the retry window). Fenced.
-func (s *DB) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason string) error {
+func (s *DB) AbandonRetry(ctx context.Context, r Retrying, f domain.Fence, reason string) error {
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpFailedRetryable, f), nil,
@@ -115,11 +110,11 @@ func (s *DB) AbandonRetry(ctx context.Context, r Retrying, f Fence, reason strin
 
 // Cancel cancels a command that was never published (pending or
 // waiting_device with attempt 0); its operation fails final. A command ever
-// published gets ErrAlreadyPublished; a cancel of a cancelled command is a
+// published gets domain.ErrAlreadyPublished; a cancel of a cancelled command is a
 // replay (no error). Not fenced: an operator's decision from any instance,
 // decided by the same conditional write the publisher's claim races.
-func (s *DB) Cancel(ctx context.Context, commandID, who string) (Command, error) {
-	var out Command
+func (s *DB) Cancel(ctx context.Context, commandID, who string) (domain.Command, error) {
+	var out domain.Command
 	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		var err error
 		out, err = t.cancel(ctx, commandID, who)
@@ -130,8 +125,8 @@ func (s *DB) Cancel(ctx context.Context, commandID, who string) (Command, error)
 
 // cancel is Cancel inside a transaction (a rollout's end cancels its
 // unpublished commands together with its own change).
-func (t *tx) cancel(ctx context.Context, commandID, who string) (Command, error) {
-	var out Command
+func (t *tx) cancel(ctx context.Context, commandID, who string) (domain.Command, error) {
+	var out domain.Command
 	c, err := getCommand(ctx, t, commandID)
 	if err != nil {
 		return out, err
@@ -141,10 +136,10 @@ func (t *tx) cancel(ctx context.Context, commandID, who string) (Command, error)
 		return c, nil
 	case c.Attempt > 0:
 		t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), "already_published", 0)
-		return out, fmt.Errorf("cancel %s (%s, %d publishes): %w", commandID, c.Status, c.Attempt, ErrAlreadyPublished)
+		return out, fmt.Errorf("cancel %s (%s, %d publishes): %w", commandID, c.Status, c.Attempt, domain.ErrAlreadyPublished)
 	case !fsm.Command.Can(c.Status, fsm.CmdCancelled):
 		t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), ReasonIllegal, 0)
-		return out, fmt.Errorf("cancel %s in state %s: %w", commandID, c.Status, ErrIllegalState)
+		return out, fmt.Errorf("cancel %s in state %s: %w", commandID, c.Status, domain.ErrIllegalState)
 	}
 	ch := change{machine: "command", id: commandID, from: string(c.Status), to: string(fsm.CmdCancelled)}
 	if err := t.cas(ctx, ch, scanInto(&out), t.s.q.CommandCancel,
@@ -159,7 +154,7 @@ func (t *tx) cancel(ctx context.Context, commandID, who string) (Command, error)
 
 // ResolveOutcome says what a resolve did.
 type ResolveOutcome struct {
-	Command Command
+	Command domain.Command
 	Replay  bool // the same resolve again
 	Lost    bool // a final receipt settled it first: kept as its late outcome
 }
@@ -171,7 +166,7 @@ type ResolveOutcome struct {
 func (s *DB) Resolve(ctx context.Context, commandID string, outcome fsm.CommandState, note, who string) (ResolveOutcome, error) {
 	var out ResolveOutcome
 	if outcome != fsm.CmdSucceeded && outcome != fsm.CmdFailed {
-		return out, fmt.Errorf("resolve outcome %q: want succeeded or failed: %w", outcome, ErrIllegalState)
+		return out, fmt.Errorf("resolve outcome %q: want succeeded or failed: %w", outcome, domain.ErrIllegalState)
 	}
 	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
 		c, err := getCommand(ctx, t, commandID)
@@ -196,7 +191,7 @@ func (s *DB) Resolve(ctx context.Context, commandID string, outcome fsm.CommandS
 			return err
 		case c.Status != fsm.CmdNeedsAttention:
 			t.refuse("command", commandID, string(c.Status), string(outcome), ReasonIllegal, 0)
-			return fmt.Errorf("resolve %s in state %s: %w", commandID, c.Status, ErrIllegalState)
+			return fmt.Errorf("resolve %s in state %s: %w", commandID, c.Status, domain.ErrIllegalState)
 		}
 		ch := change{machine: "command", id: commandID, from: string(c.Status), to: string(outcome)}
 		if err := t.cas(ctx, ch, scanInto(&out.Command), s.q.CommandResolve,

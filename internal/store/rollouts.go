@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/approval"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
 
@@ -28,18 +29,18 @@ import (
 
 // Rollouts is what the rollout service and scheduler need of the store.
 type Rollouts interface {
-	CreateRollout(ctx context.Context, n NewRollout) (Rollout, bool, error)
-	GetRollout(ctx context.Context, id string) (Rollout, error)
-	ListRollouts(ctx context.Context, f RolloutFilter, p Page) (Listed[Rollout], error)
-	ListRolloutDevices(ctx context.Context, id string, f RolloutDeviceFilter, p Page) (Listed[RolloutDevice], error)
+	CreateRollout(ctx context.Context, n NewRollout) (domain.Rollout, bool, error)
+	GetRollout(ctx context.Context, id string) (domain.Rollout, error)
+	ListRollouts(ctx context.Context, f RolloutFilter, p Page) (Listed[domain.Rollout], error)
+	ListRolloutDevices(ctx context.Context, id string, f RolloutDeviceFilter, p Page) (Listed[domain.RolloutDevice], error)
 	RolloutStarts(ctx context.Context, id string) ([]RolloutStart, error)
 	SeenDevices(ctx context.Context) ([]string, error)
-	ApproveRollout(ctx context.Context, id string, version int, approver string, fourEyes bool) (Rollout, bool, error)
-	MoveRollout(ctx context.Context, id string, action RolloutAction, reason, who string) (Rollout, error)
+	ApproveRollout(ctx context.Context, id string, version int, approver string, fourEyes bool) (domain.Rollout, bool, error)
+	MoveRollout(ctx context.Context, id string, action RolloutAction, reason, who string) (domain.Rollout, error)
 	ActiveRollouts(ctx context.Context) ([]RolloutLease, error)
-	AcquireRollout(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (Fence, error)
-	NextRolloutCandidate(ctx context.Context, id string) (RolloutDevice, bool, error)
-	RolloutPass(ctx context.Context, id string, f Fence, ttl time.Duration, cand *RolloutCandidate, checks RolloutChecks,
+	AcquireRollout(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (domain.Fence, error)
+	NextRolloutCandidate(ctx context.Context, id string) (domain.RolloutDevice, bool, error)
+	RolloutPass(ctx context.Context, id string, f domain.Fence, ttl time.Duration, cand *RolloutCandidate, checks RolloutChecks,
 		decide func(RolloutSnapshot) RolloutDecision) (RolloutPassResult, error)
 }
 
@@ -48,69 +49,6 @@ var _ Rollouts = (*DB)(nil)
 // ErrRolloutFenced: a pass by a scheduler whose lease on the rollout was
 // lost (or ran out); nothing of it was written.
 var ErrRolloutFenced = ErrFenced
-
-// Rollout is a rollout as stored, with its device counts and history.
-type Rollout struct {
-	RolloutID        string
-	Status           fsm.RolloutState
-	Reason           string
-	Version          int
-	RowVersion       int64
-	Action           string
-	Params           json.RawMessage
-	Selector         json.RawMessage
-	Spec             json.RawMessage
-	CreateHash       string
-	MaxPerMinute     int
-	MaxInFlight      int
-	Retries          int
-	ExecuteAfter     *time.Time
-	ExecuteBefore    *time.Time
-	ApprovalRequired bool
-	ApprovedVersion  int
-	Approver         string
-	ApprovedAt       *time.Time
-	DevicesTotal     int
-	CreatedBy        string
-	CreatedAt        time.Time
-	UpdatedAt        time.Time
-	EndedAt          *time.Time
-	Owner            string
-	FencingToken     int64
-	LeaseExpiresAt   time.Time
-	Starts           int64
-	LastStartAt      *time.Time
-	// Counts by device status, every status present (0 when none).
-	Counts map[fsm.RolloutDeviceState]int
-	// StartsLastMinute and StartsLast10s count the committed starts in the
-	// trailing minute and 10 s, by the reader's clock.
-	StartsLastMinute, StartsLast10s int
-	History                         []RolloutEvent
-}
-
-// RolloutEvent is one line of a rollout's history.
-type RolloutEvent struct {
-	At        time.Time
-	Principal string
-	Action    string
-	From, To  string
-	Version   int
-	Reason    string
-}
-
-// RolloutDevice is one device of a rollout.
-type RolloutDevice struct {
-	RolloutID   string
-	DeviceID    string
-	Position    int
-	OperationID string
-	Status      fsm.RolloutDeviceState
-	Reason      string
-	Attempts    int
-	StartedAt   *time.Time
-	FinishedAt  *time.Time
-	UpdatedAt   time.Time
-}
 
 // RolloutStart is one committed start: a device's first start or a retry.
 type RolloutStart struct {
@@ -172,7 +110,7 @@ type RolloutLease struct {
 // RolloutCandidate is the device the scheduler would start next, with the
 // operation record a start inserts (built by the ops service beforehand).
 type RolloutCandidate struct {
-	Device    RolloutDevice
+	Device    domain.RolloutDevice
 	Operation NewOperation
 }
 
@@ -188,16 +126,16 @@ type RolloutChecks struct {
 // RolloutSnapshot is what a pass read, after settling outcomes: the basis
 // of its decision, all of it committed.
 type RolloutSnapshot struct {
-	Rollout Rollout // with Counts as settled by this pass
+	Rollout domain.Rollout // with Counts as settled by this pass
 	Now     time.Time
 	// InFlight counts the devices started and not finished.
 	InFlight int
 	// Candidate is the next device to start, if the scheduler gave one and
 	// it is still pending (or waiting for its retry).
-	Candidate *RolloutDevice
+	Candidate *domain.RolloutDevice
 	// Settled lists the devices whose outcome this pass recorded (a late
 	// final receipt's outcome included).
-	Settled []RolloutDevice
+	Settled []domain.RolloutDevice
 	// Provisional counts the devices whose outcome (timeout, rejected,
 	// failed) was settled from a failed_retryable operation that is still
 	// failed_retryable: a late final receipt may yet decide it, and the
@@ -244,9 +182,9 @@ const rolloutColumns = `rollout_id, status, reason, version, row_version, action
 	approver, approved_at, devices_total, created_by, created_at, updated_at, ended_at, owner, fencing_token,
 	lease_expires_at, starts, last_start_at`
 
-func scanRollout(row interface{ Scan(...any) error }) (Rollout, error) {
+func scanRollout(row interface{ Scan(...any) error }) (domain.Rollout, error) {
 	var (
-		r                                       Rollout
+		r                                       domain.Rollout
 		params, selector, spec                  string
 		after, before, approvedAt, ended, start sql.NullInt64
 		approvedVersion                         sql.NullInt64
@@ -258,7 +196,7 @@ func scanRollout(row interface{ Scan(...any) error }) (Rollout, error) {
 		&r.Approver, &approvedAt, &r.DevicesTotal, &r.CreatedBy, &created, &updated, &ended, &r.Owner, &r.FencingToken,
 		&lease, &r.Starts, &start)
 	if err != nil {
-		return Rollout{}, err
+		return domain.Rollout{}, err
 	}
 	r.Params, r.Selector, r.Spec = json.RawMessage(params), json.RawMessage(selector), json.RawMessage(spec)
 	r.ExecuteAfter, r.ExecuteBefore, r.ApprovedAt = fromNullMS(after), fromNullMS(before), fromNullMS(approvedAt)
@@ -274,21 +212,21 @@ func scanRollout(row interface{ Scan(...any) error }) (Rollout, error) {
 // RolloutDeviceGet), and of the list page, built here (page.go).
 const rolloutDeviceColumns = `rollout_id, device_id, position, operation_id, status, reason, attempts, started_at, finished_at, updated_at`
 
-func scanRolloutDevice(row interface{ Scan(...any) error }) (RolloutDevice, error) {
+func scanRolloutDevice(row interface{ Scan(...any) error }) (domain.RolloutDevice, error) {
 	var (
-		d                 RolloutDevice
+		d                 domain.RolloutDevice
 		started, finished sql.NullInt64
 		updated           int64
 	)
 	if err := row.Scan(&d.RolloutID, &d.DeviceID, &d.Position, &d.OperationID, &d.Status, &d.Reason, &d.Attempts,
 		&started, &finished, &updated); err != nil {
-		return RolloutDevice{}, err
+		return domain.RolloutDevice{}, err
 	}
 	d.StartedAt, d.FinishedAt, d.UpdatedAt = fromNullMS(started), fromNullMS(finished), fromMS(updated)
 	return d, nil
 }
 
-func getRolloutRow(ctx context.Context, q queryer, id string) (Rollout, error) {
+func getRolloutRow(ctx context.Context, q queryer, id string) (domain.Rollout, error) {
 	st, locking := statementsOf(q)
 	query := st.RolloutGetRow
 	if locking {
@@ -296,10 +234,10 @@ func getRolloutRow(ctx context.Context, q queryer, id string) (Rollout, error) {
 	}
 	r, err := scanRollout(q.QueryRowContext(ctx, query, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return Rollout{}, fmt.Errorf("rollout %s: %w", id, ErrNotFound)
+		return domain.Rollout{}, fmt.Errorf("rollout %s: %w", id, domain.ErrNotFound)
 	}
 	if err != nil {
-		return Rollout{}, fmt.Errorf("get rollout %s: %w", id, err)
+		return domain.Rollout{}, fmt.Errorf("get rollout %s: %w", id, err)
 	}
 	return r, nil
 }
@@ -352,11 +290,11 @@ func (s *DB) SeenDevices(ctx context.Context) ([]string, error) {
 
 // CreateRollout inserts a rollout with its device set, or returns it when
 // the same create is replayed (created false); another create with the same
-// rollout_id is ErrKeyReused. The creating instance takes the scheduler's
+// rollout_id is domain.ErrKeyReused. The creating instance takes the scheduler's
 // lease.
-func (s *DB) CreateRollout(ctx context.Context, n NewRollout) (Rollout, bool, error) {
+func (s *DB) CreateRollout(ctx context.Context, n NewRollout) (domain.Rollout, bool, error) {
 	if len(n.Devices) == 0 || len(n.Devices) != len(n.OperationIDs) {
-		return Rollout{}, false, fmt.Errorf("rollout %s: %d devices, %d operation ids: %w", n.RolloutID, len(n.Devices), len(n.OperationIDs), ErrIllegalState)
+		return domain.Rollout{}, false, fmt.Errorf("rollout %s: %d devices, %d operation ids: %w", n.RolloutID, len(n.Devices), len(n.OperationIDs), domain.ErrIllegalState)
 	}
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
@@ -365,7 +303,7 @@ func (s *DB) CreateRollout(ctx context.Context, n NewRollout) (Rollout, bool, er
 		switch {
 		case err == nil:
 			if hash != n.CreateHash {
-				return ErrKeyReused
+				return domain.ErrKeyReused
 			}
 			return nil
 		case !errors.Is(err, sql.ErrNoRows):
@@ -395,32 +333,32 @@ func (s *DB) CreateRollout(ctx context.Context, n NewRollout) (Rollout, bool, er
 		return t.rolloutHistory(n.RolloutID, n.CreatedBy, "create", "", status, 1, fmt.Sprintf("%d devices", len(n.Devices)))
 	})
 	if err != nil {
-		return Rollout{}, false, err
+		return domain.Rollout{}, false, err
 	}
 	r, err := s.GetRollout(ctx, n.RolloutID)
 	return r, created, err
 }
 
 // GetRollout reads a rollout with its counts, its start counts and its history.
-func (s *DB) GetRollout(ctx context.Context, id string) (Rollout, error) {
+func (s *DB) GetRollout(ctx context.Context, id string) (domain.Rollout, error) {
 	r, err := getRolloutRow(ctx, s.rq, id)
 	if err != nil {
-		return Rollout{}, err
+		return domain.Rollout{}, err
 	}
 	if err := s.fillRollout(ctx, &r); err != nil {
-		return Rollout{}, err
+		return domain.Rollout{}, err
 	}
 	rows, err := s.rq.QueryContext(ctx, s.q.RolloutHistoryList, id)
 	if err != nil {
-		return Rollout{}, err
+		return domain.Rollout{}, err
 	}
 	defer rows.Close()
-	r.History = []RolloutEvent{}
+	r.History = []domain.RolloutEvent{}
 	for rows.Next() {
-		var e RolloutEvent
+		var e domain.RolloutEvent
 		var at int64
 		if err := rows.Scan(&at, &e.Principal, &e.Action, &e.From, &e.To, &e.Version, &e.Reason); err != nil {
-			return Rollout{}, err
+			return domain.Rollout{}, err
 		}
 		e.At = fromMS(at)
 		r.History = append(r.History, e)
@@ -429,7 +367,7 @@ func (s *DB) GetRollout(ctx context.Context, id string) (Rollout, error) {
 }
 
 // fillRollout reads a rollout's counts and recent starts.
-func (s *DB) fillRollout(ctx context.Context, r *Rollout) error {
+func (s *DB) fillRollout(ctx context.Context, r *domain.Rollout) error {
 	var err error
 	if r.Counts, err = rolloutCounts(ctx, s.rq, r.RolloutID); err != nil {
 		return err
@@ -443,9 +381,9 @@ func (s *DB) fillRollout(ctx context.Context, r *Rollout) error {
 }
 
 // ListRollouts reads one page of rollouts by id, with their counts.
-func (s *DB) ListRollouts(ctx context.Context, f RolloutFilter, p Page) (Listed[Rollout], error) {
-	k := keyset[Rollout]{table: "rollouts", key: "rollout_id", columns: rolloutColumns, scan: scanRollout,
-		id: func(r Rollout) string { return r.RolloutID }}
+func (s *DB) ListRollouts(ctx context.Context, f RolloutFilter, p Page) (Listed[domain.Rollout], error) {
+	k := keyset[domain.Rollout]{table: "rollouts", key: "rollout_id", columns: rolloutColumns, scan: scanRollout,
+		id: func(r domain.Rollout) string { return r.RolloutID }}
 	if f.Status != "" {
 		k.where, k.args = append(k.where, "status = ?"), append(k.args, f.Status)
 	}
@@ -463,13 +401,13 @@ func (s *DB) ListRollouts(ctx context.Context, f RolloutFilter, p Page) (Listed[
 
 // ListRolloutDevices reads one page of a rollout's devices by device id
 // (404 for an unknown rollout).
-func (s *DB) ListRolloutDevices(ctx context.Context, id string, f RolloutDeviceFilter, p Page) (Listed[RolloutDevice], error) {
+func (s *DB) ListRolloutDevices(ctx context.Context, id string, f RolloutDeviceFilter, p Page) (Listed[domain.RolloutDevice], error) {
 	if _, err := getRolloutRow(ctx, s.rq, id); err != nil {
-		return Listed[RolloutDevice]{}, err
+		return Listed[domain.RolloutDevice]{}, err
 	}
-	k := keyset[RolloutDevice]{table: "rollout_devices", key: "device_id", columns: rolloutDeviceColumns,
+	k := keyset[domain.RolloutDevice]{table: "rollout_devices", key: "device_id", columns: rolloutDeviceColumns,
 		where: []string{"rollout_id = ?"}, args: []any{id}, scan: scanRolloutDevice,
-		id: func(d RolloutDevice) string { return d.DeviceID }}
+		id: func(d domain.RolloutDevice) string { return d.DeviceID }}
 	if f.Status != "" {
 		k.where, k.args = append(k.where, "status = ?"), append(k.args, f.Status)
 	}
@@ -502,7 +440,7 @@ func (s *DB) RolloutStarts(ctx context.Context, id string) ([]RolloutStart, erro
 // (returned, created false), 409 illegal_state (not waiting for approval),
 // 409 stale_version (another version), 403 four_eyes (the approver created
 // it, when fourEyes).
-func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approver string, fourEyes bool) (Rollout, bool, error) {
+func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approver string, fourEyes bool) (domain.Rollout, bool, error) {
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		r, err := getRolloutRow(ctx, t, id)
@@ -515,11 +453,11 @@ func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approve
 		case approval.Replay:
 			return nil // an exact replay
 		case approval.IllegalState:
-			return fmt.Errorf("rollout %s is %s: %w", id, r.Status, ErrIllegalState)
+			return fmt.Errorf("rollout %s is %s: %w", id, r.Status, domain.ErrIllegalState)
 		case approval.StaleVersion:
-			return fmt.Errorf("approving v%d, current v%d: %w", version, r.Version, ErrStaleVersion)
+			return fmt.Errorf("approving v%d, current v%d: %w", version, r.Version, domain.ErrStaleVersion)
 		case approval.FourEyes:
-			return fmt.Errorf("%s created rollout %s: %w", approver, id, ErrFourEyes)
+			return fmt.Errorf("%s created rollout %s: %w", approver, id, domain.ErrFourEyes)
 		}
 		to := fsm.RolloutScheduled
 		ch := change{machine: "rollout", id: id, from: string(r.Status), to: string(to)}
@@ -535,7 +473,7 @@ func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approve
 		return t.rolloutHistory(id, approver, "approve", r.Status, to, version, "")
 	})
 	if err != nil {
-		return Rollout{}, false, err
+		return domain.Rollout{}, false, err
 	}
 	r, err := s.GetRollout(ctx, id)
 	return r, created, err
@@ -544,9 +482,9 @@ func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approve
 // MoveRollout is a person's pause, resume or cancel, from any instance (not
 // fenced: decided by the same conditional writes the scheduler's pass
 // races). The same change again is a replay; a change the state does not
-// allow is ErrIllegalState. A cancel cancels the devices not started and
+// allow is domain.ErrIllegalState. A cancel cancels the devices not started and
 // the commands not yet published, in the same transaction.
-func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, reason, who string) (Rollout, error) {
+func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, reason, who string) (domain.Rollout, error) {
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		r, err := getRolloutRow(ctx, t, id)
 		if err != nil {
@@ -561,7 +499,7 @@ func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, r
 		case RolloutCancel:
 			to = fsm.RolloutCancelled
 		default:
-			return fmt.Errorf("rollout action %q: %w", action, ErrIllegalState)
+			return fmt.Errorf("rollout action %q: %w", action, domain.ErrIllegalState)
 		}
 		t.publish(Fact{Kind: FactRollout, ID: id}) // a replay too: its scheduler looks again
 		if r.Status == to {
@@ -569,7 +507,7 @@ func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, r
 		}
 		if !fsm.Rollout.Can(r.Status, to) || (action == RolloutResume && r.Status != fsm.RolloutPaused) {
 			t.refuse("rollout", id, string(r.Status), string(to), ReasonIllegal, 0)
-			return fmt.Errorf("%s rollout %s in state %s: %w", action, id, r.Status, ErrIllegalState)
+			return fmt.Errorf("%s rollout %s in state %s: %w", action, id, r.Status, domain.ErrIllegalState)
 		}
 		if reason == "" {
 			reason = string(action) + " by " + who
@@ -578,7 +516,7 @@ func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, r
 		return err
 	})
 	if err != nil {
-		return Rollout{}, err
+		return domain.Rollout{}, err
 	}
 	return s.GetRollout(ctx, id)
 }
@@ -586,7 +524,7 @@ func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, r
 // moveRollout is the rollout's conditional transition. A terminal state
 // cancels the devices not started and the commands not yet published; it
 // returns the operations whose command it cancelled.
-func (t *tx) moveRollout(ctx context.Context, r Rollout, to fsm.RolloutState, reason, who, action string, token int64) ([]string, error) {
+func (t *tx) moveRollout(ctx context.Context, r domain.Rollout, to fsm.RolloutState, reason, who, action string, token int64) ([]string, error) {
 	if err := fsm.Rollout.Transition(r.Status, to); err != nil {
 		return nil, t.refuse("rollout", r.RolloutID, string(r.Status), string(to), ReasonIllegal, token)
 	}
@@ -643,7 +581,7 @@ func (t *tx) cancelUnstarted(ctx context.Context, id, reason string) ([]string, 
 	var cancelled []string
 	for _, u := range all {
 		if _, err := t.cancel(ctx, u.command, "rollout "+id); err != nil {
-			if errors.Is(err, ErrRefused) || errors.Is(err, ErrAlreadyPublished) || errors.Is(err, ErrIllegalState) {
+			if errors.Is(err, ErrRefused) || errors.Is(err, domain.ErrAlreadyPublished) || errors.Is(err, domain.ErrIllegalState) {
 				continue // published after all: it runs to its end
 			}
 			return nil, err
@@ -685,8 +623,8 @@ func (s *DB) ActiveRollouts(ctx context.Context) ([]RolloutLease, error) {
 // died), or, with reclaim, when owner itself held it before it restarted
 // (the caller holds the instance lock, which proves that process dead).
 // A lease another live holder keeps is refused (ErrRefused).
-func (s *DB) AcquireRollout(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (Fence, error) {
-	var f Fence
+func (s *DB) AcquireRollout(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (domain.Fence, error) {
+	var f domain.Fence
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		r, err := getRolloutRow(ctx, t, id)
 		if err != nil {
@@ -713,17 +651,17 @@ func (s *DB) AcquireRollout(ctx context.Context, id, owner string, ttl time.Dura
 
 // NextRolloutCandidate reads the device the scheduler would start next: one
 // waiting for its retry first, else the first pending one in start order.
-func (s *DB) NextRolloutCandidate(ctx context.Context, id string) (RolloutDevice, bool, error) {
+func (s *DB) NextRolloutCandidate(ctx context.Context, id string) (domain.RolloutDevice, bool, error) {
 	for _, st := range []fsm.RolloutDeviceState{fsm.DevRetry, fsm.DevPending} {
 		d, err := scanRolloutDevice(s.rq.QueryRowContext(ctx, s.q.RolloutNextCandidate, id, st))
 		if err == nil {
 			return d, true, nil
 		}
 		if !errors.Is(err, sql.ErrNoRows) {
-			return RolloutDevice{}, false, fmt.Errorf("next device of rollout %s: %w", id, err)
+			return domain.RolloutDevice{}, false, fmt.Errorf("next device of rollout %s: %w", id, err)
 		}
 	}
-	return RolloutDevice{}, false, nil
+	return domain.RolloutDevice{}, false, nil
 }
 
 // RolloutPass is one decision of the rollout's scheduler, in one
@@ -736,7 +674,7 @@ func (s *DB) NextRolloutCandidate(ctx context.Context, id string) (RolloutDevice
 // the spacing since the last committed start (the rate limit); it records
 // its start time and inserts (or retries) the device's operation in the same
 // transaction, after the re-checks of the approval and the grant.
-func (s *DB) RolloutPass(ctx context.Context, id string, f Fence, ttl time.Duration, cand *RolloutCandidate,
+func (s *DB) RolloutPass(ctx context.Context, id string, f domain.Fence, ttl time.Duration, cand *RolloutCandidate,
 	checks RolloutChecks, decide func(RolloutSnapshot) RolloutDecision) (RolloutPassResult, error) {
 	var res RolloutPassResult
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
@@ -812,7 +750,7 @@ func (s *DB) RolloutPass(ctx context.Context, id string, f Fence, ttl time.Durat
 
 // rolloutStartChecks re-checks, before a start, the rollout's approval and
 // the creator's grant for the device; it returns the refusal's reason, or "".
-func (t *tx) rolloutStartChecks(ctx context.Context, r Rollout, device string, c RolloutChecks) (string, error) {
+func (t *tx) rolloutStartChecks(ctx context.Context, r domain.Rollout, device string, c RolloutChecks) (string, error) {
 	var grants []approval.Grant
 	if c.EnforceGrants {
 		var err error
@@ -829,7 +767,7 @@ func (t *tx) rolloutStartChecks(ctx context.Context, r Rollout, device string, c
 // row (spacing since the last committed start, under the fence), the
 // device's move to started, the start's record, and the device's operation
 // (inserted, or retried when it is failed_retryable).
-func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice, n NewOperation, f Fence, dec RolloutDecision, res *RolloutPassResult) error {
+func (t *tx) startRolloutDevice(ctx context.Context, r domain.Rollout, d domain.RolloutDevice, n NewOperation, f domain.Fence, dec RolloutDecision, res *RolloutPassResult) error {
 	now := ms(t.now)
 	ch := change{machine: "rollout", id: r.RolloutID, from: string(r.Status), to: string(r.Status), token: f.Token}
 	err := t.cas(ctx, ch, nil, t.s.q.RolloutCountStart,
@@ -854,7 +792,7 @@ func (t *tx) startRolloutDevice(ctx context.Context, r Rollout, d RolloutDevice,
 		n.CommandTTL = dec.CommandTTL
 	}
 	sub, err := t.submit(ctx, n)
-	if errors.Is(err, ErrKeyReused) {
+	if errors.Is(err, domain.ErrKeyReused) {
 		// Nothing of the submit was written (it reads first): the device
 		// fails, its start stays on record.
 		res.StartRefused = "idempotency_key_reused"
@@ -896,7 +834,7 @@ const reasonKeyReused = "idempotency_key_reused"
 // and moves every device whose failed_retryable operation a late final
 // receipt decided since its outcome was recorded (lateDecided), with a
 // line in the rollout's history by who.
-func (t *tx) settleRollout(ctx context.Context, r Rollout, who string) ([]RolloutDevice, error) {
+func (t *tx) settleRollout(ctx context.Context, r domain.Rollout, who string) ([]domain.RolloutDevice, error) {
 	rows, err := t.QueryContext(ctx, t.s.q.RolloutSettleList, r.RolloutID)
 	if err != nil {
 		return nil, fmt.Errorf("settle rollout %s: %w", r.RolloutID, err)
@@ -925,7 +863,7 @@ func (t *tx) settleRollout(ctx context.Context, r Rollout, who string) ([]Rollou
 		return nil, err
 	}
 	retrying := r.Status == fsm.RolloutRunning || r.Status == fsm.RolloutPaused
-	var settled []RolloutDevice
+	var settled []domain.RolloutDevice
 	now := ms(t.now)
 	for _, x := range all {
 		to, ok := fsm.DeviceOutcome(x.op, x.cmd, x.cmdReason, x.rejected, retrying && x.attempts <= r.Retries)
@@ -956,7 +894,7 @@ func (t *tx) settleRollout(ctx context.Context, r Rollout, who string) ([]Rollou
 				return nil, err
 			}
 		}
-		settled = append(settled, RolloutDevice{RolloutID: r.RolloutID, DeviceID: x.device, Status: to, Reason: reason, Attempts: x.attempts})
+		settled = append(settled, domain.RolloutDevice{RolloutID: r.RolloutID, DeviceID: x.device, Status: to, Reason: reason, Attempts: x.attempts})
 	}
 	return settled, nil
 }
@@ -990,10 +928,4 @@ func MatchDevices(glob string, ids []string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// RolloutOperationID is the operation of one device of a rollout:
-// {rollout_id}:rollout:{device}:v{version}.
-func RolloutOperationID(rolloutID, device string, version int) string {
-	return strings.Join([]string{rolloutID, "rollout", device, fmt.Sprintf("v%d", version)}, ":")
 }

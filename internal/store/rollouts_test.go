@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/clock"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
@@ -21,14 +22,14 @@ func newRollout(id string, n int) NewRollout {
 	for i := 1; i <= n; i++ {
 		d := fmt.Sprintf("device-%d", i)
 		r.Devices = append(r.Devices, d)
-		r.OperationIDs = append(r.OperationIDs, RolloutOperationID(id, d, 1))
+		r.OperationIDs = append(r.OperationIDs, domain.RolloutOperationID(id, d, 1))
 	}
 	return r
 }
 
 // rolloutOp is the operation record a start of device inserts.
 func rolloutOp(rollout, device string, n int) NewOperation {
-	return NewOperation{OperationID: RolloutOperationID(rollout, device, 1), Action: "restart", Target: device,
+	return NewOperation{OperationID: domain.RolloutOperationID(rollout, device, 1), Action: "restart", Target: device,
 		Params: json.RawMessage(`{}`), RequestHash: "h-" + device, TaskID: rollout, Step: "rollout", BusinessVersion: "v1",
 		CommandID: fmt.Sprintf("c-%s-%d", device, n), CommandTTL: time.Minute, QoS: 1, Owner: "i1", LeaseTTL: 10 * time.Second}
 }
@@ -46,7 +47,7 @@ func startEvery(interval time.Duration) func(RolloutSnapshot) RolloutDecision {
 }
 
 // pass runs one pass with the next candidate.
-func pass(t *testing.T, s *DB, id string, f Fence, decide func(RolloutSnapshot) RolloutDecision) RolloutPassResult {
+func pass(t *testing.T, s *DB, id string, f domain.Fence, decide func(RolloutSnapshot) RolloutDecision) RolloutPassResult {
 	t.Helper()
 	ctx := context.Background()
 	var cand *RolloutCandidate
@@ -81,7 +82,7 @@ func TestRolloutCreateIsIdempotent(t *testing.T) {
 		other := newRollout("fw-1", 3)
 		other.CreateHash = "h2"
 		_, _, err = b.s.CreateRollout(b.ctx, other)
-		require.ErrorIs(t, err, ErrKeyReused)
+		require.ErrorIs(t, err, domain.ErrKeyReused)
 
 		devs, err := b.s.ListRolloutDevices(b.ctx, "fw-1", RolloutDeviceFilter{Status: "pending"}, Page{Limit: 2})
 		require.NoError(t, err)
@@ -99,7 +100,7 @@ func TestRolloutPersonMoves(t *testing.T) {
 		_, _, err := b.s.CreateRollout(b.ctx, newRollout("fw-1", 3))
 		require.NoError(t, err)
 		_, err = b.s.MoveRollout(b.ctx, "fw-1", RolloutResume, "", "bob")
-		require.ErrorIs(t, err, ErrIllegalState, "resume of a rollout that is not paused")
+		require.ErrorIs(t, err, domain.ErrIllegalState, "resume of a rollout that is not paused")
 		r, err := b.s.MoveRollout(b.ctx, "fw-1", RolloutPause, "", "bob")
 		require.NoError(t, err)
 		require.Equal(t, fsm.RolloutPaused, r.Status)
@@ -115,7 +116,7 @@ func TestRolloutPersonMoves(t *testing.T) {
 		require.Equal(t, 3, r.Counts[fsm.DevCancelled], "the devices never started are cancelled")
 		require.NotNil(t, r.EndedAt)
 		_, err = b.s.MoveRollout(b.ctx, "fw-1", RolloutPause, "", "bob")
-		require.ErrorIs(t, err, ErrIllegalState)
+		require.ErrorIs(t, err, domain.ErrIllegalState)
 		var actions []string
 		for _, h := range r.History {
 			actions = append(actions, h.Action+":"+h.To)
@@ -134,9 +135,9 @@ func TestRolloutApproval(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, fsm.RolloutWaitingApproval, r.Status)
 		_, _, err = b.s.ApproveRollout(b.ctx, "fw-1", 2, "bob", true)
-		require.ErrorIs(t, err, ErrStaleVersion)
+		require.ErrorIs(t, err, domain.ErrStaleVersion)
 		_, _, err = b.s.ApproveRollout(b.ctx, "fw-1", 1, "alice", true)
-		require.ErrorIs(t, err, ErrFourEyes, "alice created it")
+		require.ErrorIs(t, err, domain.ErrFourEyes, "alice created it")
 		r, created, err := b.s.ApproveRollout(b.ctx, "fw-1", 1, "bob", true)
 		require.NoError(t, err)
 		require.True(t, created)
@@ -146,7 +147,7 @@ func TestRolloutApproval(t *testing.T) {
 		require.NoError(t, err, "an exact replay")
 		require.False(t, created)
 		_, _, err = b.s.ApproveRollout(b.ctx, "fw-1", 1, "carol", true)
-		require.ErrorIs(t, err, ErrIllegalState)
+		require.ErrorIs(t, err, domain.ErrIllegalState)
 	})
 }
 
@@ -160,14 +161,14 @@ func TestRolloutPassIsFenced(t *testing.T) {
 		require.NoError(t, err)
 		_, err = b.s.AcquireRollout(b.ctx, "fw-1", "i2", 10*time.Second, false)
 		require.ErrorIs(t, err, ErrRefused, "i1's lease is live")
-		old := Fence{Owner: "i1", Token: 1}
+		old := domain.Fence{Owner: "i1", Token: 1}
 		res := pass(t, b.s, "fw-1", old, startEvery(time.Second))
 		require.NotNil(t, res.Started)
 
 		b.clk.Advance(11 * time.Second)
 		f2, err := b.s.AcquireRollout(b.ctx, "fw-1", "i2", 10*time.Second, false)
 		require.NoError(t, err)
-		require.Equal(t, Fence{Owner: "i2", Token: 2}, f2)
+		require.Equal(t, domain.Fence{Owner: "i2", Token: 2}, f2)
 
 		d, _, err := b.s.NextRolloutCandidate(b.ctx, "fw-1")
 		require.NoError(t, err)
@@ -178,8 +179,8 @@ func TestRolloutPassIsFenced(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, int64(1), r.Starts, "the fenced pass started nothing")
 		require.Equal(t, 1, r.Counts[fsm.DevStarted])
-		_, err = b.s.GetOperation(b.ctx, RolloutOperationID("fw-1", "device-2", 1))
-		require.ErrorIs(t, err, ErrNotFound)
+		_, err = b.s.GetOperation(b.ctx, domain.RolloutOperationID("fw-1", "device-2", 1))
+		require.ErrorIs(t, err, domain.ErrNotFound)
 		require.GreaterOrEqual(t, b.obs.fenced, 1)
 
 		res = pass(t, b.s, "fw-1", f2, startEvery(time.Second))
@@ -215,7 +216,7 @@ func TestRolloutSpacingFromCommittedStarts(t *testing.T) {
 		ctx := context.Background()
 		_, _, err := s1.CreateRollout(ctx, newRollout("fw-1", 5))
 		require.NoError(t, err)
-		f1 := Fence{Owner: "i1", Token: 1}
+		f1 := domain.Fence{Owner: "i1", Token: 1}
 		always := startEvery(20 * time.Second)
 		require.NotNil(t, pass(t, s1, "fw-1", f1, always).Started)
 		clk.Advance(time.Second)
@@ -251,7 +252,7 @@ func TestRolloutSettleAndAbort(t *testing.T) {
 		b := setup(t, be)
 		_, _, err := b.s.CreateRollout(b.ctx, newRollout("fw-1", 5))
 		require.NoError(t, err)
-		f := Fence{Owner: "i1", Token: 1}
+		f := domain.Fence{Owner: "i1", Token: 1}
 		var seen []int
 		decide := func(s RolloutSnapshot) RolloutDecision {
 			seen = append(seen, s.InFlight)
@@ -263,8 +264,8 @@ func TestRolloutSettleAndAbort(t *testing.T) {
 			pass(t, b.s, "fw-1", f, decide)
 		}
 		require.Equal(t, []int{0, 1, 2, 3}, seen, "the fourth pass saw 3 in flight and started nothing")
-		ops := func(d string) Operation {
-			op, err := b.s.GetOperation(b.ctx, RolloutOperationID("fw-1", d, 1))
+		ops := func(d string) domain.Operation {
+			op, err := b.s.GetOperation(b.ctx, domain.RolloutOperationID("fw-1", d, 1))
 			require.NoError(t, err)
 			return op
 		}
@@ -275,13 +276,13 @@ func TestRolloutSettleAndAbort(t *testing.T) {
 			st wire.ReceiptStatus
 		}{{"device-1", wire.ReceiptSucceeded}, {"device-2", wire.ReceiptFailed}} {
 			op := ops(d.id)
-			_, err := b.s.ClaimSend(b.ctx, op.CommandID, fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 1}, b.clk.Now().Add(time.Second))
+			_, err := b.s.ClaimSend(b.ctx, op.CommandID, fsm.CmdPending, 0, 1, domain.Fence{Owner: "i1", Token: 1}, b.clk.Now().Add(time.Second))
 			require.NoError(t, err)
 			_, err = b.s.ApplyReceipt(b.ctx, d.id, wire.Receipt{CommandID: op.CommandID, OperationID: op.OperationID,
 				Status: d.st, Seq: 1, At: b.clk.Now(), Error: "boom"}, nil)
 			require.NoError(t, err)
 		}
-		_, err = b.s.ClaimSend(b.ctx, ops("device-3").CommandID, fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 1}, b.clk.Now().Add(time.Second))
+		_, err = b.s.ClaimSend(b.ctx, ops("device-3").CommandID, fsm.CmdPending, 0, 1, domain.Fence{Owner: "i1", Token: 1}, b.clk.Now().Add(time.Second))
 		require.NoError(t, err)
 		res := pass(t, b.s, "fw-1", f, func(RolloutSnapshot) RolloutDecision { return RolloutDecision{} })
 		require.Len(t, res.Snapshot.Settled, 2)
@@ -294,7 +295,7 @@ func TestRolloutSettleAndAbort(t *testing.T) {
 			return RolloutDecision{To: fsm.RolloutAborted, Reason: "failed 50% of 2 finished"}
 		})
 		require.True(t, res.Moved)
-		require.Equal(t, []string{RolloutOperationID("fw-1", "device-4", 1)}, res.Cancelled)
+		require.Equal(t, []string{domain.RolloutOperationID("fw-1", "device-4", 1)}, res.Cancelled)
 		r, err := b.s.GetRollout(b.ctx, "fw-1")
 		require.NoError(t, err)
 		require.Equal(t, fsm.RolloutAborted, r.Status)
@@ -321,12 +322,12 @@ func TestRolloutRetryIsTheOperationsRetry(t *testing.T) {
 		n.Retries = 1
 		_, _, err := b.s.CreateRollout(b.ctx, n)
 		require.NoError(t, err)
-		f := Fence{Owner: "i1", Token: 1}
+		f := domain.Fence{Owner: "i1", Token: 1}
 		require.NotNil(t, pass(t, b.s, "fw-1", f, startEvery(0)).Started)
-		opID := RolloutOperationID("fw-1", "device-1", 1)
+		opID := domain.RolloutOperationID("fw-1", "device-1", 1)
 		op, err := b.s.GetOperation(b.ctx, opID)
 		require.NoError(t, err)
-		_, err = b.s.Move(b.ctx, op.CommandID, fsm.CmdPending, 1, fsm.CmdTimeout, fsm.ReasonTimeout, Fence{Owner: "i1", Token: 1}, b.clk.Now())
+		_, err = b.s.Move(b.ctx, op.CommandID, fsm.CmdPending, 1, fsm.CmdTimeout, fsm.ReasonTimeout, domain.Fence{Owner: "i1", Token: 1}, b.clk.Now())
 		require.NoError(t, err)
 		res := pass(t, b.s, "fw-1", f, func(RolloutSnapshot) RolloutDecision { return RolloutDecision{} })
 		require.Equal(t, 1, res.Snapshot.Rollout.Counts[fsm.DevRetry])
@@ -340,7 +341,7 @@ func TestRolloutRetryIsTheOperationsRetry(t *testing.T) {
 		// The retry asks about the last command and hears nothing in time.
 		rt, err := b.s.RetryingOf(b.ctx, op.CommandID, "i1")
 		require.NoError(t, err)
-		require.NoError(t, b.s.AbandonRetry(b.ctx, rt, Fence{Owner: "i1", Token: 2}, "retry: no answer"))
+		require.NoError(t, b.s.AbandonRetry(b.ctx, rt, domain.Fence{Owner: "i1", Token: 2}, "retry: no answer"))
 		res = pass(t, b.s, "fw-1", f, func(RolloutSnapshot) RolloutDecision { return RolloutDecision{} })
 		require.Equal(t, 1, res.Snapshot.Rollout.Counts[fsm.DevTimeout], "retries used up")
 		starts, err := b.s.RolloutStarts(b.ctx, "fw-1")
@@ -360,7 +361,7 @@ func TestRolloutStartRechecksGrant(t *testing.T) {
 		require.NoError(t, err)
 		_, _, err = b.s.CreateRollout(b.ctx, newRollout("fw-1", 2))
 		require.NoError(t, err)
-		f := Fence{Owner: "i1", Token: 1}
+		f := domain.Fence{Owner: "i1", Token: 1}
 		run := func() RolloutPassResult {
 			d, _, err := b.s.NextRolloutCandidate(b.ctx, "fw-1")
 			require.NoError(t, err)
@@ -396,14 +397,14 @@ func TestRolloutFollowsLateFinalReceipt(t *testing.T) {
 		b := setup(t, be)
 		_, _, err := b.s.CreateRollout(b.ctx, newRollout("fw-1", 2))
 		require.NoError(t, err)
-		f := Fence{Owner: "i1", Token: 1}
+		f := domain.Fence{Owner: "i1", Token: 1}
 		nothing := func(RolloutSnapshot) RolloutDecision { return RolloutDecision{} }
 		for i := 0; i < 2; i++ {
 			require.NotNil(t, pass(t, b.s, "fw-1", f, startEvery(0)).Started)
 		}
 		late := map[string]bool{"device-1": true}
 		for _, dev := range []string{"device-1", "device-2"} {
-			op, err := b.s.GetOperation(b.ctx, RolloutOperationID("fw-1", dev, 1))
+			op, err := b.s.GetOperation(b.ctx, domain.RolloutOperationID("fw-1", dev, 1))
 			require.NoError(t, err)
 			_, err = b.s.ClaimSend(b.ctx, op.CommandID, fsm.CmdPending, 0, 1, f, b.clk.Now().Add(time.Second))
 			require.NoError(t, err)
@@ -419,7 +420,7 @@ func TestRolloutFollowsLateFinalReceipt(t *testing.T) {
 
 		b.clk.Advance(time.Second)
 		for dev := range late {
-			op, err := b.s.GetOperation(b.ctx, RolloutOperationID("fw-1", dev, 1))
+			op, err := b.s.GetOperation(b.ctx, domain.RolloutOperationID("fw-1", dev, 1))
 			require.NoError(t, err)
 			_, err = b.s.ApplyReceipt(b.ctx, dev, wire.Receipt{CommandID: op.CommandID, OperationID: op.OperationID,
 				Status: wire.ReceiptSucceeded, Seq: 3, At: b.clk.Now()}, nil)
@@ -444,7 +445,7 @@ func TestRolloutFollowsLateFinalReceipt(t *testing.T) {
 		active, err := b.s.ActiveRollouts(b.ctx)
 		require.NoError(t, err)
 		require.Empty(t, active, "ended, nothing in flight, nothing decided late")
-		op, err := b.s.GetOperation(b.ctx, RolloutOperationID("fw-1", "device-2", 1))
+		op, err := b.s.GetOperation(b.ctx, domain.RolloutOperationID("fw-1", "device-2", 1))
 		require.NoError(t, err)
 		_, err = b.s.ApplyReceipt(b.ctx, "device-2", wire.Receipt{CommandID: op.CommandID, OperationID: op.OperationID,
 			Status: wire.ReceiptSucceeded, Seq: 3, At: b.clk.Now()}, nil)

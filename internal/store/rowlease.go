@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"time"
+
+	"github.com/fleetctl/fleetctl/internal/domain"
 )
 
 // leased is a row that carries a scheduler's lease (owner, fencing_token,
@@ -23,19 +25,19 @@ type leased struct {
 // lock, which proves that process dead). A lease another live holder keeps
 // is refused (ErrRefused, lease_held). It returns the new fence and why it
 // changed hands, for the caller's event and history.
-func (t *tx) takeLease(ctx context.Context, l leased, owner string, ttl time.Duration, reclaim bool) (Fence, string, error) {
+func (t *tx) takeLease(ctx context.Context, l leased, owner string, ttl time.Duration, reclaim bool) (domain.Fence, string, error) {
 	expired := !l.expires.After(t.now)
 	if !expired && !(reclaim && l.owner == owner) {
-		return Fence{}, "", t.refuse(l.machine, l.id, l.owner, owner, "lease_held", l.token)
+		return domain.Fence{}, "", t.refuse(l.machine, l.id, l.owner, owner, "lease_held", l.token)
 	}
 	ch := change{machine: l.machine, id: l.id, from: l.owner, to: owner, token: l.token + 1}
 	if err := t.cas(ctx, ch, nil, l.acquire,
 		owner, ms(t.now.Add(ttl)), l.id, l.owner, l.token); err != nil {
-		return Fence{}, "", err
+		return domain.Fence{}, "", err
 	}
 	why := "takeover of an expired lease"
 	if l.owner == owner {
 		why = "reclaimed after restart"
 	}
-	return Fence{Owner: owner, Token: l.token + 1}, why, nil
+	return domain.Fence{Owner: owner, Token: l.token + 1}, why, nil
 }

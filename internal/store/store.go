@@ -13,16 +13,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store/driver"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
-// Errors returned by the store. Handlers map them to HTTP codes in one place.
+// The store's own errors; its refusals a caller can be told of are the
+// domain's (domain.ErrNotFound, domain.ErrKeyReused, ...), which the API
+// maps to HTTP codes in one place.
 var (
-	ErrNotFound = errors.New("not found")
-	// ErrKeyReused: the operation_id exists with another request_hash.
-	ErrKeyReused = errors.New("idempotency key reused with other parameters")
 	// ErrRefused: a conditional update matched no row (see RefusedError).
 	ErrRefused = errors.New("transition refused")
 	// ErrFenced: a decision carried a stale fencing token or an expired lease.
@@ -510,7 +510,7 @@ func (t *tx) cas(ctx context.Context, ch change, scan func(rowScanner) error, qu
 // fence no longer holds on the row that held (held: a statement of one
 // id argument, then the fence's, such as CommandFenceHeld), stale when the
 // fence holds but the row moved on.
-func (t *tx) fenceExplainer(ctx context.Context, held, id string, f Fence) func() (string, error) {
+func (t *tx) fenceExplainer(ctx context.Context, held, id string, f domain.Fence) func() (string, error) {
 	return func() (string, error) {
 		var ok bool
 		if err := t.QueryRowContext(ctx, held, append([]any{id}, fenceArgs(f, t.now)...)...).Scan(&ok); err != nil {
@@ -535,7 +535,7 @@ type rowScanner interface{ Scan(dest ...any) error }
 
 // fenceArgs are a fence's arguments to a fenced statement: the owner,
 // the token and the holder's now (its lease must run past it).
-func fenceArgs(f Fence, now time.Time) []any { return []any{f.Owner, f.Token, ms(now)} }
+func fenceArgs(f domain.Fence, now time.Time) []any { return []any{f.Owner, f.Token, ms(now)} }
 
 // sqlList renders states as an SQL list: ('a','b').
 func sqlList[S ~string](states []S) string {
@@ -571,54 +571,54 @@ type Store interface {
 	// Operations: the idempotency record, its first command (the outbox)
 	// and its retry.
 	Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error)
-	GetOperation(ctx context.Context, id string) (Operation, error)
+	GetOperation(ctx context.Context, id string) (domain.Operation, error)
 	RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error)
 	RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error)
-	MintCommand(ctx context.Context, r Retrying, f Fence, commandID string, ttl time.Duration, qos int) error
-	AbandonRetry(ctx context.Context, r Retrying, f Fence, reason string) error
+	MintCommand(ctx context.Context, r Retrying, f domain.Fence, commandID string, ttl time.Duration, qos int) error
+	AbandonRetry(ctx context.Context, r Retrying, f domain.Fence, reason string) error
 
 	// Commands: the lease holder's fenced decisions, and a person's.
-	GetCommand(ctx context.Context, id string) (Command, error)
+	GetCommand(ctx context.Context, id string) (domain.Command, error)
 	OpenCommand(ctx context.Context, commandID string) (OpenCommand, error)
 	DueCommands(ctx context.Context, owner string, now time.Time, all bool, limit int) ([]OpenCommand, error)
-	ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f Fence, nextCheck time.Time) (Decision, error)
-	ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, counted bool, f Fence, nextCheck time.Time) (Decision, error)
-	Postpone(ctx context.Context, commandID string, expectVersion int64, f Fence, next time.Time) error
-	Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f Fence, nextCheck time.Time) (Command, error)
+	ClaimSend(ctx context.Context, commandID string, expect fsm.CommandState, expectAttempt int, qos int, f domain.Fence, nextCheck time.Time) (Decision, error)
+	ClaimQuery(ctx context.Context, commandID, queryID string, expect fsm.CommandState, expectQueries int, counted bool, f domain.Fence, nextCheck time.Time) (Decision, error)
+	Postpone(ctx context.Context, commandID string, expectVersion int64, f domain.Fence, next time.Time) error
+	Move(ctx context.Context, commandID string, from fsm.CommandState, expectVersion int64, to fsm.CommandState, reason string, f domain.Fence, nextCheck time.Time) (domain.Command, error)
 	Wake(ctx context.Context, device string) ([]string, error)
-	Cancel(ctx context.Context, commandID, who string) (Command, error)
+	Cancel(ctx context.Context, commandID, who string) (domain.Command, error)
 	Resolve(ctx context.Context, commandID string, outcome fsm.CommandState, note, who string) (ResolveOutcome, error)
-	Receipts(ctx context.Context, commandID string) ([]ReceiptRecord, error)
-	Events(ctx context.Context, entityID string) ([]Event, error)
+	Receipts(ctx context.Context, commandID string) ([]domain.ReceiptRecord, error)
+	Events(ctx context.Context, entityID string) ([]domain.Event, error)
 
 	// Facts from devices, applied by any instance.
 	ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error)
 	ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptResult, error)
 	ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error)
-	GetDevice(ctx context.Context, id string) (Device, error)
-	ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[Device], error)
+	GetDevice(ctx context.Context, id string) (domain.Device, error)
+	ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[domain.Device], error)
 	UnconfirmAll(ctx context.Context) error
-	ResetPresence(ctx context.Context, device, who string) (Device, error)
+	ResetPresence(ctx context.Context, device, who string) (domain.Device, error)
 
 	// Leases.
 	RenewLeases(ctx context.Context, owner string, ttl time.Duration) (int64, time.Time, error)
 	ReclaimOwn(ctx context.Context, owner string, ttl time.Duration) (int64, error)
 	TakeOver(ctx context.Context, owner string, ttl time.Duration, limit int) ([]string, error)
-	ListInstances(ctx context.Context) ([]InstanceInfo, error)
+	ListInstances(ctx context.Context) ([]domain.InstanceInfo, error)
 
 	// Tasks, approvals and grants.
-	CreateTask(ctx context.Context, n NewTask) (Task, bool, error)
-	UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (Task, bool, error)
-	Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (Approval, bool, error)
-	Reject(ctx context.Context, taskID, reason, who string) (Task, error)
+	CreateTask(ctx context.Context, n NewTask) (domain.Task, bool, error)
+	UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (domain.Task, bool, error)
+	Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (domain.Approval, bool, error)
+	Reject(ctx context.Context, taskID, reason, who string) (domain.Task, error)
 	ActiveTasks(ctx context.Context) ([]TaskLease, error)
-	AcquireTask(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (Fence, error)
-	TaskPass(ctx context.Context, id string, f Fence, ttl time.Duration, cand *TaskCandidate, rules TaskRules) (TaskPassResult, error)
-	ListTasks(ctx context.Context, f TaskFilter, p Page) (Listed[Task], error)
-	GetTask(ctx context.Context, id string) (Task, error)
-	CreateGrant(ctx context.Context, id, principal, action, devices, by string) (Grant, bool, error)
-	RevokeGrant(ctx context.Context, id string) (Grant, error)
-	ListGrants(ctx context.Context, f GrantFilter, p Page) (Listed[Grant], error)
+	AcquireTask(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (domain.Fence, error)
+	TaskPass(ctx context.Context, id string, f domain.Fence, ttl time.Duration, cand *TaskCandidate, rules TaskRules) (TaskPassResult, error)
+	ListTasks(ctx context.Context, f TaskFilter, p Page) (Listed[domain.Task], error)
+	GetTask(ctx context.Context, id string) (domain.Task, error)
+	CreateGrant(ctx context.Context, id, principal, action, devices, by string) (domain.Grant, bool, error)
+	RevokeGrant(ctx context.Context, id string) (domain.Grant, error)
+	ListGrants(ctx context.Context, f GrantFilter, p Page) (Listed[domain.Grant], error)
 	Allowed(ctx context.Context, principal, action, device string) (bool, error)
 
 	// Rollouts (rollouts.go).

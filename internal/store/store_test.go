@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/clock"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -96,7 +97,7 @@ func newOp(id, cmd string) NewOperation {
 		RequestHash: "h1", CommandID: cmd, CommandTTL: time.Minute, QoS: 1, Owner: "i1", LeaseTTL: 10 * time.Second}
 }
 
-var fence = Fence{Owner: "i1", Token: 1}
+var fence = domain.Fence{Owner: "i1", Token: 1}
 
 func TestSubmitIsIdempotent(t *testing.T) {
 	t.Parallel()
@@ -116,10 +117,10 @@ func TestSubmitIsIdempotent(t *testing.T) {
 		other := newOp("op-1", "c-3")
 		other.RequestHash = "h2"
 		_, err = b.s.Submit(b.ctx, other, nil)
-		require.ErrorIs(t, err, ErrKeyReused)
+		require.ErrorIs(t, err, domain.ErrKeyReused)
 
 		_, err = b.s.GetCommand(b.ctx, "c-2")
-		require.ErrorIs(t, err, ErrNotFound)
+		require.ErrorIs(t, err, domain.ErrNotFound)
 	})
 }
 
@@ -169,9 +170,9 @@ func TestSubmitBeforeCommitErrorRollsBack(t *testing.T) {
 		_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), func() error { return boom })
 		require.ErrorIs(t, err, boom)
 		_, err = b.s.GetOperation(b.ctx, "op-1")
-		require.ErrorIs(t, err, ErrNotFound)
+		require.ErrorIs(t, err, domain.ErrNotFound)
 		_, err = b.s.GetCommand(b.ctx, "c-1")
-		require.ErrorIs(t, err, ErrNotFound)
+		require.ErrorIs(t, err, domain.ErrNotFound)
 	})
 }
 
@@ -246,9 +247,9 @@ func TestDecisionsAreFenced(t *testing.T) {
 		_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
 		require.NoError(t, err)
 
-		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, domain.Fence{Owner: "i1", Token: 2}, b.clk.Now())
 		require.ErrorIs(t, err, ErrFenced, "wrong token")
-		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i2", Token: 1}, b.clk.Now())
+		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, domain.Fence{Owner: "i2", Token: 1}, b.clk.Now())
 		require.ErrorIs(t, err, ErrFenced, "wrong owner")
 
 		// The restarted instance takes over its own operations with a new token.
@@ -257,12 +258,12 @@ func TestDecisionsAreFenced(t *testing.T) {
 		require.EqualValues(t, 1, n)
 		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
 		require.ErrorIs(t, err, ErrFenced, "the old token is stale after the takeover")
-		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+		_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, domain.Fence{Owner: "i1", Token: 2}, b.clk.Now())
 		require.NoError(t, err)
 
 		// A lease that ran out fences its holder too, and a heartbeat cannot revive it.
 		b.clk.Advance(11 * time.Second)
-		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, domain.Fence{Owner: "i1", Token: 2}, b.clk.Now())
 		require.ErrorIs(t, err, ErrFenced)
 		renewed, _, err := b.s.RenewLeases(b.ctx, "i1", 10*time.Second)
 		require.NoError(t, err)
@@ -287,9 +288,9 @@ func TestDecisionsAreFenced(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, 3, op.FencingToken)
 		require.Equal(t, "i1", op.Owner)
-		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, Fence{Owner: "i1", Token: 2}, b.clk.Now())
+		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-1", fsm.CmdSent, 0, true, domain.Fence{Owner: "i1", Token: 2}, b.clk.Now())
 		require.ErrorIs(t, err, ErrFenced, "the stalled decision's token is stale")
-		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-2", fsm.CmdSent, 0, true, Fence{Owner: "i1", Token: 3}, b.clk.Now())
+		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-2", fsm.CmdSent, 0, true, domain.Fence{Owner: "i1", Token: 3}, b.clk.Now())
 		require.NoError(t, err)
 	})
 }
@@ -544,7 +545,7 @@ func TestFinalReceiptThenResolveIsKeptAsLate(t *testing.T) {
 		require.Equal(t, fsm.CmdSucceeded, out.Command.Status)
 		require.True(t, out.Command.LateConflict)
 		_, err = b.s.Resolve(b.ctx, "c-1", "maybe", "", "alice")
-		require.ErrorIs(t, err, ErrIllegalState)
+		require.ErrorIs(t, err, domain.ErrIllegalState)
 	})
 }
 
@@ -567,7 +568,7 @@ func TestCancelRacesTheClaim(t *testing.T) {
 		_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
 		require.NoError(t, err)
 		_, err = b.s.Cancel(b.ctx, "c-2", "bob")
-		require.ErrorIs(t, err, ErrAlreadyPublished)
+		require.ErrorIs(t, err, domain.ErrAlreadyPublished)
 	})
 }
 
@@ -594,7 +595,7 @@ func TestRetryAsksThenMints(t *testing.T) {
 		require.EqualValues(t, 2, res.Operation.FencingToken, "the retry takes the lease with a new token")
 		r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
 		require.NoError(t, err)
-		f := Fence{Owner: "i1", Token: 2}
+		f := domain.Fence{Owner: "i1", Token: 2}
 		_, err = b.s.ClaimQuery(b.ctx, "c-1", "q-r", fsm.CmdTimeout, r.Last.Queries, true, f, b.clk.Now())
 		require.NoError(t, err)
 		_, err = b.s.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: "c-1", OperationID: "op-1", Status: wire.ReceiptUnknown, QueryID: "q-r"}, nil)
@@ -608,7 +609,7 @@ func TestRetryAsksThenMints(t *testing.T) {
 		require.Equal(t, []string{"c-1", "c-2"}, op.CommandIDs)
 		require.Equal(t, 2, op.Attempt)
 		_, err = b.s.RetryingOf(b.ctx, "c-1", "i1")
-		require.ErrorIs(t, err, ErrNotFound)
+		require.ErrorIs(t, err, domain.ErrNotFound)
 	})
 }
 
@@ -706,7 +707,7 @@ func TestStalePresenceCountedAndReset(t *testing.T) {
 		require.True(t, out.Applied)
 		require.True(t, out.Device.Online)
 		_, err = b.s.ResetPresence(b.ctx, "device-404", "admin")
-		require.ErrorIs(t, err, ErrNotFound)
+		require.ErrorIs(t, err, domain.ErrNotFound)
 	})
 }
 
@@ -720,7 +721,7 @@ func TestLateSuccessOfAnEarlierCommandDecidesTheOperation(t *testing.T) {
 		timedOutThenRetried(t, b)
 		r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
 		require.NoError(t, err)
-		f := Fence{Owner: "i1", Token: r.Operation.FencingToken}
+		f := domain.Fence{Owner: "i1", Token: r.Operation.FencingToken}
 		require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1)) // the device said unknown
 		op, _ := b.s.GetOperation(b.ctx, "op-1")
 		require.Equal(t, fsm.OpStarted, op.Status)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
 
@@ -20,7 +21,7 @@ func startOrFail(snap TaskSnapshot) TaskDecision {
 }
 
 var testRules = TaskRules{
-	StepOperationID: func(k Task, i int) string { return fmt.Sprintf("%s:%d", k.TaskID, i) },
+	StepOperationID: func(k domain.Task, i int) string { return fmt.Sprintf("%s:%d", k.TaskID, i) },
 	Decide:          startOrFail,
 }
 
@@ -44,7 +45,7 @@ func TestTaskLeaseFencesEachPass(t *testing.T) {
 
 		f1, err := b.s.AcquireTask(b.ctx, "t-1", "i1", 2*time.Second, false)
 		require.NoError(t, err)
-		require.Equal(t, Fence{Owner: "i1", Token: 1}, f1)
+		require.Equal(t, domain.Fence{Owner: "i1", Token: 1}, f1)
 		_, err = b.s.AcquireTask(b.ctx, "t-1", "i2", 2*time.Second, false)
 		require.ErrorIs(t, err, ErrRefused, "a live holder keeps it")
 
@@ -65,7 +66,7 @@ func TestTaskLeaseFencesEachPass(t *testing.T) {
 		b.clk.Advance(3 * time.Second)
 		f2, err := b.s.AcquireTask(b.ctx, "t-1", "i2", 2*time.Second, false)
 		require.NoError(t, err)
-		require.Equal(t, Fence{Owner: "i2", Token: 2}, f2)
+		require.Equal(t, domain.Fence{Owner: "i2", Token: 2}, f2)
 		ev, err := b.s.Events(b.ctx, "t-1")
 		require.NoError(t, err)
 		var leases []string
@@ -87,7 +88,7 @@ func TestTaskLeaseFencesEachPass(t *testing.T) {
 		// The new holder's decides; a restart of it reclaims at once.
 		f3, err := b.s.AcquireTask(b.ctx, "t-1", "i2", 2*time.Second, true)
 		require.NoError(t, err)
-		require.Equal(t, Fence{Owner: "i2", Token: 3}, f3)
+		require.Equal(t, domain.Fence{Owner: "i2", Token: 3}, f3)
 		_, err = b.s.TaskPass(b.ctx, "t-1", f2, 2*time.Second, nil, testRules)
 		require.ErrorIs(t, err, ErrFenced, "the token before the reclaim")
 		res, err = b.s.TaskPass(b.ctx, "t-1", f3, 2*time.Second, nil, testRules)

@@ -9,77 +9,9 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/approval"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
-
-// Task errors, mapped to HTTP codes by the API.
-var (
-	ErrStaleVersion = errors.New("stale version")
-	ErrFourEyes     = errors.New("four eyes: the approver wrote this plan version")
-)
-
-// Step is one step of a plan.
-type Step struct {
-	Step   string          `json:"step"`
-	Action string          `json:"action"`
-	Target string          `json:"target"`
-	Params json.RawMessage `json:"params"`
-}
-
-// Task is a task with its current plan.
-type Task struct {
-	TaskID          string
-	Status          fsm.TaskState
-	Reason          string
-	Version         int
-	PlanHash        string
-	Steps           []Step
-	Author          string // of the current version
-	ExecuteAfter    *time.Time
-	ExecuteBefore   *time.Time
-	CreatedBy       string
-	ApprovedVersion int
-	Approval        *Approval
-	StepIndex       int
-	RowVersion      int64
-	// The runner's lease: the instance driving the task, its fencing
-	// token, and when the lease runs out.
-	Owner          string
-	FencingToken   int64
-	LeaseExpiresAt time.Time
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-	History        []TaskEvent
-}
-
-// Requester is the author of the approved version ("" before approval).
-func (t Task) Requester() string {
-	if t.Approval == nil {
-		return ""
-	}
-	return t.Approval.Author
-}
-
-// Approval is the approval of one plan version.
-type Approval struct {
-	TaskID     string
-	Version    int
-	Approver   string
-	PlanHash   string
-	ApprovedAt time.Time
-	Author     string // of the approved version: the task's requester
-	Steps      []Step // of the approved version
-}
-
-// TaskEvent is one line of a task's history.
-type TaskEvent struct {
-	At        time.Time
-	Principal string
-	Action    string
-	From, To  string
-	Version   int
-	Reason    string
-}
 
 // NewTask is a task's creation.
 type NewTask struct {
@@ -113,8 +45,8 @@ func (t *tx) history(taskID, principal, action string, from, to fsm.TaskState, v
 
 // CreateTask inserts a task with plan version 1 by its author, or returns
 // the task when the same create is replayed (created false); another create
-// with the same task_id is ErrKeyReused.
-func (s *DB) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
+// with the same task_id is domain.ErrKeyReused.
+func (s *DB) CreateTask(ctx context.Context, n NewTask) (domain.Task, bool, error) {
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var hash string
@@ -122,7 +54,7 @@ func (s *DB) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
 		switch {
 		case err == nil:
 			if hash != n.CreateHash {
-				return ErrKeyReused
+				return domain.ErrKeyReused
 			}
 			return nil
 		case !errors.Is(err, sql.ErrNoRows):
@@ -140,7 +72,7 @@ func (s *DB) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
 		return t.history(n.TaskID, n.Author, "create", "", fsm.TaskWaitingApproval, 1, "")
 	})
 	if err != nil {
-		return Task{}, false, err
+		return domain.Task{}, false, err
 	}
 	task, err := s.GetTask(ctx, n.TaskID)
 	return task, created, err
@@ -148,9 +80,9 @@ func (s *DB) CreateTask(ctx context.Context, n NewTask) (Task, bool, error) {
 
 // UpdatePlan records a new plan version by author, superseding the current
 // one. An unchanged plan (same hash) returns the current version (changed
-// false); a base version that is not the current one is ErrStaleVersion; a
-// task that left waiting_approval is ErrIllegalState.
-func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (Task, bool, error) {
+// false); a base version that is not the current one is domain.ErrStaleVersion; a
+// task that left waiting_approval is domain.ErrIllegalState.
+func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (domain.Task, bool, error) {
 	changed := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var status fsm.TaskState
@@ -158,7 +90,7 @@ func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessag
 		var rowVersion int64
 		err := t.QueryRowContext(ctx, s.q.TaskState, taskID).Scan(&status, &version, &rowVersion)
 		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("task %s: %w", taskID, ErrNotFound)
+			return fmt.Errorf("task %s: %w", taskID, domain.ErrNotFound)
 		}
 		if err != nil {
 			return err
@@ -169,11 +101,11 @@ func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessag
 		}
 		switch {
 		case status != fsm.TaskWaitingApproval:
-			return fmt.Errorf("task %s is %s: %w", taskID, status, ErrIllegalState)
+			return fmt.Errorf("task %s is %s: %w", taskID, status, domain.ErrIllegalState)
 		case current == planHash:
 			return nil // a replay of the current plan
 		case baseVersion != nil && *baseVersion != version:
-			return fmt.Errorf("base_version %d, current %d: %w", *baseVersion, version, ErrStaleVersion)
+			return fmt.Errorf("base_version %d, current %d: %w", *baseVersion, version, domain.ErrStaleVersion)
 		}
 		now := ms(t.now)
 		ch := change{machine: "task", id: taskID, from: string(status), to: string(status)}
@@ -187,7 +119,7 @@ func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessag
 		return t.history(taskID, author, "plan", status, status, version+1, fmt.Sprintf("supersedes v%d", version))
 	})
 	if err != nil {
-		return Task{}, false, err
+		return domain.Task{}, false, err
 	}
 	task, err := s.GetTask(ctx, taskID)
 	return task, changed, err
@@ -197,7 +129,7 @@ func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessag
 // the caller's 401/403: 404, an exact replay (returned, created false),
 // 409 illegal_state, 409 stale_version (another version, or a plan_hash
 // that differs), 403 four_eyes (the approver wrote the version).
-func (s *DB) Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (Approval, bool, error) {
+func (s *DB) Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (domain.Approval, bool, error) {
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var status fsm.TaskState
@@ -205,7 +137,7 @@ func (s *DB) Approve(ctx context.Context, taskID string, version int, planHash, 
 		var rowVersion int64
 		err := t.QueryRowContext(ctx, s.q.TaskState, taskID).Scan(&status, &current, &rowVersion)
 		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("task %s: %w", taskID, ErrNotFound)
+			return fmt.Errorf("task %s: %w", taskID, domain.ErrNotFound)
 		}
 		if err != nil {
 			return err
@@ -229,11 +161,11 @@ func (s *DB) Approve(ctx context.Context, taskID string, version int, planHash, 
 		case approval.Replay:
 			return nil // an exact replay
 		case approval.IllegalState:
-			return fmt.Errorf("task %s is %s: %w", taskID, status, ErrIllegalState)
+			return fmt.Errorf("task %s is %s: %w", taskID, status, domain.ErrIllegalState)
 		case approval.StaleVersion:
-			return fmt.Errorf("approving v%d (plan %.12s), current v%d (plan %.12s): %w", version, planHash, current, hash, ErrStaleVersion)
+			return fmt.Errorf("approving v%d (plan %.12s), current v%d (plan %.12s): %w", version, planHash, current, hash, domain.ErrStaleVersion)
 		case approval.FourEyes:
-			return fmt.Errorf("%s wrote v%d: %w", approver, version, ErrFourEyes)
+			return fmt.Errorf("%s wrote v%d: %w", approver, version, domain.ErrFourEyes)
 		}
 		now := ms(t.now)
 		ch := change{machine: "task", id: taskID, from: string(status), to: string(fsm.TaskApproved)}
@@ -249,28 +181,28 @@ func (s *DB) Approve(ctx context.Context, taskID string, version int, planHash, 
 		return t.history(taskID, approver, "approve", status, fsm.TaskApproved, version, "")
 	})
 	if err != nil {
-		return Approval{}, false, err
+		return domain.Approval{}, false, err
 	}
 	task, err := s.GetTask(ctx, taskID)
 	if err != nil {
-		return Approval{}, false, err
+		return domain.Approval{}, false, err
 	}
 	if task.Approval == nil {
-		return Approval{}, false, fmt.Errorf("task %s: approval missing", taskID)
+		return domain.Approval{}, false, fmt.Errorf("task %s: approval missing", taskID)
 	}
 	return *task.Approval, created, nil
 }
 
 // Reject rejects a task that is waiting for approval or approved (not yet
 // running). A rejection of a rejected task is a replay.
-func (s *DB) Reject(ctx context.Context, taskID, reason, who string) (Task, error) {
+func (s *DB) Reject(ctx context.Context, taskID, reason, who string) (domain.Task, error) {
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		var status fsm.TaskState
 		var rowVersion int64
 		var version int
 		err := t.QueryRowContext(ctx, s.q.TaskRejectState, taskID).Scan(&status, &rowVersion, &version)
 		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("task %s: %w", taskID, ErrNotFound)
+			return fmt.Errorf("task %s: %w", taskID, domain.ErrNotFound)
 		}
 		if err != nil {
 			return err
@@ -279,12 +211,12 @@ func (s *DB) Reject(ctx context.Context, taskID, reason, who string) (Task, erro
 			return nil
 		}
 		if status != fsm.TaskWaitingApproval && status != fsm.TaskApproved {
-			return fmt.Errorf("task %s is %s: %w", taskID, status, ErrIllegalState)
+			return fmt.Errorf("task %s is %s: %w", taskID, status, domain.ErrIllegalState)
 		}
 		return t.moveTask(ctx, taskID, status, rowVersion, fsm.TaskRejected, -1, "rejected: "+reason, who, version, nil)
 	})
 	if err != nil {
-		return Task{}, err
+		return domain.Task{}, err
 	}
 	return s.GetTask(ctx, taskID)
 }
@@ -292,7 +224,7 @@ func (s *DB) Reject(ctx context.Context, taskID, reason, who string) (Task, erro
 // moveTask is the task's conditional transition; stepIndex < 0 keeps it.
 // A runner's move names its fence f (nil: a person's), checked in the
 // same conditional write.
-func (t *tx) moveTask(ctx context.Context, taskID string, from fsm.TaskState, rowVersion int64, to fsm.TaskState, stepIndex int, reason, who string, version int, f *Fence) error {
+func (t *tx) moveTask(ctx context.Context, taskID string, from fsm.TaskState, rowVersion int64, to fsm.TaskState, stepIndex int, reason, who string, version int, f *domain.Fence) error {
 	if err := fsm.Task.Transition(from, to); err != nil {
 		return t.refuse("task", taskID, string(from), string(to), ReasonIllegal, 0)
 	}
@@ -353,15 +285,15 @@ func (s *DB) ActiveTasks(ctx context.Context) ([]TaskLease, error) {
 // fencing token (see takeLease). A takeover from another holder, or a
 // reclaim after a restart, is recorded in the events log; the task's
 // history is the contract's and does not change.
-func (s *DB) AcquireTask(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (Fence, error) {
-	var f Fence
+func (s *DB) AcquireTask(ctx context.Context, id, owner string, ttl time.Duration, reclaim bool) (domain.Fence, error) {
+	var f domain.Fence
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		l := leased{machine: "task", acquire: t.s.q.TaskAcquire, id: id}
 		var lease int64
 		err := t.QueryRowContext(ctx, s.q.TaskLeaseGetForUpdate, id).
 			Scan(&l.owner, &l.token, &lease)
 		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("task %s: %w", id, ErrNotFound)
+			return fmt.Errorf("task %s: %w", id, domain.ErrNotFound)
 		}
 		if err != nil {
 			return fmt.Errorf("read lease of task %s: %w", id, err)
@@ -392,7 +324,7 @@ type TaskCandidate struct {
 // TaskSnapshot is what a task pass read, all of it committed: the basis
 // of the runner's decision.
 type TaskSnapshot struct {
-	Task Task // with its approval; not its history
+	Task domain.Task // with its approval; not its history
 	Now  time.Time
 	// PlanHash is the plan_hash of the approved version as stored now.
 	PlanHash string
@@ -430,7 +362,7 @@ type TaskDecision struct {
 // TaskRules are the domain's part of a task pass.
 type TaskRules struct {
 	// StepOperationID is the operation_id of step i of k's approved plan.
-	StepOperationID func(k Task, i int) string
+	StepOperationID func(k domain.Task, i int) string
 	Decide          func(TaskSnapshot) TaskDecision
 }
 
@@ -452,7 +384,7 @@ type TaskPassResult struct {
 // and moves the checkpoint in the same transaction as the re-checks it
 // passed (the walkthrough's steps 5 and 6); every move is a conditional
 // write that names the fence.
-func (s *DB) TaskPass(ctx context.Context, id string, f Fence, ttl time.Duration, cand *TaskCandidate, rules TaskRules) (TaskPassResult, error) {
+func (s *DB) TaskPass(ctx context.Context, id string, f domain.Fence, ttl time.Duration, cand *TaskCandidate, rules TaskRules) (TaskPassResult, error) {
 	var res TaskPassResult
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
 		res = TaskPassResult{}
@@ -495,7 +427,7 @@ func (t *tx) taskSnapshot(ctx context.Context, id string, rules TaskRules) (Task
 	snap := TaskSnapshot{Now: t.now}
 	k, err := scanTask(t.QueryRowContext(ctx, t.s.q.TaskGet, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return snap, fmt.Errorf("task %s: %w", id, ErrNotFound)
+		return snap, fmt.Errorf("task %s: %w", id, domain.ErrNotFound)
 	}
 	if err != nil {
 		return snap, fmt.Errorf("get task %s: %w", id, err)
@@ -545,9 +477,9 @@ const (
 			k.owner, k.fencing_token, k.lease_expires_at, k.created_at, k.updated_at`
 )
 
-func scanTask(row interface{ Scan(...any) error }) (Task, error) {
+func scanTask(row interface{ Scan(...any) error }) (domain.Task, error) {
 	var (
-		k                Task
+		k                domain.Task
 		after, before    sql.NullInt64
 		approved         sql.NullInt64
 		created, updated int64
@@ -556,10 +488,10 @@ func scanTask(row interface{ Scan(...any) error }) (Task, error) {
 	)
 	if err := row.Scan(&k.TaskID, &k.Status, &k.Reason, &k.Version, &k.PlanHash, &steps, &k.Author, &after, &before,
 		&k.CreatedBy, &approved, &k.StepIndex, &k.RowVersion, &k.Owner, &k.FencingToken, &lease, &created, &updated); err != nil {
-		return Task{}, err
+		return domain.Task{}, err
 	}
 	if err := json.Unmarshal([]byte(steps), &k.Steps); err != nil {
-		return Task{}, fmt.Errorf("steps of task %s: %w", k.TaskID, err)
+		return domain.Task{}, fmt.Errorf("steps of task %s: %w", k.TaskID, err)
 	}
 	k.ExecuteAfter, k.ExecuteBefore = fromNullMS(after), fromNullMS(before)
 	k.CreatedAt, k.UpdatedAt, k.LeaseExpiresAt = fromMS(created), fromMS(updated), fromMS(lease)
@@ -579,9 +511,9 @@ type TaskFilter struct {
 // match the filter. The dashboard lists the tasks waiting for approval with
 // it. Tasks are a person's work, a few hundred at most, so the status filter
 // is applied row by row along the primary key.
-func (s *DB) ListTasks(ctx context.Context, f TaskFilter, p Page) (Listed[Task], error) {
-	k := keyset[Task]{table: taskFrom, key: "k.task_id", columns: taskColumns, scan: scanTask,
-		id: func(t Task) string { return t.TaskID }}
+func (s *DB) ListTasks(ctx context.Context, f TaskFilter, p Page) (Listed[domain.Task], error) {
+	k := keyset[domain.Task]{table: taskFrom, key: "k.task_id", columns: taskColumns, scan: scanTask,
+		id: func(t domain.Task) string { return t.TaskID }}
 	if f.Status != nil {
 		k.where, k.args = append(k.where, "k.status = ?"), append(k.args, string(*f.Status))
 	}
@@ -589,28 +521,28 @@ func (s *DB) ListTasks(ctx context.Context, f TaskFilter, p Page) (Listed[Task],
 }
 
 // GetTask reads a task with its current plan, its approval and its history.
-func (s *DB) GetTask(ctx context.Context, id string) (Task, error) {
+func (s *DB) GetTask(ctx context.Context, id string) (domain.Task, error) {
 	k, err := scanTask(s.rq.QueryRowContext(ctx, s.q.TaskGet, id))
 	if errors.Is(err, sql.ErrNoRows) {
-		return Task{}, fmt.Errorf("task %s: %w", id, ErrNotFound)
+		return domain.Task{}, fmt.Errorf("task %s: %w", id, domain.ErrNotFound)
 	}
 	if err != nil {
-		return Task{}, fmt.Errorf("get task %s: %w", id, err)
+		return domain.Task{}, fmt.Errorf("get task %s: %w", id, err)
 	}
 	if k.Approval, err = readApproval(ctx, s.rq, k); err != nil {
-		return Task{}, err
+		return domain.Task{}, err
 	}
 	rows, err := s.rq.QueryContext(ctx, s.q.TaskHistoryList, id)
 	if err != nil {
-		return Task{}, err
+		return domain.Task{}, err
 	}
 	defer rows.Close()
-	k.History = []TaskEvent{}
+	k.History = []domain.TaskEvent{}
 	for rows.Next() {
-		var e TaskEvent
+		var e domain.TaskEvent
 		var at int64
 		if err := rows.Scan(&at, &e.Principal, &e.Action, &e.From, &e.To, &e.Version, &e.Reason); err != nil {
-			return Task{}, err
+			return domain.Task{}, err
 		}
 		e.At = fromMS(at)
 		k.History = append(k.History, e)
@@ -620,12 +552,12 @@ func (s *DB) GetTask(ctx context.Context, id string) (Task, error) {
 
 // readApproval reads the approval of an approved task (nil before), with
 // the author and steps of the version it approved.
-func readApproval(ctx context.Context, q queryer, k Task) (*Approval, error) {
+func readApproval(ctx context.Context, q queryer, k domain.Task) (*domain.Approval, error) {
 	if k.ApprovedVersion <= 0 {
 		return nil, nil
 	}
 	var (
-		a     Approval
+		a     domain.Approval
 		at    int64
 		steps string
 	)

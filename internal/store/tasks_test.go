@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 )
 
@@ -112,7 +113,7 @@ func TestFeedSeesCommittedChangesWithIDs(t *testing.T) {
 		_, err = s.Reject(b.ctx, "task-1", "no", "alice")
 		require.NoError(t, err)
 		_, _, err = s.Approve(b.ctx, "task-1", 1, "", "alice", true) // refused: rejected
-		require.ErrorIs(t, err, ErrIllegalState)
+		require.ErrorIs(t, err, domain.ErrIllegalState)
 
 		log.mu.Lock()
 		defer log.mu.Unlock()

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/fleetctl/fleetctl/internal/domain"
 )
 
 // Group commit. Every change goes through one writer goroutine that owns the
@@ -25,10 +27,10 @@ import (
 // its callers apply in order) commit in the order they were made.
 
 var (
-	// ErrOverloaded: the writer's queue was full; the change was not made.
-	// Submits get it (503 overloaded with Retry-After); every other change
-	// waits for room instead.
-	ErrOverloaded = errors.New("store: write queue full, retry later")
+	// ErrOverloaded (domain.ErrOverloaded): the writer's queue was full;
+	// the change was not made. Submits get it (503 overloaded with
+	// Retry-After); every other change waits for room instead.
+	ErrOverloaded = domain.ErrOverloaded
 	// ErrClosed: the store was closed before the change was made.
 	ErrClosed = errors.New("store: closed")
 )

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/stretchr/testify/require"
 )
 
@@ -83,9 +84,9 @@ func TestGroupCommitIsolatesAFailingChange(t *testing.T) {
 			require.Equal(t, "restart", op.Action, "the panicking change's update must be rolled back")
 		}
 		_, err := b.s.GetOperation(b.ctx, "op-x")
-		require.ErrorIs(t, err, ErrNotFound, "the failing change must leave nothing")
+		require.ErrorIs(t, err, domain.ErrNotFound, "the failing change must leave nothing")
 		_, err = b.s.GetCommand(b.ctx, "c-x")
-		require.ErrorIs(t, err, ErrNotFound)
+		require.ErrorIs(t, err, domain.ErrNotFound)
 
 		b.obs.mu.Lock()
 		defer b.obs.mu.Unlock()
@@ -116,7 +117,7 @@ func TestGroupCommitFailsTheWholeBatchWhenTheDiskIsFull(t *testing.T) {
 		require.ErrorAs(t, err, &be, "every change of a batch the disk could not hold fails: %v", err)
 	}
 	_, err := b.s.GetOperation(b.ctx, "op-small")
-	require.ErrorIs(t, err, ErrNotFound, "nothing of a failed batch is written")
+	require.ErrorIs(t, err, domain.ErrNotFound, "nothing of a failed batch is written")
 
 	// Room again: the caller's retry of the same change succeeds.
 	require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
@@ -142,7 +143,7 @@ func TestSubmitIsShedWhenTheQueueIsFull(t *testing.T) {
 		release()
 		require.NoError(t, <-waiting)
 		_, err = s.GetOperation(ctx, "op-2")
-		require.ErrorIs(t, err, ErrNotFound, "a shed submit writes nothing")
+		require.ErrorIs(t, err, domain.ErrNotFound, "a shed submit writes nothing")
 		_, err = s.Submit(ctx, newOp("op-2", "c-2"), nil)
 		require.NoError(t, err, "the retry succeeds once there is room")
 	})
@@ -159,7 +160,7 @@ func TestAChangeGivenUpBeforeItsTurnWritesNothing(t *testing.T) {
 		release()
 		require.ErrorIs(t, <-gaveUp, context.Canceled)
 		_, err := b.s.GetOperation(b.ctx, "op-1")
-		require.ErrorIs(t, err, ErrNotFound)
+		require.ErrorIs(t, err, domain.ErrNotFound)
 	})
 }
 
@@ -286,7 +287,7 @@ func TestFallbackToSavepointsCallsEachHookOnce(t *testing.T) {
 		require.ErrorIs(t, <-failing, injected)
 		require.NoError(t, <-last)
 		require.Equal(t, map[string]int{"op-1": 1, "op-2": 1, "op-3": 1}, calls, "each hook once, though op-1 ran twice")
-		for id, want := range map[string]error{"op-1": nil, "op-2": ErrNotFound, "op-3": nil} {
+		for id, want := range map[string]error{"op-1": nil, "op-2": domain.ErrNotFound, "op-3": nil} {
 			_, err := b.s.GetOperation(b.ctx, id)
 			if want == nil {
 				require.NoError(t, err, id)

@@ -2,8 +2,8 @@ package task
 
 import (
 	"github.com/fleetctl/fleetctl/internal/approval"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
-	"github.com/fleetctl/fleetctl/internal/ops"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
 
@@ -17,8 +17,8 @@ type Checks struct {
 // Rules are the domain's part of a task pass (store.TaskPass).
 func Rules(c Checks) store.TaskRules {
 	return store.TaskRules{
-		StepOperationID: func(k store.Task, i int) string {
-			return ops.StepOperationID(k.TaskID, k.Approval.Steps[i], k.Approval.Version)
+		StepOperationID: func(k domain.Task, i int) string {
+			return domain.TaskStepOperationID(k.TaskID, k.Approval.Steps[i].Step, k.Approval.Steps[i].Target, k.Approval.Version)
 		},
 		Decide: func(snap store.TaskSnapshot) store.TaskDecision { return Decide(snap, c) },
 	}
@@ -106,7 +106,7 @@ func start(snap store.TaskSnapshot, i int, c Checks) store.TaskDecision {
 
 // terminalFor is where a failed check or an invalid step leaves a task:
 // rejected before its first step, failed after it.
-func terminalFor(k store.Task) fsm.TaskState {
+func terminalFor(k domain.Task) fsm.TaskState {
 	if k.Status == fsm.TaskApproved {
 		return fsm.TaskRejected
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/approval"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
@@ -17,13 +18,13 @@ var now = time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 func at(d time.Duration) *time.Time { t := now.Add(d); return &t }
 
 // twoSteps is an approved version 2 of a two-step plan.
-func twoSteps(status fsm.TaskState, stepIndex int) store.Task {
-	steps := []store.Step{
+func twoSteps(status fsm.TaskState, stepIndex int) domain.Task {
+	steps := []domain.Step{
 		{Step: "drain", Action: "restart", Target: "device-1", Params: json.RawMessage(`{}`)},
 		{Step: "reboot", Action: "restart", Target: "device-2", Params: json.RawMessage(`{}`)},
 	}
-	return store.Task{TaskID: "t1", Status: status, Version: 2, ApprovedVersion: 2, Steps: steps, StepIndex: stepIndex,
-		Approval: &store.Approval{TaskID: "t1", Version: 2, Steps: steps, Author: "alice", PlanHash: "h2"}}
+	return domain.Task{TaskID: "t1", Status: status, Version: 2, ApprovedVersion: 2, Steps: steps, StepIndex: stepIndex,
+		Approval: &domain.Approval{TaskID: "t1", Version: 2, Steps: steps, Author: "alice", PlanHash: "h2"}}
 }
 
 const (
@@ -32,7 +33,7 @@ const (
 )
 
 // snapshot is what a pass reads of k when every check holds.
-func snapshot(k store.Task, stepOp fsm.OperationState) store.TaskSnapshot {
+func snapshot(k domain.Task, stepOp fsm.OperationState) store.TaskSnapshot {
 	return store.TaskSnapshot{Task: k, Now: now, PlanHash: "h2", StepOp: stepOp,
 		Seen:   map[string]bool{"device-1": true, "device-2": true},
 		Grants: []approval.Grant{{Action: "restart", Devices: "device-*"}}}
@@ -42,13 +43,13 @@ func candidate(step int, opID string) *store.TaskCandidate {
 	return &store.TaskCandidate{Step: step, Version: 2, Operation: store.NewOperation{OperationID: opID}}
 }
 
-func withWindow(k store.Task, after, before *time.Time) store.Task {
+func withWindow(k domain.Task, after, before *time.Time) domain.Task {
 	k.ExecuteAfter, k.ExecuteBefore = after, before
 	return k
 }
 
-func withTarget(k store.Task, i int, target string) store.Task {
-	steps := append([]store.Step(nil), k.Approval.Steps...)
+func withTarget(k domain.Task, i int, target string) domain.Task {
+	steps := append([]domain.Step(nil), k.Approval.Steps...)
 	steps[i].Target = target
 	a := *k.Approval
 	a.Steps = steps
@@ -76,7 +77,7 @@ func TestDecide(t *testing.T) {
 		want   store.TaskDecision
 	}{
 		// (B) the approval and the window.
-		{"no approval: waits", snapshot(store.Task{TaskID: "t1", Status: fsm.TaskApproved}, ""), true, wait("approval")},
+		{"no approval: waits", snapshot(domain.Task{TaskID: "t1", Status: fsm.TaskApproved}, ""), true, wait("approval")},
 		{"waiting approval: nothing", snapshot(twoSteps(fsm.TaskWaitingApproval, 0), ""), true, wait("done")},
 		{"approved, window not open yet: waits", snapshot(withWindow(approved, at(time.Minute), nil), ""), true, wait("window")},
 		{"approved, window missed: rejected", snapshot(withWindow(approved, nil, at(-time.Second)), ""), true,
@@ -153,8 +154,8 @@ func TestDecide(t *testing.T) {
 
 func TestTerminalFor(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, fsm.TaskRejected, terminalFor(store.Task{Status: fsm.TaskApproved}), "before the first step")
-	require.Equal(t, fsm.TaskFailed, terminalFor(store.Task{Status: fsm.TaskRunning}), "after it")
+	require.Equal(t, fsm.TaskRejected, terminalFor(domain.Task{Status: fsm.TaskApproved}), "before the first step")
+	require.Equal(t, fsm.TaskFailed, terminalFor(domain.Task{Status: fsm.TaskRunning}), "after it")
 }
 
 // TestRulesStepOperationID: the id a pass reads the checkpoint step's

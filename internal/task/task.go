@@ -40,6 +40,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/lease"
 	"github.com/fleetctl/fleetctl/internal/ops"
@@ -70,9 +71,9 @@ type Runner struct {
 	cfg   Config
 	rules store.TaskRules
 	mu    sync.Mutex
-	held  map[string]store.Fence // tasks this runner drives, with its fence
-	known map[string]bool        // tasks this process has looked at
-	woken map[string]bool        // tasks woken since the last look
+	held  map[string]domain.Fence // tasks this runner drives, with its fence
+	known map[string]bool         // tasks this process has looked at
+	woken map[string]bool         // tasks woken since the last look
 	wake  chan struct{}
 }
 
@@ -90,7 +91,7 @@ func New(cfg Config) *Runner {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Runner{cfg: cfg, rules: Rules(Checks{EnforceGrants: cfg.EnforceGrants}), held: map[string]store.Fence{},
+	return &Runner{cfg: cfg, rules: Rules(Checks{EnforceGrants: cfg.EnforceGrants}), held: map[string]domain.Fence{},
 		known: map[string]bool{}, woken: map[string]bool{}, wake: make(chan struct{}, 1)}
 }
 
@@ -195,7 +196,7 @@ func (r *Runner) look(ctx context.Context, only map[string]bool) {
 
 // drive makes the passes of one decision about a task under fence f: a
 // start takes a second pass, with the step's operation record.
-func (r *Runner) drive(ctx context.Context, id string, f store.Fence) {
+func (r *Runner) drive(ctx context.Context, id string, f domain.Fence) {
 	log := r.cfg.Logger.With("task_id", id)
 	var cand *store.TaskCandidate
 	for attempt := 0; attempt < 3 && ctx.Err() == nil; attempt++ {
@@ -227,7 +228,7 @@ func (r *Runner) drive(ctx context.Context, id string, f store.Fence) {
 
 // prepare builds step i's operation record (node C's first half), after
 // the before-step-insert failpoint; nil when the failpoint refused.
-func (r *Runner) prepare(ctx context.Context, k store.Task, i int) *store.TaskCandidate {
+func (r *Runner) prepare(ctx context.Context, k domain.Task, i int) *store.TaskCandidate {
 	if err := r.cfg.Failpoints.HitContext(ctx, failpoint.BeforeStepInsert); err != nil {
 		r.cfg.Logger.Warn("step insert skipped", "task_id", k.TaskID, "err", err)
 		return nil

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/failpoint"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/ops"
@@ -51,18 +52,18 @@ func (s *fakeStore) ActiveTasks(context.Context) ([]store.TaskLease, error) {
 	return []store.TaskLease{s.lease}, nil
 }
 
-func (s *fakeStore) AcquireTask(_ context.Context, id, owner string, _ time.Duration, reclaim bool) (store.Fence, error) {
+func (s *fakeStore) AcquireTask(_ context.Context, id, owner string, _ time.Duration, reclaim bool) (domain.Fence, error) {
 	s.record("acquire %s reclaim=%t", id, reclaim)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.acquireErr != nil {
-		return store.Fence{}, s.acquireErr
+		return domain.Fence{}, s.acquireErr
 	}
 	s.lease.Owner, s.lease.FencingToken = owner, s.lease.FencingToken+1
-	return store.Fence{Owner: owner, Token: s.lease.FencingToken}, nil
+	return domain.Fence{Owner: owner, Token: s.lease.FencingToken}, nil
 }
 
-func (s *fakeStore) TaskPass(_ context.Context, id string, f store.Fence, _ time.Duration, cand *store.TaskCandidate, rules store.TaskRules) (store.TaskPassResult, error) {
+func (s *fakeStore) TaskPass(_ context.Context, id string, f domain.Fence, _ time.Duration, cand *store.TaskCandidate, rules store.TaskRules) (store.TaskPassResult, error) {
 	c := "none"
 	if cand != nil {
 		c = fmt.Sprintf("%d %s", cand.Step, cand.Operation.OperationID)
@@ -85,8 +86,8 @@ func (s *fakeStore) TaskPass(_ context.Context, id string, f store.Fence, _ time
 	return res, nil
 }
 
-func (s *fakeStore) GetDevice(context.Context, string) (store.Device, error) {
-	return store.Device{}, store.ErrNotFound
+func (s *fakeStore) GetDevice(context.Context, string) (domain.Device, error) {
+	return domain.Device{}, domain.ErrNotFound
 }
 
 type runnerBundle struct {
@@ -114,7 +115,7 @@ func newRunner(t *testing.T, st *fakeStore, failpoints string) *runnerBundle {
 // a start taking a second pass with the step's operation record.
 func TestLook(t *testing.T) {
 	t.Parallel()
-	created := store.SubmitResult{Created: true, Operation: store.Operation{CommandID: "c-new"}}
+	created := store.SubmitResult{Created: true, Operation: domain.Operation{CommandID: "c-new"}}
 	free := store.TaskLease{TaskID: "t1"}
 	const (
 		acquire  = "acquire t1 reclaim=false"
@@ -144,9 +145,9 @@ func TestLook(t *testing.T) {
 		{name: "running, last step succeeded: completed in one pass", lease: free,
 			snap: snapshot(twoSteps(fsm.TaskRunning, 1), fsm.OpSucceeded), want: []string{acquire, pass}},
 		{name: "an existing operation: the same step pass", lease: free, snap: snapshot(twoSteps(fsm.TaskRunning, 1), ""),
-			started: store.SubmitResult{Operation: store.Operation{CommandID: "c-old"}}, want: []string{acquire, pass, withOp1}},
+			started: store.SubmitResult{Operation: domain.Operation{CommandID: "c-old"}}, want: []string{acquire, pass, withOp1}},
 		{name: "a retried step: the same step pass", lease: free, snap: snapshot(twoSteps(fsm.TaskRunning, 1), ""),
-			started: store.SubmitResult{Retried: true, Operation: store.Operation{CommandID: "c-2"}},
+			started: store.SubmitResult{Retried: true, Operation: domain.Operation{CommandID: "c-2"}},
 			want:    []string{acquire, pass, withOp1}},
 		{name: "refused step: the check-and-insert pass refuses it", lease: free, started: created,
 			snap: func() store.TaskSnapshot { s := snapshot(twoSteps(fsm.TaskApproved, 0), ""); s.Grants = nil; return s }(),

@@ -7,20 +7,21 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/store"
 )
 
 var t0 = time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 
 // evenly spaced starts of n devices, each operation ending after took.
-func spaced(n int, every, took time.Duration) (store.AuditRollout, []store.Event) {
+func spaced(n int, every, took time.Duration) (store.AuditRollout, []domain.Event) {
 	r := store.AuditRollout{RolloutID: "fw", MaxPerMinute: 60, MaxInFlight: 2}
-	var evs []store.Event
+	var evs []domain.Event
 	for i := 0; i < n; i++ {
 		op := fmt.Sprintf("fw:rollout:device-%d:v1", i)
 		at := t0.Add(time.Duration(i) * every)
 		r.Starts = append(r.Starts, store.AuditRolloutStart{DeviceID: fmt.Sprintf("device-%d", i), OperationID: op, Attempt: 1, At: at})
-		evs = append(evs, store.Event{Machine: "operation", EntityID: op, From: "started", To: "succeeded", At: at.Add(took)})
+		evs = append(evs, domain.Event{Machine: "operation", EntityID: op, From: "started", To: "succeeded", At: at.Add(took)})
 	}
 	return r, evs
 }
@@ -50,7 +51,7 @@ func TestInvariant8(t *testing.T) {
 	v, _ = (&run{events: evs}).rollouts([]store.AuditRollout{twice})
 	require.False(t, v.OK, "a second start without a retryable outcome")
 	twice.Retries = 1
-	evs = append(evs, store.Event{Machine: "operation", EntityID: "fw:rollout:device-0:v1", From: "started", To: "failed_retryable", At: t0.Add(5 * time.Second)})
+	evs = append(evs, domain.Event{Machine: "operation", EntityID: "fw:rollout:device-0:v1", From: "started", To: "failed_retryable", At: t0.Add(5 * time.Second)})
 	v, _ = (&run{events: evs}).rollouts([]store.AuditRollout{twice})
 	require.True(t, v.OK, "a retry: %s", v.Detail)
 }

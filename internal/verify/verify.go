@@ -15,6 +15,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/store/backend"
@@ -78,7 +79,7 @@ func Run(ctx context.Context, cfg Config) ([]Verdict, error) {
 // run is what the checks read from the database, from one snapshot.
 type run struct {
 	legacy     map[string]bool // devices without dedupe
-	events     []store.Event   // the whole log, in order
+	events     []domain.Event  // the whole log, in order
 	commands   []store.AuditCommand
 	operations []store.AuditOperation
 }
@@ -240,7 +241,7 @@ func (r *run) fencing() Verdict {
 		opOf[c.CommandID] = c.OperationID
 	}
 	maxTok := map[string]int64{}
-	newest := map[string]store.Event{} // the event that set maxTok
+	newest := map[string]domain.Event{} // the event that set maxTok
 	applied, stale, refused := 0, 0, 0
 	first := ""
 	for _, e := range r.events {
@@ -275,7 +276,7 @@ func (r *run) fencing() Verdict {
 }
 
 // tokenAt names an event's token and time, for a verdict's detail.
-func tokenAt(e store.Event) string {
+func tokenAt(e domain.Event) string {
 	return fmt.Sprintf("token %d at %s", e.FencingToken, e.At.UTC().Format("15:04:05.000"))
 }
 

@@ -1,5 +1,7 @@
-// Package opid derives and validates operation ids and computes request
-// hashes: the business-level idempotency key of the contract.
+package domain
+
+// Operation ids and request hashes: the business-level idempotency key of
+// the contract.
 //
 // An operation_id defaults to task_id:step:target:business_version, each part
 // [A-Za-z0-9._-]{1,64} (no ':' inside a part, so parts never collide); a
@@ -10,14 +12,12 @@
 // POST .../compensations, never by a direct submit). request_hash is the
 // SHA-256 of the RFC 8785 canonical JSON of {action, target, params}, so key
 // order and number spelling never change it.
-package opid
 
 import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -35,11 +35,8 @@ var (
 	approvalLike  = regexp.MustCompile(`^approval-v[0-9]+$`)
 )
 
-// ErrInvalid wraps every validation failure (400 invalid_request).
-var ErrInvalid = errors.New("invalid request")
-
-// Parts are the business intent an operation_id is derived from.
-type Parts struct {
+// OperationParts are the business intent an operation_id is derived from.
+type OperationParts struct {
 	TaskID, Step, Target, BusinessVersion string
 }
 
@@ -48,7 +45,7 @@ func invalid(format string, args ...any) error {
 }
 
 // Derive returns task_id:step:target:business_version after checking each part.
-func Derive(p Parts) (string, error) {
+func DeriveOperationID(p OperationParts) (string, error) {
 	for _, f := range []struct{ name, v string }{
 		{"task_id", p.TaskID}, {"step", p.Step}, {"target", p.Target}, {"business_version", p.BusinessVersion},
 	} {
@@ -61,7 +58,7 @@ func Derive(p Parts) (string, error) {
 
 // ValidateWhole checks a caller-given whole operation_id; maxLen is 200 for
 // a submit and 400 for derived ids such as compensations.
-func ValidateWhole(id string, maxLen int) error {
+func ValidateOperationID(id string, maxLen int) error {
 	if len(id) == 0 || len(id) > maxLen || !wholeCharset.MatchString(id) {
 		return invalid("operation_id %q must match [A-Za-z0-9._:-]{1,%d}", id, maxLen)
 	}
@@ -69,13 +66,34 @@ func ValidateWhole(id string, maxLen int) error {
 }
 
 // Reserved reports whether id ends in ":approval-v<N>", the task runner's ids.
-func Reserved(id string) bool { return reserved.MatchString(id) }
+func TaskStepShaped(id string) bool { return reserved.MatchString(id) }
+
+// TaskStepOperationID is a task step's operation id,
+// {task_id}:{step}:{target}:approval-v{version}: the task runner's, reserved
+// at submit (TaskStepShaped).
+func TaskStepOperationID(taskID, step, target string, version int) string {
+	return fmt.Sprintf("%s:%s:%s:approval-v%d", taskID, step, target, version)
+}
+
+// RolloutOperationID is the operation of one device of a rollout,
+// {rollout_id}:rollout:{device}:v{version}: the rollout scheduler's,
+// reserved at submit (RolloutShaped).
+func RolloutOperationID(rolloutID, device string, version int) string {
+	return fmt.Sprintf("%s:rollout:%s:v%d", rolloutID, device, version)
+}
+
+// CompensationOperationID is the operation compensating original,
+// {original}:compensate:{business_version}: made by POST
+// .../compensations only, reserved at a direct submit (CompensationShaped).
+func CompensationOperationID(original, businessVersion string) string {
+	return original + ":compensate:" + businessVersion
+}
 
 // TaskOf is the task_id of a task step's operation,
 // {task_id}:{step}:{target}:approval-v<N> (a task_id holds no ':'), and
 // whether id has that shape.
 func TaskOf(id string) (string, bool) {
-	if !Reserved(id) {
+	if !TaskStepShaped(id) {
 		return "", false
 	}
 	task, _, ok := strings.Cut(id, ":")
@@ -130,7 +148,7 @@ func CanonicalParams(params json.RawMessage) (json.RawMessage, error) {
 // (compacted, every value and key order kept, no HTML escaping), which is
 // what the device receives, and canonical (RFC 8785), which only the hash
 // uses. Absent or null is {}; anything but an I-JSON object is invalid.
-func Params(params json.RawMessage) (sent, canonical json.RawMessage, err error) {
+func SplitParams(params json.RawMessage) (sent, canonical json.RawMessage, err error) {
 	if canonical, err = CanonicalParams(params); err != nil {
 		return nil, nil, err
 	}

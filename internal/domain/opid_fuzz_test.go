@@ -1,4 +1,4 @@
-package opid
+package domain
 
 // Fuzz targets for operation ids and request hashes. `go test` runs the
 // seeds under testdata/fuzz as unit tests; .ci/fuzz explores each for a few
@@ -36,52 +36,52 @@ func idByte(c byte) bool {
 
 // parseDerived is the strict parser of a derived id: exactly four parts
 // separated by ':', each a valid part.
-func parseDerived(id string) (Parts, bool) {
+func parseDerived(id string) (OperationParts, bool) {
 	f := strings.Split(id, ":")
 	if len(f) != 4 {
-		return Parts{}, false
+		return OperationParts{}, false
 	}
 	for _, s := range f {
 		if !validPart(s) {
-			return Parts{}, false
+			return OperationParts{}, false
 		}
 	}
-	return Parts{f[0], f[1], f[2], f[3]}, true
+	return OperationParts{f[0], f[1], f[2], f[3]}, true
 }
 
-func allValid(p Parts) bool {
+func allValid(p OperationParts) bool {
 	return validPart(p.TaskID) && validPart(p.Step) && validPart(p.Target) && validPart(p.BusinessVersion)
 }
 
 // checkDerive asserts the properties of one tuple and returns its id ("" if
 // refused).
-func checkDerive(t *testing.T, p Parts) string {
+func checkDerive(t *testing.T, p OperationParts) string {
 	t.Helper()
-	id, err := Derive(p)
+	id, err := DeriveOperationID(p)
 	if !allValid(p) {
 		if err == nil {
-			t.Fatalf("Derive(%+v) accepted an invalid part: %q", p, id)
+			t.Fatalf("DeriveOperationID(%+v) accepted an invalid part: %q", p, id)
 		}
 		if !errors.Is(err, ErrInvalid) {
-			t.Fatalf("Derive(%+v) refused without ErrInvalid: %v", p, err)
+			t.Fatalf("DeriveOperationID(%+v) refused without ErrInvalid: %v", p, err)
 		}
 		return ""
 	}
 	if err != nil {
-		t.Fatalf("Derive(%+v) refused valid parts: %v", p, err)
+		t.Fatalf("DeriveOperationID(%+v) refused valid parts: %v", p, err)
 	}
 	back, ok := parseDerived(id)
 	if !ok || back != p {
-		t.Fatalf("Derive(%+v) = %q parses back to %+v (ok %v)", p, id, back, ok)
+		t.Fatalf("DeriveOperationID(%+v) = %q parses back to %+v (ok %v)", p, id, back, ok)
 	}
 	// A derived id is a legal operation id of its own length class (up to
 	// 4*64+3 = 259 characters; a caller's whole id is up to 200, derived
 	// ones such as compensations up to 400).
-	if err := ValidateWhole(id, 400); err != nil {
+	if err := ValidateOperationID(id, 400); err != nil {
 		t.Fatalf("derived id %q is not a valid operation id: %v", id, err)
 	}
-	if Reserved(id) != ApprovalLike(p.BusinessVersion) {
-		t.Fatalf("Reserved(%q) = %v but ApprovalLike(%q) = %v", id, Reserved(id), p.BusinessVersion, ApprovalLike(p.BusinessVersion))
+	if TaskStepShaped(id) != ApprovalLike(p.BusinessVersion) {
+		t.Fatalf("TaskStepShaped(%q) = %v but ApprovalLike(%q) = %v", id, TaskStepShaped(id), p.BusinessVersion, ApprovalLike(p.BusinessVersion))
 	}
 	if want := p.Step == "rollout" && versionLike(p.BusinessVersion); RolloutShaped(id) != want {
 		t.Fatalf("RolloutShaped(%q) = %v, want %v (step %q, business_version %q)", id, RolloutShaped(id), want, p.Step, p.BusinessVersion)
@@ -91,7 +91,7 @@ func checkDerive(t *testing.T, p Parts) string {
 
 func FuzzDerive(f *testing.F) {
 	f.Fuzz(func(t *testing.T, a1, a2, a3, a4, b1, b2, b3, b4 string) {
-		pa, pb := Parts{a1, a2, a3, a4}, Parts{b1, b2, b3, b4}
+		pa, pb := OperationParts{a1, a2, a3, a4}, OperationParts{b1, b2, b3, b4}
 		ida, idb := checkDerive(t, pa), checkDerive(t, pb)
 		// No two distinct valid tuples give the same id.
 		if ida != "" && idb != "" && (ida == idb) != (pa == pb) {
@@ -113,7 +113,7 @@ func FuzzDerive(f *testing.F) {
 				} else {
 					continue
 				}
-				q := Parts{g[0], g[1], g[2], g[3]}
+				q := OperationParts{g[0], g[1], g[2], g[3]}
 				if idq := checkDerive(t, q); idq != "" && idq == ida {
 					t.Fatalf("%+v and %+v both derive %q", pa, q, ida)
 				}
@@ -152,20 +152,20 @@ func validWhole(id string, maxLen int) bool {
 func FuzzValidateWhole(f *testing.F) {
 	f.Fuzz(func(t *testing.T, id string) {
 		for _, max := range []int{200, 400} {
-			err := ValidateWhole(id, max)
+			err := ValidateOperationID(id, max)
 			if (err == nil) != validWhole(id, max) {
-				t.Fatalf("ValidateWhole(%q, %d) = %v", id, max, err)
+				t.Fatalf("ValidateOperationID(%q, %d) = %v", id, max, err)
 			}
 			if err != nil && !errors.Is(err, ErrInvalid) {
-				t.Fatalf("ValidateWhole(%q) refused without ErrInvalid: %v", id, err)
+				t.Fatalf("ValidateOperationID(%q) refused without ErrInvalid: %v", id, err)
 			}
 		}
 		// Reserved: exactly the ids whose last ':'-separated part is
 		// approval-v<digits>, with something before it.
 		i := strings.LastIndexByte(id, ':')
 		want := i >= 0 && ApprovalLike(id[i+1:])
-		if Reserved(id) != want {
-			t.Fatalf("Reserved(%q) = %v, want %v", id, Reserved(id), want)
+		if TaskStepShaped(id) != want {
+			t.Fatalf("TaskStepShaped(%q) = %v, want %v", id, TaskStepShaped(id), want)
 		}
 		// RolloutShaped: exactly the valid ids of four ':'-separated
 		// parts, none empty, the second "rollout", the last v<digits>.
@@ -212,19 +212,19 @@ func FuzzParams(f *testing.F) {
 		if err := json.Unmarshal(append(append([]byte(`{"params":`), value...), '}'), &body); err != nil {
 			return // not a value the API's decoder would hand over
 		}
-		sent, canonical, err := Params(body.Params)
+		sent, canonical, err := SplitParams(body.Params)
 		canon2, cerr := CanonicalParams(body.Params)
 		if ij := jcs.CheckIJSON(body.Params); ij != nil && err == nil {
 			t.Fatalf("Params accepted %s, which is not I-JSON: %v", body.Params, ij)
 		}
 		if err != nil {
 			if !errors.Is(err, ErrInvalid) {
-				t.Fatalf("Params(%s) refused without ErrInvalid: %v", body.Params, err)
+				t.Fatalf("SplitParams(%s) refused without ErrInvalid: %v", body.Params, err)
 			}
 			// Refused params are refused as CanonicalParams refuses them, or
 			// for I-JSON reasons (big integers) only Params checks.
 			if cerr == nil && jcs.CheckIJSON(body.Params) == nil {
-				t.Fatalf("Params(%s) refused (%v) what CanonicalParams and CheckIJSON accept", body.Params, err)
+				t.Fatalf("SplitParams(%s) refused (%v) what CanonicalParams and CheckIJSON accept", body.Params, err)
 			}
 			return
 		}
@@ -264,7 +264,7 @@ func FuzzParams(f *testing.F) {
 		// canonical form, unless that spelling writes a large double as an
 		// integer beyond 2^53 (1e16 as 10000000000000000), which I-JSON
 		// refuses from a caller.
-		if _, c2, err := Params(canonical); err == nil && !bytes.Equal(c2, canonical) ||
+		if _, c2, err := SplitParams(canonical); err == nil && !bytes.Equal(c2, canonical) ||
 			err != nil && !strings.Contains(err.Error(), "beyond ±(2^53-1)") {
 			t.Fatalf("the canonical params %s, sent again, give %s (%v)", canonical, c2, err)
 		}

@@ -1,4 +1,4 @@
-package opid
+package domain
 
 import (
 	"encoding/json"
@@ -10,11 +10,11 @@ import (
 )
 
 func TestDerive(t *testing.T) {
-	id, err := Derive(Parts{"task-12", "create-ticket", "device-1001", "v1"})
+	id, err := DeriveOperationID(OperationParts{"task-12", "create-ticket", "device-1001", "v1"})
 	require.NoError(t, err)
 	require.Equal(t, "task-12:create-ticket:device-1001:v1", id)
 
-	bad := []Parts{
+	bad := []OperationParts{
 		{"", "s", "d", "v"},
 		{"t:x", "s", "d", "v"},
 		{"t", "s p", "d", "v"},
@@ -22,29 +22,29 @@ func TestDerive(t *testing.T) {
 		{"t", "s", "dé", "v"},
 	}
 	for _, p := range bad {
-		_, err := Derive(p)
+		_, err := DeriveOperationID(p)
 		require.True(t, errors.Is(err, ErrInvalid), "%+v", p)
 	}
-	_, err = Derive(Parts{"t", "s", "d", strings.Repeat("v", 64)})
+	_, err = DeriveOperationID(OperationParts{"t", "s", "d", strings.Repeat("v", 64)})
 	require.NoError(t, err)
 }
 
 func TestValidateWhole(t *testing.T) {
-	require.NoError(t, ValidateWhole("a:b:c", 200))
-	require.NoError(t, ValidateWhole(strings.Repeat("a", 200), 200))
-	require.Error(t, ValidateWhole(strings.Repeat("a", 201), 200))
-	require.NoError(t, ValidateWhole(strings.Repeat("a", 400), 400))
-	require.Error(t, ValidateWhole("", 200))
-	require.Error(t, ValidateWhole("a b", 200))
-	require.Error(t, ValidateWhole("a/b", 200))
+	require.NoError(t, ValidateOperationID("a:b:c", 200))
+	require.NoError(t, ValidateOperationID(strings.Repeat("a", 200), 200))
+	require.Error(t, ValidateOperationID(strings.Repeat("a", 201), 200))
+	require.NoError(t, ValidateOperationID(strings.Repeat("a", 400), 400))
+	require.Error(t, ValidateOperationID("", 200))
+	require.Error(t, ValidateOperationID("a b", 200))
+	require.Error(t, ValidateOperationID("a/b", 200))
 }
 
 func TestReserved(t *testing.T) {
-	require.True(t, Reserved("task-88:restart-device:device-1001:approval-v3"))
-	require.True(t, Reserved("x:approval-v12"))
-	require.False(t, Reserved("x:approval-v"))
-	require.False(t, Reserved("x:approval-v3:compensate:v1"))
-	require.False(t, Reserved("approval-v3"))
+	require.True(t, TaskStepShaped("task-88:restart-device:device-1001:approval-v3"))
+	require.True(t, TaskStepShaped("x:approval-v12"))
+	require.False(t, TaskStepShaped("x:approval-v"))
+	require.False(t, TaskStepShaped("x:approval-v3:compensate:v1"))
+	require.False(t, TaskStepShaped("approval-v3"))
 	require.True(t, ApprovalLike("approval-v3"))
 	require.False(t, ApprovalLike("v3"))
 }
@@ -53,7 +53,7 @@ func TestRolloutShaped(t *testing.T) {
 	for _, id := range []string{"fw-42:rollout:device-1:v1", "fw-42:rollout:device-1:v12", "a:rollout:b:v0",
 		"f.w_4-2:rollout:dev.ice_1-x:v1", strings.Repeat("r", 90) + ":rollout:d:v1"} {
 		require.True(t, RolloutShaped(id), id)
-		require.False(t, Reserved(id), "%s: not an approval id", id)
+		require.False(t, TaskStepShaped(id), "%s: not an approval id", id)
 	}
 	for _, id := range []string{"fw-42:rollout:device-1", "fw-42:rollout:device-1:v", "fw-42:rollout:device-1:version1",
 		"x:fw-42:rollout:device-1:v1", "fw-42:rollout:device-1:v1:compensate:v2", "fw-42:rollouts:device-1:v1",

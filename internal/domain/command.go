@@ -1,0 +1,68 @@
+package domain
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
+)
+
+// Command is the controller's record of one command_id.
+type Command struct {
+	CommandID    string
+	OperationID  string
+	DeviceID     string
+	Action       string
+	Params       json.RawMessage
+	IssuedAt     time.Time
+	ExpiresAt    time.Time
+	Status       fsm.CommandState
+	StatusRank   int
+	Attempt      int // committed publish decisions
+	Queries      int // committed query decisions
+	QoS          int
+	Version      int64
+	Reason       string
+	Result       json.RawMessage
+	LastSeq      int
+	ExecutedAs   string
+	ResolvedBy   string
+	LateOutcome  string
+	LateResult   json.RawMessage
+	LateConflict bool
+	LastQueryID  string
+	LastAnswer   string
+	NextCheckAt  time.Time
+	LastSentAt   *time.Time
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+}
+
+// ReceiptRecord is one line of a command's receipt log.
+type ReceiptRecord struct {
+	CommandID  string
+	SentAs     string
+	DeviceID   string
+	Status     string
+	Seq        int
+	At         string
+	ReceivedAt time.Time
+	QueryID    string
+	Effect     string
+	Error      string
+	Result     json.RawMessage
+	Instance   string
+}
+
+// Event is one line of the events log.
+type Event struct {
+	ID           int64
+	At           time.Time
+	Machine      string
+	EntityID     string
+	From, To     string
+	Reason       string
+	Instance     string
+	FencingToken int64
+	Refused      bool
+}
