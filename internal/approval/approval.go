@@ -10,6 +10,7 @@
 package approval
 
 import (
+	"fmt"
 	"path"
 	"time"
 )
@@ -92,6 +93,21 @@ type Grant struct {
 func ValidPattern(glob string) error {
 	_, err := path.Match(glob, "")
 	return err
+}
+
+// MatchDevices resolves a device glob (a shell glob, as grants use; a rollout's device set)
+// against ids.
+func MatchDevices(glob string, ids []string) ([]string, error) {
+	if _, err := path.Match(glob, ""); err != nil {
+		return nil, fmt.Errorf("glob %q: %w", glob, err)
+	}
+	var out []string
+	for _, id := range ids {
+		if ok, _ := path.Match(glob, id); ok {
+			out = append(out, id)
+		}
+	}
+	return out, nil
 }
 
 // Allows reports whether one of grants covers action on device.

@@ -129,3 +129,21 @@ func TestCheckStart(t *testing.T) {
 		require.Equal(t, c.want, CheckStart(c.s), c.name)
 	}
 }
+
+// A rollout's device glob picks the ids it matches whole, in their order;
+// a malformed glob is an error, not an empty set.
+func TestMatchDevices(t *testing.T) {
+	t.Parallel()
+	ids := []string{"device-1", "device-10", "device-2", "sensor-1"}
+	got, err := MatchDevices("device-?", ids)
+	require.NoError(t, err)
+	require.Equal(t, []string{"device-1", "device-2"}, got)
+	got, err = MatchDevices("device-*", ids)
+	require.NoError(t, err)
+	require.Equal(t, []string{"device-1", "device-10", "device-2"}, got)
+	got, err = MatchDevices("pump-*", ids)
+	require.NoError(t, err)
+	require.Empty(t, got)
+	_, err = MatchDevices("device-[", ids)
+	require.Error(t, err)
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/approval"
 	"github.com/fleetctl/fleetctl/internal/command"
 	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/jcs"
@@ -146,7 +147,7 @@ func (s *Service) resolve(ctx context.Context, raw json.RawMessage) (json.RawMes
 		if err := json.Unmarshal(raw, &glob); err != nil {
 			return nil, nil, invalid("devices: %v", err)
 		}
-		devices, err := store.MatchDevices(glob, seen)
+		devices, err := approval.MatchDevices(glob, seen)
 		if err != nil {
 			return nil, nil, invalid("devices: %v", err)
 		}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path"
 	"strings"
 	"time"
 
@@ -913,19 +912,4 @@ func provisional(ctx context.Context, q queryer, id string) (int, time.Time, err
 		return n, time.Time{}, nil
 	}
 	return n, fromMS(since.Int64), nil
-}
-
-// MatchDevices resolves a device glob (a shell glob, as grants use)
-// against ids.
-func MatchDevices(glob string, ids []string) ([]string, error) {
-	if _, err := path.Match(glob, ""); err != nil {
-		return nil, fmt.Errorf("glob %q: %w", glob, err)
-	}
-	var out []string
-	for _, id := range ids {
-		if ok, _ := path.Match(glob, id); ok {
-			out = append(out, id)
-		}
-	}
-	return out, nil
 }
