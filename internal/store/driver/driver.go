@@ -94,8 +94,8 @@ type Capabilities struct {
 	// GroupReceipts: receipts may be applied in groups, several to one
 	// batch of the group commit.
 	GroupReceipts bool
-	// Notifications: instances wake each other by notification (the
-	// Instance's Wakes); without it they only poll.
+	// Notifications: instances wake each other by notification (they
+	// reach the store's feed as remote facts); without it they only poll.
 	Notifications bool
 	// RowLocks: a change locks the rows it reads before it writes them
 	// (the batch's pre-lock); without it the one writer is the lock.
