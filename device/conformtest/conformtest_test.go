@@ -2,6 +2,7 @@ package conformtest_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -129,4 +130,51 @@ func TestSuiteCatchesEveryFlaw(t *testing.T) {
 			t.Logf("%s\n%s", all, conformtest.Summary(rs))
 		})
 	}
+}
+
+// recordingTB is the part of testing.TB that Run uses, recording.
+type recordingTB struct {
+	*testing.T
+	mu     sync.Mutex
+	errors []string
+	logs   []string
+}
+
+func (r *recordingTB) Errorf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
+}
+
+func (r *recordingTB) Logf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.logs = append(r.logs, fmt.Sprintf(format, args...))
+}
+
+// Run, the Go test helper, reports each failed rule with t.Errorf and the
+// rest with t.Logf.
+func TestRunReportsFailedRulesAsErrors(t *testing.T) {
+	t.Parallel()
+	broker := testenv.StartBroker(t)
+	startRefDevice(t, broker.URL(), "ref-run", flaws{unknownWithSeq1: true})
+	tb := &recordingTB{T: t}
+	rs := conformtest.Run(tb, conformtest.Options{MQTT: broker.URL(), Device: "ref-run", Timeout: 3 * time.Second})
+	require.Len(t, rs, len(conformtest.Rules))
+	require.Len(t, tb.errors, 1, "%q", tb.errors)
+	require.True(t, strings.HasPrefix(tb.errors[0], "FAIL query-unknown: "), tb.errors[0])
+	require.Contains(t, tb.logs, "PASS presence-birth")
+	require.Contains(t, tb.logs, "SKIP dedupe-survives-restart: needs --restart, a command that kills the device abruptly and starts it again")
+	require.Contains(t, tb.logs, "9 passed, 1 failed, 2 skipped")
+}
+
+func TestShellRestart(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, conformtest.ShellRestart("true", nil)(t.Context()))
+	err := conformtest.ShellRestart("echo no such device >&2; exit 3", nil)(t.Context())
+	require.ErrorContains(t, err, "exit status 3")
+	require.ErrorContains(t, err, "no such device")
+	var out strings.Builder
+	require.NoError(t, conformtest.ShellRestart("echo restarted", &out)(t.Context()))
+	require.Equal(t, "restarted\n", out.String())
 }

@@ -43,6 +43,11 @@
 // Action and Params (one the device runs and succeeds or fails, not one it
 // rejects: the dedupe rules need a command that ran).
 //
+// The device's latest receipt for a command is the last one it sent for it
+// (answers to queries aside): once a rule has caught a second run, the
+// following rules judge against what the device said last, so that one
+// flaw fails the rule that exposes it and not every rule after it.
+//
 // After the answer to a repeat, the suite keeps watching for a settling
 // time (a tenth of Timeout, from 100ms to 2s) before it judges: a device
 // that answers correctly and then runs the command again is caught only if
@@ -77,6 +82,9 @@
 //     receipts-ordered and the one of malformed-ignored (the last to run
 //     before the restart, so the freshest record), and sends a new
 //     command_id for the latter's operation.
+//   - Result's JSON (`devicesim conform --json`, one object a line) is
+//     {"rule", "outcome" (PASS, FAIL or SKIP, as in the lines), "detail"};
+//     no summary object follows.
 //   - Restart is a function; ShellRestart makes one from a shell command
 //     (`devicesim conform --restart`). It must return once the device is
 //     starting again (start it in the background); the suite then waits up
