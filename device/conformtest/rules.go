@@ -351,7 +351,7 @@ func (s *suite) receiptsOrdered(ctx context.Context) Result {
 		case rc.Seq <= prevSeq:
 			return fail("%s; saw %s: seq %d after seq %d, want strictly increasing", sent, show(rs), rc.Seq, prevSeq)
 		case statusRank[rc.Status] < prevRank || statusRank[rc.Status] == prevRank && prevRank < 3:
-			return fail("%s; saw %s: %s after a later status", sent, show(rs), rc.Status)
+			return fail("%s; saw %s: %s after %s, want received, executing, then one final status", sent, show(rs), rc.Status, rs[j-1].receipt.Status)
 		}
 		if rc.Status.Final() {
 			finals++
