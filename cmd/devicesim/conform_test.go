@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/device/conformtest"
+	"github.com/fleetctl/fleetctl/internal/creds"
 	"github.com/fleetctl/fleetctl/internal/testenv"
 )
 
@@ -161,4 +162,29 @@ func TestConformRefusesBadFlags(t *testing.T) {
 		require.Empty(t, stdout.String(), name)
 		require.Contains(t, stderr.String(), "Run 'devicesim conform --help' for usage.", name)
 	}
+}
+
+// On the secure profile the suite logs in with a controller account of its
+// own (--mqtt-user, --mqtt-password-file) over TLS (--mqtt-ca), which the
+// ACL lets write commands and queries and read receipts and presence.
+func TestConformOnTheSecureProfile(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(t.TempDir(), "creds")
+	var stderr strings.Builder
+	require.Equal(t, 0, runMain(t.Context(), []string{"creds", "--devices", "1", "--controllers", "conform", "--out", dir}, nopWriter{}, &stderr), stderr.String())
+	broker := testenv.StartSecureBroker(t, dir)
+	bin := buildDevicesim(t)
+	_, _ = startScriptedDevicesim(t, bin, broker.URL(),
+		fmt.Sprintf("--credentials %q --mqtt-ca %q", filepath.Join(dir, creds.CredentialsFile), broker.TLS.CA))
+
+	out, code := conform(t, bin, "--mqtt", broker.URL(), "--device", "device-1", "--timeout", "3s",
+		"--mqtt-user", "controller-conform", "--mqtt-password-file", creds.PasswordFile(dir, "conform"), "--mqtt-ca", broker.TLS.CA)
+	require.Equal(t, 0, code)
+	require.True(t, strings.HasSuffix(out, fmt.Sprintf("%d passed, 0 failed, 2 skipped\n", len(conformtest.Rules)-2)), out)
+
+	// Without the CA the suite cannot connect: exit 1, nothing on stdout.
+	out, code = conform(t, bin, "--mqtt", broker.URL(), "--device", "device-1", "--timeout", "3s",
+		"--mqtt-user", "controller-conform", "--mqtt-password-file", creds.PasswordFile(dir, "conform"))
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
 }
