@@ -18,17 +18,19 @@ import (
 const operationsPage = "../../docs/operations.md"
 
 // TestOperationsPageNamesEveryFlag keeps the devicesim tables of
-// docs/operations.md true: every flag of `devicesim run` and `devicesim
-// creds` has a row (with its environment variable) in the tables of its
-// section, and every row there names a flag the command takes.
+// docs/operations.md true: every flag of `devicesim run`, `devicesim
+// creds` and `devicesim conform` has a row (with its environment variable)
+// in the tables of its section, and every row there names a flag the
+// command takes.
 func TestOperationsPageNamesEveryFlag(t *testing.T) {
 	t.Parallel()
 	b, err := os.ReadFile(operationsPage)
 	require.NoError(t, err)
 	page := string(b)
 	sections := map[string]string{
-		"run":   section(t, page, "## `devicesim run`", "### `devicesim creds`"),
-		"creds": section(t, page, "### `devicesim creds`", "## "),
+		"run":     section(t, page, "## `devicesim run`", "### `devicesim creds`"),
+		"creds":   section(t, page, "### `devicesim creds`", "### `devicesim conform`"),
+		"conform": section(t, page, "### `devicesim conform`", "## "),
 	}
 	row := regexp.MustCompile("(?m)^\\| `--([a-z0-9-]+)`")
 	root := newRootCmd(io.Discard, io.Discard)

@@ -225,7 +225,7 @@ func TestDevicesimExamplesParse(t *testing.T) {
 	t.Parallel()
 	n, err := cmdline.CheckExamples(func() *cobra.Command { return newRootCmd(nopWriter{}, nopWriter{}) }, envPrefix)
 	require.NoError(t, err)
-	require.Equal(t, 8, n)
+	require.Equal(t, 11, n)
 }
 
 func TestParseSpec(t *testing.T) {

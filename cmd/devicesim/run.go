@@ -34,7 +34,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	run, _ := newRunCmd(stderr)
-	root.AddCommand(run, newCredsCmd(stdout))
+	root.AddCommand(run, newCredsCmd(stdout), newConformCmd(stdout, stderr))
 	cmdline.Setup(root, envPrefix)
 	return root
 }
