@@ -1,6 +1,7 @@
 package device_test
 
 import (
+	"context"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -171,4 +172,37 @@ func TestPresenceSessionsBirthAndWill(t *testing.T) {
 	r.d.DropConnection()
 	e.probe.WaitPresence("dev-1", func(p testenv.ProbePresence) bool { return !p.Online && p.Session == 3 })
 	e.probe.WaitPresence("dev-1", func(p testenv.ProbePresence) bool { return p.Online && p.Session == 4 })
+}
+
+// TestExample runs Example's device against a test broker: online, a
+// command answered, a clean stop.
+func TestExample(t *testing.T) {
+	e := newEnv(t)
+	d, err := device.New(device.Options{
+		ID:       "pump-17",
+		Broker:   e.broker.URL(),
+		StateDir: e.dir,
+		Actions: map[string]device.Handler{
+			"restart": func(ctx context.Context, cmd *device.Command) (any, error) {
+				return map[string]any{"restarted": true}, nil
+			},
+		},
+	})
+	require.NoError(t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	e.probe.WaitPresence("pump-17", func(p testenv.ProbePresence) bool { return p.Online })
+	cmd := command("")
+	e.probe.Command("pump-17", cmd)
+	f := e.final(cmd.CommandID)
+	assert.JSONEq(t, `{"restarted":true}`, string(f.Result))
+	stop()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	e.probe.WaitPresence("pump-17", func(p testenv.ProbePresence) bool { return !p.Online && p.At != nil })
 }

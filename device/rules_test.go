@@ -86,8 +86,10 @@ func TestResultsErrorsAndProgress(t *testing.T) {
 	var runs atomic.Int64
 	o := e.options("dev-1", &runs)
 	o.Actions = map[string]device.Handler{
-		"fail":  func(context.Context, *device.Command) (any, error) { return nil, errBoom },
-		"big":   func(context.Context, *device.Command) (any, error) { return map[string]string{"x": strings.Repeat("a", 40<<10)}, nil },
+		"fail": func(context.Context, *device.Command) (any, error) { return nil, errBoom },
+		"big": func(context.Context, *device.Command) (any, error) {
+			return map[string]string{"x": strings.Repeat("a", 40<<10)}, nil
+		},
 		"array": func(context.Context, *device.Command) (any, error) { return []int{1}, nil },
 		"panic": func(context.Context, *device.Command) (any, error) { panic("oops") },
 		"progress": func(_ context.Context, c *device.Command) (any, error) {
