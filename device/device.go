@@ -269,7 +269,7 @@ func (d *Device) Run(ctx context.Context) error {
 		return err
 	}
 	for _, r := range recovered {
-		go d.emit(r)
+		d.emit(r) // kept for the first connection, in order
 	}
 	d.loops.Add(1)
 	go func() { defer d.loops.Done(); d.connectLoop() }()
