@@ -1,0 +1,603 @@
+package device
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// journalExt ends the name of a journal file in a journal's directory.
+const journalExt = ".journal"
+
+// defaultCompactAt is the journal size past which the writer folds it into
+// the devices' snapshot files and starts it again.
+const defaultCompactAt = 64 << 20
+
+// snapshotParallelism bounds the snapshot files written (and fsynced) at
+// once when a journal is folded.
+const snapshotParallelism = 32
+
+// ErrJournalClosed is returned for work handed to a closed Journal.
+var ErrJournalClosed = errors.New("device: journal closed")
+
+// ErrDeviceRunning is returned by Run when a device of the same id already
+// runs on the same Journal.
+var ErrDeviceRunning = errors.New("device: a device of this id already runs on this journal")
+
+// JournalOptions tune a Journal. The zero value is right for firmware.
+type JournalOptions struct {
+	// Logger gets the writer's errors; nil logs nothing.
+	Logger *slog.Logger
+	// SyncHook, for tests and simulators, runs before every fsync with the
+	// file's name; an error fails the fsync (and the batch).
+	SyncHook func(file string) error
+	// CompactAt is the journal size past which it is folded into the
+	// snapshot files (default 64 MiB).
+	CompactAt int64
+}
+
+// Journal is the durable record of the devices of one process: a group
+// commit that makes the state changes of many devices durable with one
+// write and one fsync. Several Devices share one Journal through
+// Options.Journal; a Device without one opens its own in Options.StateDir.
+// A Journal is safe for concurrent use.
+//
+// Its directory holds one snapshot file per device, <id>.json, and the
+// journal itself, <pid>-<nanos>.journal, flocked while it is open: one JSON
+// line per change of a device's record. A device's durable record is its
+// snapshot with its journal lines applied in order. The journal is folded
+// into the snapshots (each written atomically: tmp file, fsync, rename; then
+// an fsync of the directory) when it passes 64 MiB and at Close, when the
+// file is removed. OpenJournal first folds what a journal left by a dead
+// process holds (its lock is free), up to its first torn or malformed line:
+// what follows belongs to a batch whose fsync never returned, so nothing of
+// it was ever announced.
+type Journal struct {
+	dir       string
+	log       *slog.Logger
+	syncHook  func(file string) error
+	compactAt int64
+
+	file *os.File // written by the writer only
+	size int64
+	side map[string]*os.File // AppendLine's files, by name; the writer's
+
+	mu      sync.Mutex
+	cur     *batch
+	closed  bool
+	kick    chan struct{}
+	exited  chan struct{}
+	running map[string]bool // device ids running on this journal
+
+	// idx guards index and the snapshot files: loads read under it, the
+	// writer updates the index and folds the journal under it.
+	idx   sync.RWMutex
+	index map[string][]span
+}
+
+type span struct {
+	off int64
+	n   int
+}
+
+// batch is what the writer commits at once; a caller's ticket.
+type batch struct {
+	journal []byte
+	spans   []batchSpan // records in journal, by device
+	side    map[string][]byte
+	order   []string // side files in first-use order
+	done    chan struct{}
+	err     error
+}
+
+type batchSpan struct {
+	device string
+	off, n int // within batch.journal
+}
+
+func newBatch() *batch { return &batch{done: make(chan struct{})} }
+
+func (b *batch) empty() bool { return len(b.journal) == 0 && len(b.side) == 0 }
+
+// wait blocks until the batch is committed; nil if it is durable.
+func (b *batch) wait() error {
+	if b == nil {
+		return nil
+	}
+	<-b.done
+	return b.err
+}
+
+// journalEntry is one line of the journal: a device's whole record or a
+// change to it.
+type journalEntry struct {
+	Device string        `json:"d"`
+	Full   *durableState `json:"full,omitempty"`
+	Delta  *delta        `json:"delta,omitempty"`
+}
+
+// delta is a change to a device's record: its session and application
+// state as they now are, and the command records and operation claims that
+// changed (a null record, an empty claim: deleted).
+type delta struct {
+	Session    int64              `json:"session"`
+	App        json.RawMessage    `json:"app,omitempty"`
+	Commands   map[string]*record `json:"commands,omitempty"`
+	Operations map[string]string  `json:"operations,omitempty"`
+}
+
+func (e *journalEntry) apply(st *durableState) {
+	if e.Full != nil {
+		*st = *e.Full
+		st.fill()
+		return
+	}
+	d := e.Delta
+	if d == nil {
+		return
+	}
+	st.Session, st.App = d.Session, d.App
+	for id, r := range d.Commands {
+		if r == nil {
+			delete(st.Commands, id)
+		} else {
+			st.Commands[id] = r
+		}
+	}
+	for op, c := range d.Operations {
+		if c == "" {
+			delete(st.Operations, op)
+		} else {
+			st.Operations[op] = c
+		}
+	}
+}
+
+// OpenJournal opens the journal in dir (created if missing), after folding
+// what journals of dead processes left there. o may be nil.
+func OpenJournal(dir string, o *JournalOptions) (*Journal, error) {
+	if o == nil {
+		o = &JournalOptions{}
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	j := &Journal{
+		dir: dir, log: log, syncHook: o.SyncHook, compactAt: o.CompactAt,
+		cur: newBatch(), kick: make(chan struct{}, 1), exited: make(chan struct{}),
+		index: map[string][]span{}, running: map[string]bool{}, side: map[string]*os.File{},
+	}
+	if j.compactAt <= 0 {
+		j.compactAt = defaultCompactAt
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("device: journal: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("device: journal: %w", err)
+	}
+	for _, e := range entries {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), journalExt) {
+			continue
+		}
+		if err := j.recoverFile(filepath.Join(dir, e.Name())); err != nil {
+			return nil, err
+		}
+	}
+	name := filepath.Join(dir, fmt.Sprintf("%d-%d%s", os.Getpid(), time.Now().UnixNano(), journalExt))
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_RDWR|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("device: journal: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("device: journal: lock %s: %w", name, err)
+	}
+	// The new file's name must be durable before records in it count.
+	if err := j.syncDir(dir); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("device: journal: %w", err)
+	}
+	j.file = f
+	go j.run()
+	return j, nil
+}
+
+// Dir is the journal's directory.
+func (j *Journal) Dir() string { return j.dir }
+
+// recoverFile folds a journal left by another process into the snapshots
+// and removes it, unless a live process holds its lock.
+func (j *Journal) recoverFile(name string) error {
+	f, err := os.OpenFile(name, os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("device: journal: %w", err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil // a live journal's; its devices are its own
+		}
+		return fmt.Errorf("device: journal: lock %s: %w", name, err)
+	}
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return fmt.Errorf("device: journal: %w", err)
+	}
+	if err := j.fold(b); err != nil {
+		return err
+	}
+	if err := os.Remove(name); err != nil {
+		return fmt.Errorf("device: journal: %w", err)
+	}
+	return j.syncDir(filepath.Dir(name))
+}
+
+// parseJournal splits journal bytes into entries. It stops at a torn or
+// malformed line: what follows it belongs to the same batch, which never
+// became durable (a batch is written only once the one before is fsynced).
+func parseJournal(b []byte, each func(journalEntry)) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return
+		}
+		var e journalEntry
+		if err := json.Unmarshal(b[:i], &e); err != nil || e.Device == "" {
+			return
+		}
+		each(e)
+		b = b[i+1:]
+	}
+}
+
+// fold applies journal bytes to the snapshots they name and writes every
+// changed snapshot durably. The caller holds idx (or runs before the writer
+// starts).
+func (j *Journal) fold(b []byte) error {
+	states := map[string]*durableState{}
+	var ferr error
+	parseJournal(b, func(e journalEntry) {
+		st := states[e.Device]
+		if st == nil {
+			var err error
+			if st, err = loadState(j.dir, e.Device); err != nil {
+				ferr = errors.Join(ferr, err)
+				return
+			}
+			states[e.Device] = st
+		}
+		e.apply(st)
+	})
+	if ferr != nil {
+		return fmt.Errorf("device: journal: %w", ferr)
+	}
+	if len(states) == 0 {
+		return nil
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		sem  = make(chan struct{}, snapshotParallelism)
+	)
+	for _, st := range states {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := st.save(j.dir, j.syncFile); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("device: journal: %w", err)
+	}
+	return j.syncDir(j.dir)
+}
+
+func (j *Journal) syncFile(f *os.File) error {
+	if j.syncHook != nil {
+		if err := j.syncHook(f.Name()); err != nil {
+			return err
+		}
+	}
+	return f.Sync()
+}
+
+func (j *Journal) syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return j.syncFile(d)
+}
+
+// register marks a device id as running on the journal.
+func (j *Journal) register(id string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return ErrJournalClosed
+	}
+	if j.running[id] {
+		return ErrDeviceRunning
+	}
+	j.running[id] = true
+	return nil
+}
+
+func (j *Journal) unregister(id string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	delete(j.running, id)
+}
+
+// enqueue adds to the batch being gathered and returns it.
+func (j *Journal) enqueue(device string, rec []byte, sideFile string, line []byte) (*batch, error) {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		return nil, ErrJournalClosed
+	}
+	b := j.cur
+	if rec != nil {
+		b.spans = append(b.spans, batchSpan{device: device, off: len(b.journal), n: len(rec)})
+		b.journal = append(b.journal, rec...)
+	}
+	if sideFile != "" {
+		if b.side == nil {
+			b.side = map[string][]byte{}
+		}
+		if _, ok := b.side[sideFile]; !ok {
+			b.order = append(b.order, sideFile)
+		}
+		b.side[sideFile] = append(b.side[sideFile], line...)
+	}
+	j.mu.Unlock()
+	select {
+	case j.kick <- struct{}{}:
+	default:
+	}
+	return b, nil
+}
+
+// state enqueues a record of a device.
+func (j *Journal) state(e journalEntry) (*batch, error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("device: save state of %s: %w", e.Device, err)
+	}
+	return j.enqueue(e.Device, append(b, '\n'), "", nil)
+}
+
+// AppendLine is a seam for simulators and tests: it appends line (a newline
+// is added if it lacks one) to the file named (opened O_APPEND, created if
+// missing) in the batch being gathered and returns without waiting. The
+// writer appends each batch's lines with one write per file and fsyncs each
+// file before it writes the batch's device records: a device record made
+// after AppendLine returns (a final receipt, say) is never durable before
+// the line. A simulator writes its witness of an execution this way, from
+// the action's handler.
+func (j *Journal) AppendLine(file string, line []byte) error {
+	if file == "" {
+		return errors.New("device: AppendLine: no file")
+	}
+	if len(line) == 0 || line[len(line)-1] != '\n' {
+		line = append(line[:len(line):len(line)], '\n')
+	}
+	_, err := j.enqueue("", nil, file, line)
+	return err
+}
+
+// Sync waits until everything handed to the journal so far is durable.
+func (j *Journal) Sync() error {
+	b, err := j.enqueue("", nil, "", nil)
+	if err != nil {
+		return err
+	}
+	return b.wait()
+}
+
+// run is the writer: it commits the gathered batch, one after another, until
+// the journal is closed and nothing is left.
+func (j *Journal) run() {
+	defer close(j.exited)
+	for {
+		j.mu.Lock()
+		b, closed := j.cur, j.closed
+		j.cur = newBatch()
+		j.mu.Unlock()
+		if !b.empty() {
+			j.commit(b)
+			continue
+		}
+		close(b.done) // nothing in it: Sync's waiters are done
+		if closed {
+			return // closed: nothing can be added any more
+		}
+		<-j.kick
+	}
+}
+
+// commit makes one batch durable: side lines first, then the device
+// records; the waiters are released with the outcome.
+func (j *Journal) commit(b *batch) {
+	defer close(b.done)
+	if err := j.writeSide(b); err != nil {
+		// The records are not written: one of them may count on a line
+		// that is not durable.
+		b.err = err
+		j.log.Error("device journal: side file batch failed; its records are dropped", "err", err)
+		return
+	}
+	if len(b.journal) == 0 {
+		return
+	}
+	off := j.size
+	if _, err := j.file.Write(b.journal); err != nil {
+		// Take back a partial write, so the next batch starts a line.
+		b.err = errors.Join(fmt.Errorf("append journal: %w", err), j.file.Truncate(off))
+		j.log.Error("device journal: batch failed", "err", b.err)
+		return
+	}
+	j.size += int64(len(b.journal))
+	j.idx.Lock()
+	for _, s := range b.spans {
+		j.index[s.device] = append(j.index[s.device], span{off: off + int64(s.off), n: s.n})
+	}
+	j.idx.Unlock()
+	if err := j.syncFile(j.file); err != nil {
+		// Written but not known durable: a device that boots reads it (it
+		// may be on disk), but nobody waiting may act on it.
+		b.err = fmt.Errorf("fsync journal: %w", err)
+		j.log.Error("device journal: batch failed", "err", b.err)
+		return
+	}
+	if j.size >= j.compactAt {
+		if err := j.compact(); err != nil {
+			j.log.Error("device journal: compaction failed; the journal goes on growing", "err", err)
+		}
+	}
+}
+
+func (j *Journal) writeSide(b *batch) error {
+	var errs []error
+	for _, name := range b.order {
+		f := j.side[name]
+		if f == nil {
+			var err error
+			if f, err = os.OpenFile(name, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			j.side[name] = f
+		}
+		if _, err := f.Write(b.side[name]); err != nil {
+			errs = append(errs, fmt.Errorf("append %s: %w", name, err))
+			continue
+		}
+		if err := j.syncFile(f); err != nil {
+			errs = append(errs, fmt.Errorf("fsync %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// compact folds the journal into the snapshots and empties it. Only the
+// writer calls it (or Close, once the writer is gone).
+func (j *Journal) compact() error {
+	j.idx.Lock()
+	defer j.idx.Unlock()
+	if j.size == 0 {
+		return nil
+	}
+	b := make([]byte, j.size)
+	if _, err := j.file.ReadAt(b, 0); err != nil {
+		return fmt.Errorf("device: journal: read: %w", err)
+	}
+	if err := j.fold(b); err != nil {
+		return err
+	}
+	if err := j.file.Truncate(0); err != nil {
+		return fmt.Errorf("device: journal: truncate: %w", err)
+	}
+	if err := j.syncFile(j.file); err != nil {
+		return fmt.Errorf("device: journal: %w", err)
+	}
+	j.size = 0
+	j.index = map[string][]span{}
+	return nil
+}
+
+// load is a device's durable record: its snapshot with its journal records
+// applied. The caller first waits for the device's last ticket.
+func (j *Journal) load(id string) (*durableState, error) {
+	j.idx.RLock()
+	defer j.idx.RUnlock()
+	st, err := loadState(j.dir, id)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range j.index[id] {
+		b := make([]byte, s.n)
+		if _, err := j.file.ReadAt(b, s.off); err != nil {
+			return nil, fmt.Errorf("device: load state of %s: journal: %w", id, err)
+		}
+		var e journalEntry
+		if err := json.Unmarshal(b, &e); err != nil {
+			return nil, fmt.Errorf("device: load state of %s: journal: %w", id, err)
+		}
+		e.apply(st)
+	}
+	return st, nil
+}
+
+// stopWriter refuses new work and waits until everything gathered is
+// committed; false if it was stopped before.
+func (j *Journal) stopWriter() bool {
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		<-j.exited
+		return false
+	}
+	j.closed = true
+	j.mu.Unlock()
+	select {
+	case j.kick <- struct{}{}:
+	default:
+	}
+	<-j.exited
+	for _, f := range j.side {
+		f.Close()
+	}
+	return true
+}
+
+// Close commits what is gathered, stops the writer, folds the journal into
+// the snapshots and removes it. Close it after every Device using it has
+// returned from Run.
+func (j *Journal) Close() error {
+	if !j.stopWriter() {
+		return nil
+	}
+	err := j.compact()
+	if err == nil {
+		j.idx.Lock()
+		name := j.file.Name()
+		err = errors.Join(j.file.Close(), os.Remove(name), j.syncDir(filepath.Dir(name)))
+		j.idx.Unlock()
+		return err
+	}
+	// Left for the next OpenJournal to fold.
+	return errors.Join(err, j.file.Close())
+}
+
+// abandon is a crash of the journal's process as seen from its files: what
+// is gathered is committed, the file is left unfolded and its lock released
+// (the next OpenJournal folds it).
+func (j *Journal) abandon() {
+	if j.stopWriter() {
+		j.file.Close()
+	}
+}
