@@ -71,7 +71,7 @@ fuzz:
 # BENCH_INSTANCES (1; more controller instances need PostgreSQL).
 bench: deps build
 	$(GO) build -o $(BIN)/bench ./cmd/bench
-	$(BIN)/bench --bin $(BIN) --out bench/out
+	$(BIN)/bench --bin $(BIN) --out bench/out --doc docs/bench-latest.md
 
 # The same on PostgreSQL: a throwaway cluster (scripts/throwaway-postgres, in
 # a temporary directory, stopped and removed at the end, also on failure or
@@ -90,7 +90,7 @@ bench-postgres: deps build
 		db=bench_$$n; \
 		psql "$$url" -v ON_ERROR_STOP=1 -qc "CREATE DATABASE $$db"; \
 		echo "bench-postgres: $$n instance(s) on database $$db"; \
-		BENCH_INSTANCES=$$n BENCH_NAME=postgres-$$n BENCH_DB="$$(echo "$$url" | sed "s#/postgres?#/$$db?#")" \
+		BENCH_INSTANCES=$$n BENCH_NAME=postgres-$$n BENCH_DOC=docs/bench-latest-postgres-$$n.md BENCH_DB="$$(echo "$$url" | sed "s#/postgres?#/$$db?#")" \
 			$(BIN)/bench --bin $(BIN) --out bench/out; \
 	done
 

@@ -57,6 +57,7 @@ func main() {
 	flag.IntVar(&cfg.Concurrency, "concurrency", conc, "callers in flight in the closed loops (env BENCH_CONCURRENCY)")
 	flag.StringVar(&cfg.DB, "db", os.Getenv("BENCH_DB"), "the controller's --db (env BENCH_DB; default a temporary SQLite file)")
 	flag.IntVar(&cfg.Instances, "instances", instances, "controller processes sharing the --db (env BENCH_INSTANCES; more than 1 needs postgres://)")
+	flag.StringVar(&cfg.Doc, "doc", os.Getenv("BENCH_DOC"), "also write the figures as a Markdown page of the docs (env BENCH_DOC)")
 	flag.StringVar(&cfg.Name, "name", os.Getenv("BENCH_NAME"), "also write NAME.json and NAME.html in --out (env BENCH_NAME)")
 	flag.StringVar(&cfg.TopicRoot, "topic-root", "fleet", "MQTT topic root")
 	flag.Usage = func() {

@@ -98,6 +98,9 @@ type Config struct {
 	Instances int
 	// OutDir receives latest.json and latest.html; "" writes nothing.
 	OutDir string
+	// Doc, if set, is a Markdown page of the docs the run's figures are
+	// written to (Result.Markdown).
+	Doc string
 	// Name, if set, also writes NAME.json and NAME.html in OutDir (a run
 	// kept beside the next one's latest.*).
 	Name string
@@ -209,6 +212,11 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 			names = append(names, cfg.Name)
 		}
 		if err := res.write(cfg.OutDir, names...); err != nil {
+			return res, fmt.Errorf("bench: %w", err)
+		}
+	}
+	if cfg.Doc != "" {
+		if err := writeAtomic(cfg.Doc, []byte(res.Markdown())); err != nil {
 			return res, fmt.Errorf("bench: %w", err)
 		}
 	}
