@@ -71,18 +71,22 @@ func (o *onceEach) twice() []string {
 	return ids
 }
 
-// A device built on the library passes the conformance suite: in process,
-// every rule that needs no restart; and declared dedupe:false, the same
-// with the dedupe rules (and query-by-operation, which needs the dedupe
-// record) as SKIP. TestLibraryConformsAcrossKill9 adds the restart rules.
+// A device built on the library passes the conformance suite in process:
+// every rule that needs no restart; every rule with a restart that is
+// Device.Kill and a new Device booting from the same StateDir; and declared
+// dedupe:false, the dedupe rules (and query-by-operation, which needs the
+// dedupe record) are SKIP. TestLibraryConformsAcrossKill9 restarts a
+// process with SIGKILL instead.
 func TestLibraryConforms(t *testing.T) {
 	noRestart := []string{conformtest.RulePresenceSessionIncreases, conformtest.RuleDedupeSurvivesRestart}
 	for _, tc := range []struct {
-		name  string
-		caps  *device.Capabilities
-		skips []string
+		name    string
+		caps    *device.Capabilities
+		restart bool
+		skips   []string
 	}{
 		{name: "conforming", skips: noRestart},
+		{name: "restart by Kill", restart: true},
 		{name: "dedupe false", caps: &device.Capabilities{Dedupe: false, Query: true}, skips: append([]string{
 			conformtest.RuleDedupeCommandID, conformtest.RuleDedupeOperationID, conformtest.RuleDedupeBeforeExpiry,
 			conformtest.RuleQueryByOperation}, noRestart...)},
@@ -94,9 +98,17 @@ func TestLibraryConforms(t *testing.T) {
 			runs := &onceEach{runs: map[string]int{}}
 			o.Actions["restart"] = runs.handler
 			o.Capabilities = tc.caps
-			start(t, o)
+			r := start(t, o)
 
-			rs := conformtest.Run(t, conformtest.Options{MQTT: e.broker.URL(), Device: "dev-conform", Timeout: conformTimeout})
+			co := conformtest.Options{MQTT: e.broker.URL(), Device: "dev-conform", Timeout: conformTimeout}
+			if tc.restart {
+				co.Restart = func(context.Context) error {
+					r.kill(t)
+					r = start(t, o)
+					return nil
+				}
+			}
+			rs := conformtest.Run(t, co)
 			judge(t, rs, tc.skips...)
 			if tc.caps == nil {
 				assert.Empty(t, runs.twice(), "no command ran twice")
