@@ -542,12 +542,13 @@ func (s *suite) dedupeBeforeExpiry(ctx context.Context) Result {
 	}
 	again := s.e.Command
 	again.Attempt = 2
+	sentAt := time.Now() // repeat returns after its settling time
 	got, err := s.repeat(ctx, again)
 	if err != nil {
 		return fail("could not send: %v", err)
 	}
 	return judgeRepeat(fmt.Sprintf("it ran; sent %s again at %s, after its expires_at",
-		again.CommandID, time.Now().UTC().Format(time.RFC3339Nano)), s.e, "", got, s.o.Timeout)
+		again.CommandID, sentAt.UTC().Format(time.RFC3339Nano)), s.e, "", got, s.o.Timeout)
 }
 
 // expired-rejected: a never-seen expired command gets rejected/expired.
