@@ -61,6 +61,17 @@ func TestIntrudersInASharedGroupTakeNoReceipts(t *testing.T) {
 		})
 	}
 
+	// The instances divide the receipts between them before the first
+	// operation: a division that changes while a device's receipts are in
+	// flight lets the new owner apply a later receipt before the former
+	// one applied an earlier one (then stale), and this test counts each
+	// receipt applied once (red once on a loaded machine without this).
+	// i1 logs the change when it sees i2; i2, started second, sees both
+	// from its first view (and applies every receipt until it has one).
+	eventually(t, "i1 divides the receipts with i2", 20*time.Second, func() bool {
+		return strings.Contains(b.ctl.Output(), `msg="receipts divided among new membership" instances="[i1 i2]"`)
+	})
+
 	const ops = 20
 	start := time.Now()
 	var wg sync.WaitGroup
