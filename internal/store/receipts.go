@@ -68,13 +68,24 @@ func (s *DB) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, be
 	var out ReceiptOutcome
 	err := s.writeLocking(ctx, lockCommands(r.CommandID), func(ctx context.Context, t *tx) error {
 		var err error
-		out, err = t.receipt(ctx, device, r, true, beforeCommit)
+		out, err = t.countedReceipt(ctx, device, r, true, beforeCommit)
 		return err
 	})
-	if err == nil {
-		s.obs.Receipt(out.Effect)
-	}
 	return out, err
+}
+
+// countedReceipt is receipt, counted by its effect among the commit's
+// notes ahead of the facts it published: whoever a fact wakes (a ?wait=
+// caller) finds the receipt already counted.
+func (t *tx) countedReceipt(ctx context.Context, device string, r wire.Receipt, touch bool, beforeCommit func() error) (ReceiptOutcome, error) {
+	mark := len(t.notes)
+	out, err := t.receipt(ctx, device, r, touch, beforeCommit)
+	if err != nil {
+		return out, err
+	}
+	count := func(o Observer) { o.Receipt(out.Effect) }
+	t.notes = append(t.notes[:mark], append([]func(Observer){count}, t.notes[mark:]...)...)
+	return out, nil
 }
 
 // ReceiptResult is one receipt's part in ApplyReceipts: its outcome, and
@@ -114,7 +125,7 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 			var out ReceiptOutcome
 			rerr, err := t.savepoint(ctx, "receipt", func() error {
 				var err error
-				out, err = t.receipt(ctx, device, r, false, beforeCommit)
+				out, err = t.countedReceipt(ctx, device, r, false, beforeCommit)
 				return err
 			}, nil)
 			if err != nil {
@@ -133,11 +144,6 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 	})
 	if err != nil {
 		return nil, err
-	}
-	for _, r := range res {
-		if r.Err == nil {
-			s.obs.Receipt(r.Out.Effect)
-		}
 	}
 	return res, nil
 }
