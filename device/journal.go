@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -43,7 +44,14 @@ type JournalOptions struct {
 	// CompactAt is the journal size past which it is folded into the
 	// snapshot files (default 64 MiB).
 	CompactAt int64
+	// LockWait is how long OpenJournal waits for the lock of a journal
+	// another process left in the directory (default 5s): a process killed
+	// a moment ago may still hold it while it exits.
+	LockWait time.Duration
 }
+
+// defaultLockWait is JournalOptions.LockWait's default.
+const defaultLockWait = 5 * time.Second
 
 // Journal is the durable record of the devices of one process: a group
 // commit that makes the state changes of many devices durable with one
@@ -66,6 +74,7 @@ type Journal struct {
 	log       *slog.Logger
 	syncHook  func(file string) error
 	compactAt int64
+	lockWait  time.Duration
 
 	file *os.File // written by the writer only
 	size int64
@@ -173,12 +182,15 @@ func OpenJournal(dir string, o *JournalOptions) (*Journal, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	j := &Journal{
-		dir: dir, log: log, syncHook: o.SyncHook, compactAt: o.CompactAt,
+		dir: dir, log: log, syncHook: o.SyncHook, compactAt: o.CompactAt, lockWait: o.LockWait,
 		cur: newBatch(), kick: make(chan struct{}, 1), exited: make(chan struct{}),
 		index: map[string][]span{}, running: map[string]bool{}, side: map[string]*os.File{},
 	}
 	if j.compactAt <= 0 {
 		j.compactAt = defaultCompactAt
+	}
+	if j.lockWait <= 0 {
+		j.lockWait = defaultLockWait
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("device: journal: %w", err)
@@ -218,7 +230,11 @@ func OpenJournal(dir string, o *JournalOptions) (*Journal, error) {
 func (j *Journal) Dir() string { return j.dir }
 
 // recoverFile folds a journal left by another process into the snapshots
-// and removes it, unless a live process holds its lock.
+// and removes it. A journal of this process (another Journal open on the
+// directory) is left alone: its devices are its own. The lock of another
+// process's journal is waited for, up to lockWait: a process killed a
+// moment ago may still hold it while it exits. If it stays held, OpenJournal
+// fails: skipping it would lose its records for the devices that boot now.
 func (j *Journal) recoverFile(name string) error {
 	f, err := os.OpenFile(name, os.O_RDWR, 0)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -228,11 +244,28 @@ func (j *Journal) recoverFile(name string) error {
 		return fmt.Errorf("device: journal: %w", err)
 	}
 	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil // a live journal's; its devices are its own
+	pid := journalPID(name)
+	deadline := time.Now().Add(j.lockWait)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
 		}
-		return fmt.Errorf("device: journal: lock %s: %w", name, err)
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			return fmt.Errorf("device: journal: lock %s: %w", name, err)
+		}
+		if pid == os.Getpid() {
+			return nil // a live journal of this process
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("device: journal: %s is still locked by process %d after %v: "+
+				"another live process uses this directory, or a killed one has not exited; "+
+				"its records are not skipped, start again once it is gone", name, pid, j.lockWait)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(name); errors.Is(err, fs.ErrNotExist) {
+		return nil // folded and removed by whoever held it
 	}
 	b, err := os.ReadFile(name)
 	if err != nil {
@@ -245,6 +278,18 @@ func (j *Journal) recoverFile(name string) error {
 		return fmt.Errorf("device: journal: %w", err)
 	}
 	return j.syncDir(filepath.Dir(name))
+}
+
+// journalPID is the process id in a journal's name, <pid>-<nanos>.journal
+// (0 if there is none).
+func journalPID(name string) int {
+	base := strings.TrimSuffix(filepath.Base(name), journalExt)
+	pid, _, _ := strings.Cut(base, "-")
+	n, err := strconv.Atoi(pid)
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // parseJournal splits journal bytes into entries. It stops at a torn or
