@@ -337,6 +337,11 @@ func (d *Device) boot(ctx context.Context) ([]wire.Receipt, error) {
 	defer d.mu.Unlock()
 	d.st, d.session = st, st.Session
 	if len(recovered) > 0 {
+		// What a Resolver did to the application's state is durable with
+		// the outcomes it decided.
+		if d.o.Hooks.SaveApp != nil {
+			st.App = d.o.Hooks.SaveApp()
+		}
 		b, err := d.j.state(journalEntry{Device: d.id, Full: st})
 		if err != nil {
 			return nil, err
@@ -384,6 +389,16 @@ func (d *Device) Kill() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.killLocked(nil)
+}
+
+// SetCapabilities changes the capabilities the device keeps from the next
+// message it handles, for simulators that turn a device into legacy
+// hardware at run time; the next birth announces them (DropConnection to
+// make one now).
+func (d *Device) SetCapabilities(c Capabilities) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.caps = wire.Capabilities(c)
 }
 
 // DropConnection resets the device's TCP connection abruptly, for
