@@ -76,9 +76,10 @@ type Journal struct {
 	compactAt int64
 	lockWait  time.Duration
 
-	file *os.File // written by the writer only
-	size int64
-	side map[string]*os.File // AppendLine's files, by name; the writer's
+	file    *os.File // written by the writer only
+	size    int64
+	side    map[string]*os.File // AppendLine's files, by name; the writer's
+	sideErr error               // the last batch's side files failed; the writer's
 
 	mu      sync.Mutex
 	cur     *batch
@@ -442,7 +443,9 @@ func (j *Journal) state(e journalEntry) (*batch, error) {
 // file before it writes the batch's device records: a device record made
 // after AppendLine returns (a final receipt, say) is never durable before
 // the line. A simulator writes its witness of an execution this way, from
-// the action's handler.
+// the action's handler. If the line cannot be made durable, its batch's
+// records and the next batch's (made before the failure was known) are not
+// written: their devices stop as on any failed record.
 func (j *Journal) AppendLine(file string, line []byte) error {
 	if file == "" {
 		return errors.New("device: AppendLine: no file")
@@ -488,14 +491,25 @@ func (j *Journal) run() {
 // records; the waiters are released with the outcome.
 func (j *Journal) commit(b *batch) {
 	defer close(b.done)
+	prevSide := j.sideErr
+	j.sideErr = nil
 	if err := j.writeSide(b); err != nil {
 		// The records are not written: one of them may count on a line
 		// that is not durable.
 		b.err = err
+		j.sideErr = err
 		j.log.Error("device journal: side file batch failed; its records are dropped", "err", err)
 		return
 	}
 	if len(b.journal) == 0 {
+		return
+	}
+	if prevSide != nil {
+		// The records of the batch after a failed side batch were made
+		// before the failure was known: one of them may count on a lost
+		// line too (a final receipt made right after its witness line).
+		b.err = fmt.Errorf("a side file line before this batch is not durable: %w", prevSide)
+		j.log.Error("device journal: records dropped after a failed side batch", "err", b.err)
 		return
 	}
 	off := j.size
