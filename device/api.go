@@ -235,9 +235,10 @@ const (
 // DropConnection (from Point, or from a timer), kept offline a while by
 // Connect; a slow, failing or rejecting action wraps the Handler (or sets
 // Options.Accept); legacy hardware is Options.Capabilities (changed at run
-// time by SetCapabilities); clock skew is Options.Clock; witness files are
-// Journal.AppendLine (from the handler) and Published; connections are
-// counted by Online.
+// time by SetCapabilities); clock skew is Options.Clock; an execution's
+// witness line is SaveLine (with its effect, saved by SaveApp), a published
+// receipt's is Journal.AppendLine from Published; connections are counted
+// by Online.
 type Hooks struct {
 	// Receipt is given every receipt once it is durable, in place of
 	// publishing it: send publishes one (QoS 1; kept for the next
@@ -266,6 +267,12 @@ type Hooks struct {
 	// durable with its final receipt); LoadApp gets it back at boot.
 	SaveApp func() json.RawMessage
 	LoadApp func(json.RawMessage)
+	// SaveLine runs at each save of the device's record, before SaveApp;
+	// a line it returns (file set) is appended to file in the same batch
+	// as the record and made durable before it, so the record never
+	// outlives the line: a simulator's witness of an execution, returned
+	// with the execution's effect on the state SaveApp then returns.
+	SaveLine func() (file string, line []byte)
 	// Connect runs before each dial of the broker (the first connection
 	// and every reconnection); it may block while the device is meant to
 	// stay offline (a simulated outage), and false refuses the attempt

@@ -450,6 +450,11 @@ func (d *Device) notDurable(err error) {
 func (d *Device) saveLocked(recs ...*record) bool {
 	st := d.st
 	cmds, ops := st.prune(d.now(), d.o.Retention)
+	var file string
+	var line []byte
+	if d.o.Hooks.SaveLine != nil {
+		file, line = d.o.Hooks.SaveLine()
+	}
 	if d.o.Hooks.SaveApp != nil {
 		st.App = d.o.Hooks.SaveApp()
 	}
@@ -473,7 +478,7 @@ func (d *Device) saveLocked(recs ...*record) bool {
 			dl.Operations[op] = st.Operations[op] // "" if released
 		}
 	}
-	b, err := d.j.state(journalEntry{Device: d.id, Delta: dl})
+	b, err := d.j.stateWithLine(journalEntry{Device: d.id, Delta: dl}, file, line)
 	if err != nil {
 		d.log.Error("cannot save the record; stopping as a crash", "err", err)
 		d.killLocked(fmt.Errorf("%w: %w", ErrNotDurable, err))

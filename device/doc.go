@@ -123,9 +123,11 @@
 //     (or back); its next birth announces it.
 //   - Options.Clock skews the device's clock; Options.Accept and wrapping a
 //     Handler give rejected, failing and slow actions.
-//   - Journal.AppendLine appends a line to a side file (an execution
-//     witness) in the journal's group commit, durable before any device
-//     record made after it; JournalOptions.SyncHook fails fsyncs.
+//   - Hooks.SaveLine gives a save of a device's record a line of a side
+//     file (an execution's witness) written in the same batch and durable
+//     before it; Journal.AppendLine appends a line on its own (a published
+//     receipt's witness) in the journal's group commit;
+//     JournalOptions.SyncHook fails fsyncs.
 //
 // # Decisions where the protocol is silent
 //

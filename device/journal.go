@@ -76,10 +76,9 @@ type Journal struct {
 	compactAt int64
 	lockWait  time.Duration
 
-	file    *os.File // written by the writer only
-	size    int64
-	side    map[string]*os.File // AppendLine's files, by name; the writer's
-	sideErr error               // the last batch's side files failed; the writer's
+	file *os.File // written by the writer only
+	size int64
+	side map[string]*os.File // side files (AppendLine, Hooks.SaveLine), by name; the writer's
 
 	mu      sync.Mutex
 	cur     *batch
@@ -429,11 +428,21 @@ func (j *Journal) enqueue(device string, rec []byte, sideFile string, line []byt
 
 // state enqueues a record of a device.
 func (j *Journal) state(e journalEntry) (*batch, error) {
+	return j.stateWithLine(e, "", nil)
+}
+
+// stateWithLine enqueues a record of a device and, in the same batch, a
+// line of a side file (if file is set): the writer makes the line durable
+// before the record.
+func (j *Journal) stateWithLine(e journalEntry, file string, line []byte) (*batch, error) {
 	b, err := json.Marshal(e)
 	if err != nil {
 		return nil, fmt.Errorf("device: save state of %s: %w", e.Device, err)
 	}
-	return j.enqueue(e.Device, append(b, '\n'), "", nil)
+	if file != "" && (len(line) == 0 || line[len(line)-1] != '\n') {
+		line = append(line[:len(line):len(line)], '\n')
+	}
+	return j.enqueue(e.Device, append(b, '\n'), file, line)
 }
 
 // AppendLine is a seam for simulators and tests: it appends line (a newline
@@ -441,11 +450,12 @@ func (j *Journal) state(e journalEntry) (*batch, error) {
 // missing) in the batch being gathered and returns without waiting. The
 // writer appends each batch's lines with one write per file and fsyncs each
 // file before it writes the batch's device records: a device record made
-// after AppendLine returns (a final receipt, say) is never durable before
-// the line. A simulator writes its witness of an execution this way, from
-// the action's handler. If the line cannot be made durable, its batch's
-// records and the next batch's (made before the failure was known) are not
-// written: their devices stop as on any failed record.
+// after AppendLine returns is durable only after the line, and a batch
+// whose lines cannot be made durable writes none of its records. A record
+// made later may still land in a later batch than a line that failed: a
+// line that a record must never outlive (an execution's witness) is given
+// to the record itself, by Hooks.SaveLine. A simulator writes its witness
+// of a published receipt with AppendLine.
 func (j *Journal) AppendLine(file string, line []byte) error {
 	if file == "" {
 		return errors.New("device: AppendLine: no file")
@@ -491,25 +501,14 @@ func (j *Journal) run() {
 // records; the waiters are released with the outcome.
 func (j *Journal) commit(b *batch) {
 	defer close(b.done)
-	prevSide := j.sideErr
-	j.sideErr = nil
 	if err := j.writeSide(b); err != nil {
 		// The records are not written: one of them may count on a line
 		// that is not durable.
 		b.err = err
-		j.sideErr = err
 		j.log.Error("device journal: side file batch failed; its records are dropped", "err", err)
 		return
 	}
 	if len(b.journal) == 0 {
-		return
-	}
-	if prevSide != nil {
-		// The records of the batch after a failed side batch were made
-		// before the failure was known: one of them may count on a lost
-		// line too (a final receipt made right after its witness line).
-		b.err = fmt.Errorf("a side file line before this batch is not durable: %w", prevSide)
-		j.log.Error("device journal: records dropped after a failed side batch", "err", b.err)
 		return
 	}
 	off := j.size

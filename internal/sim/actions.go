@@ -73,69 +73,113 @@ func newAppState() appState {
 }
 
 // handler is the action of a simulated device: the slow_execution fault,
-// then the execution itself, witnessed by its line in executions.jsonl.
-func (d *Device) handler(ctx context.Context, cmd *device.Command) (any, error) {
-	d.mu.Lock()
-	var delay time.Duration
-	if sf := d.faults.SlowExecution; sf.matches(cmd.Action) && d.fireLocked("slow_execution", sf.Trigger) {
-		delay = sf.Delay.D()
-	}
-	d.mu.Unlock()
-	if delay > 0 {
-		t := time.NewTimer(delay)
-		select {
-		case <-t.C:
-		case <-ctx.Done(): // a clean stop cut the action short: it did not run
-			t.Stop()
-			return nil, fmt.Errorf("%w: %w", device.ErrNotStarted, ctx.Err())
+// then the execution. The execution's witness line and its effect on the
+// app state are handed to the next save of the device's record
+// (saveLine), so that no record holds the effect, or the outcome, without
+// the line being durable first.
+func (d *Device) handler(inc *incarnation) device.Handler {
+	return func(ctx context.Context, cmd *device.Command) (any, error) {
+		d.mu.Lock()
+		var delay time.Duration
+		if sf := d.faults.SlowExecution; sf.matches(cmd.Action) && d.fireLocked("slow_execution", sf.Trigger) {
+			delay = sf.Delay.D()
 		}
-	}
-	line, _ := json.Marshal(witness.Execution{DeviceID: d.id, CommandID: cmd.ID, OperationID: cmd.OperationID, Action: cmd.Action, At: d.now()})
-	d.appMu.Lock()
-	// The line goes into the journal's batch before the effect can be
-	// saved: no record holding the effect is durable before the line.
-	if err := d.f.j.AppendLine(d.f.execFile, line); err != nil {
+		d.mu.Unlock()
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-ctx.Done(): // a clean stop cut the action short: it did not run
+				t.Stop()
+				return nil, fmt.Errorf("%w: %w", device.ErrNotStarted, ctx.Err())
+			}
+		}
+		line, _ := json.Marshal(witness.Execution{DeviceID: d.id, CommandID: cmd.ID, OperationID: cmd.OperationID, Action: cmd.Action, At: d.now()})
+		d.appMu.Lock()
+		last := d.planLocked(cmd.ID, cmd.Action, cmd.Params)
+		inc.executed = &execution{line: line, last: last, action: cmd.Action, params: cmd.Params}
 		d.appMu.Unlock()
-		return nil, fmt.Errorf("%w: execution witness: %w", device.ErrNotStarted, err)
+		return last.outcome()
 	}
-	last := d.applyLocked(cmd.ID, cmd.Action, cmd.Params)
+}
+
+// execution is an execution whose line and effect wait for the next save.
+type execution struct {
+	line   []byte
+	last   *lastRun
+	action string
+	params json.RawMessage
+}
+
+// saveLine (Hooks.SaveLine) applies a waiting execution's effect to the app
+// state (SaveApp saves it next) and returns its witness line.
+func (d *Device) saveLine(inc *incarnation) (string, []byte) {
+	d.appMu.Lock()
+	e := inc.executed
+	inc.executed = nil
+	if e != nil {
+		d.applyLocked(e)
+	}
 	d.appMu.Unlock()
+	if e == nil {
+		return "", nil
+	}
 	d.mu.Lock()
 	d.stats.Executions++
 	d.mu.Unlock()
-	return last.outcome()
+	return d.f.execFile, e.line
 }
 
-// applyLocked applies one execution to the app state (under appMu): the
-// fail fault's decision (no effect), else the action's effect.
-func (d *Device) applyLocked(commandID, action string, params json.RawMessage) *lastRun {
+// planLocked decides an execution's outcome from the app state (under
+// appMu): the fail fault's decision (no effect), else the action's result.
+func (d *Device) planLocked(commandID, action string, params json.RawMessage) *lastRun {
 	app := &d.app
 	last := &lastRun{CommandID: commandID}
 	if e, ok := app.Fail[commandID]; ok {
-		delete(app.Fail, commandID)
 		last.Failed, last.Error = true, e
-	} else {
-		switch action {
-		case ActionRestart:
-			app.Boots++
-			last.Result, _ = json.Marshal(map[string]any{"restarted": true, "boots": app.Boots})
-		case ActionSetConfig:
-			next := copyConfig(app.Config)
-			var patch map[string]json.RawMessage
-			_ = json.Unmarshal(params, &patch)
-			for k, v := range patch {
-				if bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
-					delete(next, k)
-				} else {
-					next[k] = v
-				}
-			}
-			app.Config = next
-			last.Result = SetConfigResult(next, len(patch))
+		return last
+	}
+	switch action {
+	case ActionRestart:
+		last.Result, _ = json.Marshal(map[string]any{"restarted": true, "boots": app.Boots + 1})
+	case ActionSetConfig:
+		next, changed := mergeConfig(app.Config, params)
+		last.Result = SetConfigResult(next, changed)
+	}
+	return last
+}
+
+// applyLocked applies an execution's effect to the app state (under
+// appMu).
+func (d *Device) applyLocked(e *execution) {
+	app := &d.app
+	delete(app.Fail, e.last.CommandID)
+	app.Last = e.last
+	if e.last.Failed {
+		return
+	}
+	switch e.action {
+	case ActionRestart:
+		app.Boots++
+	case ActionSetConfig:
+		app.Config, _ = mergeConfig(app.Config, e.params)
+	}
+}
+
+// mergeConfig is config with params merged as a JSON merge patch, and the
+// number of keys the patch names.
+func mergeConfig(config map[string]json.RawMessage, params json.RawMessage) (map[string]json.RawMessage, int) {
+	next := copyConfig(config)
+	var patch map[string]json.RawMessage
+	_ = json.Unmarshal(params, &patch)
+	for k, v := range patch {
+		if bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+			delete(next, k)
+		} else {
+			next[k] = v
 		}
 	}
-	app.Last = last
-	return last
+	return next, len(patch)
 }
 
 // resolve is the device's Resolver: a command found "executing" at boot ran
@@ -161,7 +205,9 @@ func (d *Device) resolve(_ context.Context, cmd device.Command) (bool, any, erro
 	}
 	for _, e := range execs {
 		if e.DeviceID == d.id && e.CommandID == cmd.ID {
-			res, err := d.applyLocked(cmd.ID, cmd.Action, cmd.Params).outcome()
+			last := d.planLocked(cmd.ID, cmd.Action, cmd.Params)
+			d.applyLocked(&execution{last: last, action: cmd.Action, params: cmd.Params})
+			res, err := last.outcome()
 			return true, res, err
 		}
 	}

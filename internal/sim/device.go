@@ -62,6 +62,9 @@ type incarnation struct {
 	loaded chan struct{} // the record is loaded (or Run returned)
 	once   sync.Once
 	err    error // Run's, once ended
+	// executed is an execution whose witness line and effect wait for the
+	// next save of the record (guarded by Device.appMu).
+	executed *execution
 }
 
 func (inc *incarnation) markLoaded() { inc.once.Do(func() { close(inc.loaded) }) }
@@ -320,7 +323,7 @@ func (d *Device) bootLocked() (*incarnation, error) {
 		Journal:   d.f.j,
 
 		Capabilities: &caps,
-		Actions:      map[string]device.Handler{ActionRestart: d.handler, ActionSetConfig: d.handler},
+		Actions:      map[string]device.Handler{ActionRestart: d.handler(inc), ActionSetConfig: d.handler(inc)},
 		Accept:       d.accept,
 		Resolve:      d.resolve,
 		Retention:    cfg.Retention,

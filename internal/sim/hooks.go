@@ -22,6 +22,7 @@ func (d *Device) hooks(inc *incarnation) *device.Hooks {
 		Repeat:    d.repeat,
 		Query:     d.query,
 		Point:     func(p device.Point, cmd device.Command) { d.point(inc, Point(p)) },
+		SaveLine:  func() (string, []byte) { return d.saveLine(inc) },
 		SaveApp:   d.saveApp,
 		LoadApp:   func(raw json.RawMessage) { d.loadApp(raw); inc.markLoaded() },
 		Connect:   d.waitOnlineWindow,
@@ -75,6 +76,9 @@ func (d *Device) point(inc *incarnation, p Point) {
 	d.mu.Lock()
 	if c := d.faults.Crash; c.Every == 0 && c.at() == p && d.fireLocked("crash", c.Trigger) {
 		d.mu.Unlock()
+		if p == PointExecuted {
+			d.witnessOnly(inc) // the action ran: its line is written, nothing else
+		}
 		d.crash(inc, c.For.D(), true)
 		return
 	}
@@ -93,6 +97,26 @@ func (d *Device) point(inc *incarnation, p Point) {
 	if fire {
 		d.dropFor(f.For.D())
 	}
+}
+
+// witnessOnly writes the line of an execution waiting for its save, without
+// its effect, for a crash right after the action ran: the next boot finds
+// the line and resolves the command as run.
+func (d *Device) witnessOnly(inc *incarnation) {
+	d.appMu.Lock()
+	e := inc.executed
+	inc.executed = nil
+	d.appMu.Unlock()
+	if e == nil {
+		return
+	}
+	if err := d.f.j.AppendLine(d.f.execFile, e.line); err != nil {
+		d.log.Error("cannot write the execution witness", "err", err)
+		return
+	}
+	d.mu.Lock()
+	d.stats.Executions++
+	d.mu.Unlock()
 }
 
 // heldReceipt is a receipt the reorder fault holds back.
