@@ -153,6 +153,7 @@ func (d *Device) planLocked(commandID, action string, params json.RawMessage) *l
 // appMu).
 func (d *Device) applyLocked(e *execution) {
 	app := &d.app
+	d.appDirty = true
 	delete(app.Fail, e.last.CommandID)
 	app.Last = e.last
 	if e.last.Failed {
@@ -212,6 +213,7 @@ func (d *Device) resolve(_ context.Context, cmd device.Command) (bool, any, erro
 		}
 	}
 	delete(d.app.Fail, cmd.ID)
+	d.appDirty = true
 	return false, nil, nil
 }
 
@@ -226,6 +228,7 @@ func (d *Device) accept(cmd device.Command) error {
 	if ff := d.faults.Fail; ff.matches(cmd.Action) && d.fireLocked("fail", ff.Trigger) {
 		d.appMu.Lock()
 		d.app.Fail[cmd.ID] = or(ff.Error, ErrSimulatedFailure)
+		d.appDirty = true
 		d.appMu.Unlock()
 	}
 	return nil
@@ -234,9 +237,11 @@ func (d *Device) accept(cmd device.Command) error {
 func (d *Device) saveApp() json.RawMessage {
 	d.appMu.Lock()
 	defer d.appMu.Unlock()
-	b, _ := json.Marshal(d.app)
-	d.saved = b
-	return b
+	if d.appDirty || d.saved == nil {
+		d.saved, _ = json.Marshal(d.app)
+		d.appDirty = false
+	}
+	return d.saved
 }
 
 // loadApp takes the app state from the durable record at boot, and counts
@@ -245,7 +250,7 @@ func (d *Device) loadApp(raw json.RawMessage) {
 	app := decodeApp(raw)
 	app.Boots++
 	d.appMu.Lock()
-	d.app = app
+	d.app, d.appDirty = app, true
 	d.appMu.Unlock()
 	d.mu.Lock()
 	d.stats.Boots++

@@ -49,9 +49,10 @@ type Device struct {
 	delayed   map[*time.Timer]outgoing
 
 	// appMu guards the app state; it is taken last (under mu, or alone).
-	appMu sync.Mutex
-	app   appState
-	saved json.RawMessage // the app state last handed to the journal
+	appMu    sync.Mutex
+	app      appState
+	appDirty bool            // app changed since saved was encoded
+	saved    json.RawMessage // the app state last handed to the journal
 }
 
 // incarnation is one boot of a device: a device.Device and its Run.

@@ -242,7 +242,10 @@ func (d *Device) countLocked(r device.Receipt) {
 		return
 	}
 	d.appMu.Lock()
-	delete(d.app.Fail, r.CommandID) // ended without running
+	if _, ok := d.app.Fail[r.CommandID]; ok {
+		delete(d.app.Fail, r.CommandID) // ended without running
+		d.appDirty = true
+	}
 	d.appMu.Unlock()
 }
 
