@@ -1,9 +1,11 @@
 package device
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -56,4 +58,40 @@ func TestOpenJournalFailsOnALockThatStaysHeld(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond, "it waited")
 	left, _ := filepath.Glob(filepath.Join(dir, "*"+journalExt))
 	require.Len(t, left, 1, "the left journal is kept")
+}
+
+// A record saved with a side line (Hooks.SaveLine) is never durable
+// without it: if the line cannot be made durable, the record is not
+// written.
+func TestSaveLineFailsItsRecord(t *testing.T) {
+	dir := t.TempDir()
+	side := filepath.Join(dir, "side.jsonl")
+	var failing atomic.Bool
+	failing.Store(true)
+	j, err := OpenJournal(dir, &JournalOptions{SyncHook: func(file string) error {
+		if failing.Load() && file == side {
+			return errors.New("injected fsync failure")
+		}
+		return nil
+	}})
+	require.NoError(t, err)
+	defer j.Close()
+
+	b, err := j.stateWithLine(journalEntry{Device: "dev-1", Delta: &delta{Session: 3}}, side, []byte(`{"n":1}`))
+	require.NoError(t, err)
+	require.Error(t, b.wait(), "the batch failed with its line")
+	st, err := j.load("dev-1")
+	require.NoError(t, err)
+	require.Zero(t, st.Session, "the record was not written")
+
+	failing.Store(false)
+	b, err = j.stateWithLine(journalEntry{Device: "dev-1", Delta: &delta{Session: 4}}, side, []byte(`{"n":2}`))
+	require.NoError(t, err)
+	require.NoError(t, b.wait())
+	st, err = j.load("dev-1")
+	require.NoError(t, err)
+	require.Equal(t, int64(4), st.Session)
+	lines, err := os.ReadFile(side)
+	require.NoError(t, err)
+	require.Contains(t, string(lines), `{"n":2}`+"\n")
 }
