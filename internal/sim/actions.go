@@ -69,7 +69,7 @@ func (l *lastRun) outcome() (any, error) {
 }
 
 func newAppState() appState {
-	return appState{Config: map[string]json.RawMessage{}, Fail: map[string]string{}}
+	return appState{Config: map[string]json.RawMessage{}}
 }
 
 // handler is the action of a simulated device: the slow_execution fault,
@@ -227,6 +227,9 @@ func (d *Device) accept(cmd device.Command) error {
 	}
 	if ff := d.faults.Fail; ff.matches(cmd.Action) && d.fireLocked("fail", ff.Trigger) {
 		d.appMu.Lock()
+		if d.app.Fail == nil {
+			d.app.Fail = map[string]string{}
+		}
 		d.app.Fail[cmd.ID] = or(ff.Error, ErrSimulatedFailure)
 		d.appDirty = true
 		d.appMu.Unlock()
@@ -264,9 +267,6 @@ func decodeApp(raw json.RawMessage) appState {
 	}
 	if app.Config == nil {
 		app.Config = map[string]json.RawMessage{}
-	}
-	if app.Fail == nil {
-		app.Fail = map[string]string{}
 	}
 	return app
 }

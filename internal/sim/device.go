@@ -32,14 +32,14 @@ type Device struct {
 	inc       *incarnation  // the running one; nil while down
 	latest    *incarnation  // the last one started (the running one, or the one ending)
 	incCh     chan struct{} // closed (and replaced) when inc changes
-	faults    Faults
+	faults    *Faults       // shared with the devices of the same profile entry; replaced, never changed
 	trig      map[string]*trigState
 	rng       *rand.Rand
 	offUntil  time.Time     // abruptly offline until then
 	offHold   bool          // abruptly offline until Reconnect
 	wake      chan struct{} // closed (and replaced) when the offline window changes
 	stopped   bool
-	stopping  bool // a clean stop publishes held receipts at once
+	stopNow   bool // a clean stop publishes held receipts at once
 	session   int64
 	bootTimer *time.Timer
 	tickStop  chan struct{}
@@ -58,7 +58,6 @@ type Device struct {
 // incarnation is one boot of a device: a device.Device and its Run.
 type incarnation struct {
 	dev    *device.Device
-	cancel context.CancelFunc
 	ended  chan struct{} // Run returned
 	loaded chan struct{} // the record is loaded (or Run returned)
 	once   sync.Once
@@ -110,7 +109,7 @@ func (d *Device) Capabilities() wire.Capabilities {
 func (d *Device) Faults() Faults {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.faults
+	return *d.faults
 }
 
 // SetFaults replaces the device's faults at run time and starts their
@@ -122,9 +121,9 @@ func (d *Device) SetFaults(f Faults) error {
 	}
 	d.mu.Lock()
 	old := d.capsLocked()
-	d.faults = f
+	d.faults = &f
 	d.skew.Store(int64(f.ClockSkew.D()))
-	d.trig = map[string]*trigState{}
+	d.trig = nil
 	d.restartTickersLocked()
 	caps := d.capsLocked()
 	inc := d.inc
@@ -341,8 +340,7 @@ func (d *Device) bootLocked() (*incarnation, error) {
 		return nil, err
 	}
 	inc.dev = dev
-	ctx, cancel := context.WithCancel(context.Background())
-	inc.cancel = cancel
+	ctx := d.f.runCtx
 	prev := d.latest
 	d.latest = inc
 	d.setIncLocked(inc)
@@ -357,7 +355,6 @@ func (d *Device) bootLocked() (*incarnation, error) {
 		inc.err = err
 		inc.markLoaded()
 		close(inc.ended)
-		cancel()
 		d.ended(inc, err)
 	}()
 	return inc, nil
@@ -406,16 +403,17 @@ func (d *Device) start() error {
 	return nil
 }
 
-// stop shuts the device down cleanly (Fleet.Stop): receipts the delay and
-// reorder faults hold are published at once, the running incarnation stops
-// (device.Device.Run's clean stop) and every incarnation has ended.
-func (d *Device) stop() {
+// stopping is the start of a clean stop (Fleet.Stop): no more boots,
+// crashes or drops, and the receipts the delay and reorder faults hold are
+// published at once. Fleet.Stop then cancels every incarnation's Run (a
+// clean stop of the device.Device) and waits for them (waitEnded).
+func (d *Device) stopping() {
 	d.mu.Lock()
 	if d.stopped {
 		d.mu.Unlock()
 		return
 	}
-	d.stopped, d.stopping = true, true
+	d.stopped, d.stopNow = true, true
 	if d.bootTimer != nil {
 		d.bootTimer.Stop()
 	}
@@ -425,16 +423,19 @@ func (d *Device) stop() {
 	}
 	d.wakeLocked()
 	outs := d.takeHeldLocked()
-	inc, latest := d.inc, d.latest
 	d.mu.Unlock()
 	for _, o := range outs {
 		o.publish()
 	}
-	if inc != nil {
-		inc.cancel()
-	}
+}
+
+// waitEnded waits until every incarnation's Run has returned (each waits
+// for the one before it).
+func (d *Device) waitEnded() {
+	d.mu.Lock()
+	latest := d.latest
+	d.mu.Unlock()
 	if latest != nil {
-		latest.cancel()
 		<-latest.ended
 	}
 	d.mu.Lock()

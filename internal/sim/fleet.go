@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -35,6 +36,11 @@ type Fleet struct {
 	rcptFile string
 	devices  []*Device
 	byID     map[string]*Device
+
+	// runCtx is every incarnation's Run context, cancelled by Stop (once
+	// held receipts are out).
+	runCtx    context.Context
+	cancelRun context.CancelFunc
 
 	stopOnce sync.Once
 	done     chan struct{}
@@ -70,8 +76,11 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	f := &Fleet{cfg: cfg, log: cfg.Logger, j: j, execFile: execFile, rcptFile: rcptFile, byID: map[string]*Device{}, done: make(chan struct{})}
+	f.runCtx, f.cancelRun = context.WithCancel(context.Background())
+	profile := cfg.Faults
+	profile.Devices = slices.Clone(profile.Devices) // the devices share its entries
 	for _, id := range cfg.ids() {
-		d := newDevice(f, id, cfg.Faults.For(id))
+		d := newDevice(f, id, profile.shared(id))
 		f.devices = append(f.devices, d)
 		f.byID[id] = d
 	}
@@ -119,7 +128,13 @@ func (f *Fleet) Stop() {
 		var wg sync.WaitGroup
 		for _, d := range f.devices {
 			wg.Add(1)
-			go func() { defer wg.Done(); d.stop() }()
+			go func() { defer wg.Done(); d.stopping() }()
+		}
+		wg.Wait()
+		f.cancelRun() // each running device stops cleanly
+		for _, d := range f.devices {
+			wg.Add(1)
+			go func() { defer wg.Done(); d.waitEnded() }()
 		}
 		wg.Wait()
 		if err := f.j.Close(); err != nil {
@@ -181,21 +196,18 @@ func (f *Fleet) Stats() Stats {
 	return s
 }
 
-func newDevice(f *Fleet, id string, faults Faults) *Device {
+func newDevice(f *Fleet, id string, faults *Faults) *Device {
 	h := fnv.New64a()
 	h.Write([]byte(id))
 	d := &Device{
-		id:      id,
-		f:       f,
-		log:     f.log.With("device", id),
-		faults:  faults,
-		trig:    map[string]*trigState{},
-		rng:     rand.New(rand.NewPCG(uint64(f.cfg.Seed), h.Sum64())),
-		wake:    make(chan struct{}),
-		incCh:   make(chan struct{}),
-		repeats: map[repeatKey]int{},
-		delayed: map[*time.Timer]outgoing{},
-		app:     newAppState(),
+		id:     id,
+		f:      f,
+		log:    f.log.With("device", id),
+		faults: faults,
+		rng:    rand.New(rand.NewPCG(uint64(f.cfg.Seed), h.Sum64())),
+		wake:   make(chan struct{}),
+		incCh:  make(chan struct{}),
+		app:    newAppState(),
 	}
 	d.skew.Store(int64(faults.ClockSkew.D()))
 	return d

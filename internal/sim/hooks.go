@@ -54,6 +54,9 @@ func (d *Device) repeat(_ device.Command, answer device.Receipt) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.stats.DuplicatesSuppressed++
+	if d.repeats == nil {
+		d.repeats = map[repeatKey]int{}
+	}
 	d.repeats[repeatKey{answer.CommandID, answer.Seq, answer.Status}]++
 }
 
@@ -163,7 +166,7 @@ func (d *Device) receipt(inc *incarnation, r device.Receipt, send func(device.Re
 		d.mu.Unlock()
 		return
 	}
-	f := d.faults
+	f := *d.faults
 	status, query := string(r.Status), r.QueryID != ""
 	fires := func(name string, rf ReceiptFault) bool {
 		return rf.matches(status, query) && d.fireLocked(name, rf.Trigger)
@@ -178,7 +181,7 @@ func (d *Device) receipt(inc *incarnation, r device.Receipt, send func(device.Re
 		out.copies = 2
 		d.stats.ReceiptsDuplicated++
 	}
-	if d.stopping { // a clean stop publishes at once what it would hold
+	if d.stopNow { // a clean stop publishes at once what it would hold
 		d.mu.Unlock()
 		out.publish()
 		return
@@ -215,6 +218,9 @@ func (d *Device) receipt(inc *incarnation, r device.Receipt, send func(device.Re
 				out.publish()
 			}
 		})
+		if d.delayed == nil {
+			d.delayed = map[*time.Timer]outgoing{}
+		}
 		d.delayed[t] = out
 	}
 	d.mu.Unlock()
