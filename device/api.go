@@ -228,13 +228,17 @@ const (
 // device's methods (Kill, DropConnection).
 //
 // Faults map to hooks as follows: a dropped, duplicated, delayed or
-// reordered receipt is Receipt; a dropped command is Command; an ignored
+// reordered receipt is Receipt; a dropped command is Command (and a
+// repeat answered from the record is seen by Repeat); an ignored
 // query is Query; a crash at a point is Point calling Kill (and starting a
 // new Device on the same Journal to boot again); a dropped connection is
-// DropConnection (from Point, or from a timer); a slow, failing or
-// rejecting action wraps the Handler (or sets Options.Accept); legacy
-// hardware is Options.Capabilities; clock skew is Options.Clock; witness
-// files are Journal.AppendLine (from the handler) and Published.
+// DropConnection (from Point, or from a timer), kept offline a while by
+// Connect; a slow, failing or rejecting action wraps the Handler (or sets
+// Options.Accept); legacy hardware is Options.Capabilities (changed at run
+// time by SetCapabilities); clock skew is Options.Clock; an execution's
+// witness line is SaveLine (with its effect, saved by SaveApp), a published
+// receipt's is Journal.AppendLine from Published; connections are counted
+// by Online.
 type Hooks struct {
 	// Receipt is given every receipt once it is durable, in place of
 	// publishing it: send publishes one (QoS 1; kept for the next
@@ -249,8 +253,12 @@ type Hooks struct {
 	// Command sees every decoded command first; true drops it: it is
 	// acknowledged, not recorded and not answered.
 	Command func(cmd Command) (drop bool)
-	// Query sees every decoded query of a device that answers queries;
-	// true leaves it unanswered.
+	// Repeat runs when a command is answered from the record without
+	// running (a repeated command_id, or a new command of an operation
+	// already taken), with the answer, before the answer goes to Receipt.
+	Repeat func(cmd Command, answer Receipt)
+	// Query sees every decoded query; true leaves it unanswered (a device
+	// without the query capability leaves it unanswered anyway).
 	Query func(q Query) (ignore bool)
 	// Point runs at each Point of a command's handling.
 	Point func(p Point, cmd Command)
@@ -259,6 +267,20 @@ type Hooks struct {
 	// durable with its final receipt); LoadApp gets it back at boot.
 	SaveApp func() json.RawMessage
 	LoadApp func(json.RawMessage)
+	// SaveLine runs at each save of the device's record, before SaveApp;
+	// a line it returns (file set) is appended to file in the same batch
+	// as the record and made durable before it, so the record never
+	// outlives the line: a simulator's witness of an execution, returned
+	// with the execution's effect on the state SaveApp then returns.
+	SaveLine func() (file string, line []byte)
+	// Connect runs before each dial of the broker (the first connection
+	// and every reconnection); it may block while the device is meant to
+	// stay offline (a simulated outage), and false refuses the attempt
+	// (another follows). done is closed when the device ends.
+	Connect func(done <-chan struct{}) bool
+	// Online runs each time the device is online: subscribed, its birth
+	// published, with the session number.
+	Online func(session int64)
 }
 
 func toCommand(c wire.Command) Command {

@@ -171,6 +171,12 @@ func (d *Device) onReconnecting(c mqtt.Client, o *mqtt.ClientOptions) {
 // openConn dials the broker for paho, refusing once the device stops or
 // without a durable session number for this attempt.
 func (d *Device) openConn(uri *url.URL, _ mqtt.ClientOptions) (net.Conn, error) {
+	if h := d.o.Hooks.Connect; h != nil && !h(d.done) {
+		d.mu.Lock()
+		d.ready = false
+		d.mu.Unlock()
+		return nil, errNotNow
+	}
 	d.mu.Lock()
 	ok := !d.killed && !d.stopping && d.ready
 	d.ready = false
@@ -241,7 +247,7 @@ func (d *Device) onConnect(c mqtt.Client) {
 		return
 	}
 	nc, gen := d.conn, d.gen.Load()
-	now, session := d.now().UTC(), d.st.Session
+	now, session, caps := d.now().UTC(), d.st.Session, d.caps
 	d.mu.Unlock()
 
 	tok := c.SubscribeMultiple(map[string]byte{d.topics.commands: 1, d.topics.queries: 1}, nil)
@@ -250,7 +256,6 @@ func (d *Device) onConnect(c mqtt.Client) {
 		nc.kill()
 		return
 	}
-	caps := d.caps
 	birth, _ := json.Marshal(wire.Presence{Online: true, Session: session, Capabilities: &caps, At: &now})
 	tok = c.Publish(d.topics.presence, 1, true, birth)
 	if !d.wait(tok, d.o.PublishTimeout) {
@@ -267,6 +272,9 @@ func (d *Device) onConnect(c mqtt.Client) {
 	d.setOnlineLocked(true)
 	d.mu.Unlock()
 	d.log.Debug("online", "session", session)
+	if h := d.o.Hooks.Online; h != nil {
+		h(session)
+	}
 	d.flushPending()
 }
 

@@ -337,6 +337,11 @@ func (d *Device) boot(ctx context.Context) ([]wire.Receipt, error) {
 	defer d.mu.Unlock()
 	d.st, d.session = st, st.Session
 	if len(recovered) > 0 {
+		// What a Resolver did to the application's state is durable with
+		// the outcomes it decided.
+		if d.o.Hooks.SaveApp != nil {
+			st.App = d.o.Hooks.SaveApp()
+		}
 		b, err := d.j.state(journalEntry{Device: d.id, Full: st})
 		if err != nil {
 			return nil, err
@@ -384,6 +389,16 @@ func (d *Device) Kill() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.killLocked(nil)
+}
+
+// SetCapabilities changes the capabilities the device keeps from the next
+// message it handles, for simulators that turn a device into legacy
+// hardware at run time; the next birth announces them (DropConnection to
+// make one now).
+func (d *Device) SetCapabilities(c Capabilities) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.caps = wire.Capabilities(c)
 }
 
 // DropConnection resets the device's TCP connection abruptly, for
@@ -435,6 +450,11 @@ func (d *Device) notDurable(err error) {
 func (d *Device) saveLocked(recs ...*record) bool {
 	st := d.st
 	cmds, ops := st.prune(d.now(), d.o.Retention)
+	var file string
+	var line []byte
+	if d.o.Hooks.SaveLine != nil {
+		file, line = d.o.Hooks.SaveLine()
+	}
 	if d.o.Hooks.SaveApp != nil {
 		st.App = d.o.Hooks.SaveApp()
 	}
@@ -458,7 +478,7 @@ func (d *Device) saveLocked(recs ...*record) bool {
 			dl.Operations[op] = st.Operations[op] // "" if released
 		}
 	}
-	b, err := d.j.state(journalEntry{Device: d.id, Delta: dl})
+	b, err := d.j.stateWithLine(journalEntry{Device: d.id, Delta: dl}, file, line)
 	if err != nil {
 		d.log.Error("cannot save the record; stopping as a crash", "err", err)
 		d.killLocked(fmt.Errorf("%w: %w", ErrNotDurable, err))

@@ -104,22 +104,30 @@
 //     durable receipt (drop, duplicate, delay, reorder: it gets a send
 //     function to call zero or more times, now or later); Published sees
 //     each receipt the broker acknowledged (a witness file); Command may
-//     drop a command before it is recorded; Query may leave a query
-//     unanswered; Point runs at each point of a command's handling
-//     (PointCommand to PointFinal), where a crash or a connection drop is
-//     injected; SaveApp and LoadApp keep the application's own state in the
-//     durable record, saved with every change (an action's effect is durable
-//     with its final receipt).
+//     drop a command before it is recorded; Repeat sees each command
+//     answered from the record without running (a counter); Query may
+//     leave a query unanswered; Point runs at each point of a command's
+//     handling (PointCommand to PointFinal), where a crash or a connection
+//     drop is injected; SaveApp and LoadApp keep the application's own
+//     state in the durable record, saved with every change (an action's
+//     effect is durable with its final receipt, a Resolver's with the
+//     outcomes it decides at boot); Connect runs before each dial of the
+//     broker and may hold the device offline (an outage); Online runs each
+//     time the device is online.
 //   - Device.Kill ends a device as kill -9 does (TCP reset, the broker's last
 //     will, nothing more recorded or published); a new Device of the same
 //     id on the same Journal boots from what was durable.
 //     Device.DropConnection resets the connection; the device comes back at
-//     once with a new session.
+//     once with a new session (unless Connect holds it back).
+//     Device.SetCapabilities turns a running device into legacy hardware
+//     (or back); its next birth announces it.
 //   - Options.Clock skews the device's clock; Options.Accept and wrapping a
 //     Handler give rejected, failing and slow actions.
-//   - Journal.AppendLine appends a line to a side file (an execution
-//     witness) in the journal's group commit, durable before any device
-//     record made after it; JournalOptions.SyncHook fails fsyncs.
+//   - Hooks.SaveLine gives a save of a device's record a line of a side
+//     file (an execution's witness) written in the same batch and durable
+//     before it; Journal.AppendLine appends a line on its own (a published
+//     receipt's witness) in the journal's group commit;
+//     JournalOptions.SyncHook fails fsyncs.
 //
 // # Decisions where the protocol is silent
 //
@@ -138,6 +146,11 @@
 // snapshot, and <pid>-<nanos>.journal, the journal: one JSON line per
 // change, folded into the snapshots (written atomically) when it passes 64
 // MiB and at Close. The journal is flocked while open; OpenJournal folds
-// what a dead process's journal left, up to its first torn line. One device
-// id must not run in two processes at once.
+// what a dead process's journal left, up to its first torn line; a journal
+// another process still holds locked is waited for (JournalOptions.LockWait,
+// default 5s: a process killed a moment ago may still be exiting), and
+// OpenJournal fails if the lock stays held rather than skip records. One
+// device id must not run in two processes at once, and one directory holds
+// the journal of one process at a time (Journals of one process may share
+// it).
 package device

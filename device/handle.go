@@ -49,12 +49,16 @@ func (d *Device) handleCommand(m mqtt.Message) {
 		return // not acknowledged: the broker redelivers it
 	}
 	st, now := d.st, d.now().UTC()
-	if d.caps.Dedupe {
+	caps := d.caps
+	if caps.Dedupe {
 		if r, ok := dedupeAnswer(st, cmd.CommandID, cmd.OperationID); ok {
 			d.mu.Unlock()
 			// Answered from the record, once what it says is durable.
 			if d.waitDurable() {
 				m.Ack()
+				if h := d.o.Hooks.Repeat; h != nil {
+					h(toCommand(cmd), toReceipt(r))
+				}
 				d.emit(r)
 			}
 			return
@@ -79,7 +83,7 @@ func (d *Device) handleCommand(m mqtt.Message) {
 	} else {
 		accepted = true
 		rec.Latest = newReceipt(cmd, wire.ReceiptReceived, seq, now, nil, "")
-		if d.caps.Dedupe && cmd.OperationID != "" {
+		if caps.Dedupe && cmd.OperationID != "" {
 			st.Operations[cmd.OperationID] = cmd.CommandID
 		}
 	}
@@ -140,13 +144,14 @@ func (d *Device) handleQuery(m mqtt.Message) {
 		return
 	}
 	m.Ack()
-	if !d.caps.Query {
-		return
-	}
 	if h := d.o.Hooks.Query; h != nil && h(Query{ID: q.QueryID, CommandID: q.CommandID, OperationID: q.OperationID}) {
 		return
 	}
 	d.mu.Lock()
+	if !d.caps.Query {
+		d.mu.Unlock()
+		return
+	}
 	if d.killed || d.stopping {
 		d.mu.Unlock()
 		return

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -43,7 +44,14 @@ type JournalOptions struct {
 	// CompactAt is the journal size past which it is folded into the
 	// snapshot files (default 64 MiB).
 	CompactAt int64
+	// LockWait is how long OpenJournal waits for the lock of a journal
+	// another process left in the directory (default 5s): a process killed
+	// a moment ago may still hold it while it exits.
+	LockWait time.Duration
 }
+
+// defaultLockWait is JournalOptions.LockWait's default.
+const defaultLockWait = 5 * time.Second
 
 // Journal is the durable record of the devices of one process: a group
 // commit that makes the state changes of many devices durable with one
@@ -66,10 +74,11 @@ type Journal struct {
 	log       *slog.Logger
 	syncHook  func(file string) error
 	compactAt int64
+	lockWait  time.Duration
 
 	file *os.File // written by the writer only
 	size int64
-	side map[string]*os.File // AppendLine's files, by name; the writer's
+	side map[string]*os.File // side files (AppendLine, Hooks.SaveLine), by name; the writer's
 
 	mu      sync.Mutex
 	cur     *batch
@@ -173,12 +182,15 @@ func OpenJournal(dir string, o *JournalOptions) (*Journal, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	j := &Journal{
-		dir: dir, log: log, syncHook: o.SyncHook, compactAt: o.CompactAt,
+		dir: dir, log: log, syncHook: o.SyncHook, compactAt: o.CompactAt, lockWait: o.LockWait,
 		cur: newBatch(), kick: make(chan struct{}, 1), exited: make(chan struct{}),
 		index: map[string][]span{}, running: map[string]bool{}, side: map[string]*os.File{},
 	}
 	if j.compactAt <= 0 {
 		j.compactAt = defaultCompactAt
+	}
+	if j.lockWait <= 0 {
+		j.lockWait = defaultLockWait
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("device: journal: %w", err)
@@ -218,7 +230,11 @@ func OpenJournal(dir string, o *JournalOptions) (*Journal, error) {
 func (j *Journal) Dir() string { return j.dir }
 
 // recoverFile folds a journal left by another process into the snapshots
-// and removes it, unless a live process holds its lock.
+// and removes it. A journal of this process (another Journal open on the
+// directory) is left alone: its devices are its own. The lock of another
+// process's journal is waited for, up to lockWait: a process killed a
+// moment ago may still hold it while it exits. If it stays held, OpenJournal
+// fails: skipping it would lose its records for the devices that boot now.
 func (j *Journal) recoverFile(name string) error {
 	f, err := os.OpenFile(name, os.O_RDWR, 0)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -228,11 +244,28 @@ func (j *Journal) recoverFile(name string) error {
 		return fmt.Errorf("device: journal: %w", err)
 	}
 	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil // a live journal's; its devices are its own
+	pid := journalPID(name)
+	deadline := time.Now().Add(j.lockWait)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
 		}
-		return fmt.Errorf("device: journal: lock %s: %w", name, err)
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			return fmt.Errorf("device: journal: lock %s: %w", name, err)
+		}
+		if pid == os.Getpid() {
+			return nil // a live journal of this process
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("device: journal: %s is still locked by process %d after %v: "+
+				"another live process uses this directory, or a killed one has not exited; "+
+				"its records are not skipped, start again once it is gone", name, pid, j.lockWait)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(name); errors.Is(err, fs.ErrNotExist) {
+		return nil // folded and removed by whoever held it
 	}
 	b, err := os.ReadFile(name)
 	if err != nil {
@@ -245,6 +278,18 @@ func (j *Journal) recoverFile(name string) error {
 		return fmt.Errorf("device: journal: %w", err)
 	}
 	return j.syncDir(filepath.Dir(name))
+}
+
+// journalPID is the process id in a journal's name, <pid>-<nanos>.journal
+// (0 if there is none).
+func journalPID(name string) int {
+	base := strings.TrimSuffix(filepath.Base(name), journalExt)
+	pid, _, _ := strings.Cut(base, "-")
+	n, err := strconv.Atoi(pid)
+	if err != nil {
+		return 0
+	}
+	return n
 }
 
 // parseJournal splits journal bytes into entries. It stops at a torn or
@@ -383,11 +428,21 @@ func (j *Journal) enqueue(device string, rec []byte, sideFile string, line []byt
 
 // state enqueues a record of a device.
 func (j *Journal) state(e journalEntry) (*batch, error) {
+	return j.stateWithLine(e, "", nil)
+}
+
+// stateWithLine enqueues a record of a device and, in the same batch, a
+// line of a side file (if file is set): the writer makes the line durable
+// before the record.
+func (j *Journal) stateWithLine(e journalEntry, file string, line []byte) (*batch, error) {
 	b, err := json.Marshal(e)
 	if err != nil {
 		return nil, fmt.Errorf("device: save state of %s: %w", e.Device, err)
 	}
-	return j.enqueue(e.Device, append(b, '\n'), "", nil)
+	if file != "" && (len(line) == 0 || line[len(line)-1] != '\n') {
+		line = append(line[:len(line):len(line)], '\n')
+	}
+	return j.enqueue(e.Device, append(b, '\n'), file, line)
 }
 
 // AppendLine is a seam for simulators and tests: it appends line (a newline
@@ -395,9 +450,12 @@ func (j *Journal) state(e journalEntry) (*batch, error) {
 // missing) in the batch being gathered and returns without waiting. The
 // writer appends each batch's lines with one write per file and fsyncs each
 // file before it writes the batch's device records: a device record made
-// after AppendLine returns (a final receipt, say) is never durable before
-// the line. A simulator writes its witness of an execution this way, from
-// the action's handler.
+// after AppendLine returns is durable only after the line, and a batch
+// whose lines cannot be made durable writes none of its records. A record
+// made later may still land in a later batch than a line that failed: a
+// line that a record must never outlive (an execution's witness) is given
+// to the record itself, by Hooks.SaveLine. A simulator writes its witness
+// of a published receipt with AppendLine.
 func (j *Journal) AppendLine(file string, line []byte) error {
 	if file == "" {
 		return errors.New("device: AppendLine: no file")

@@ -319,7 +319,9 @@ restart, set-config (params merged into the device's config).
 State (--state-dir): every change goes through one journal per process
 (devices/<pid>-<nanos>.journal, one fsync for many devices' changes), folded
 into devices/<id>.json per device (written atomically) at a clean stop, past
-64 MiB, and at the next start after a kill; and the witness files
+64 MiB, and at the next start after a kill (a killed process's journal still
+locked while it exits is waited for, up to 5s; a start fails rather than skip
+it); and the witness files
 executions.jsonl (one line per real execution) and receipts.jsonl (one line
 per final receipt the broker acknowledged). A device acknowledges or reports
 nothing before it is durable.

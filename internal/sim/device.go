@@ -3,74 +3,99 @@ package sim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/fleetctl/fleetctl/device"
 	"github.com/fleetctl/fleetctl/internal/wire"
-	"github.com/fleetctl/fleetctl/internal/witness"
 )
 
 // Device is one simulated device. Its methods are safe for concurrent use.
 //
-// A device runs as a sequence of incarnations: each boot (Start, Restart, a
-// crash's restart) loads the durable state from disk and gets fresh
-// in-memory state and a fresh MQTT client; a crash throws the incarnation
-// away without a DISCONNECT.
+// A device runs as a sequence of incarnations, each a device.Device of the
+// library on the fleet's journal: each boot (Start, Restart, a crash's
+// restart) is a new one, booting from the durable record; a crash kills the
+// running one (device.Device.Kill) without a DISCONNECT.
 type Device struct {
-	id     string
-	f      *Fleet
-	log    *slog.Logger
-	topics topics
+	id   string
+	f    *Fleet
+	log  *slog.Logger
+	skew atomic.Int64 // clock_skew, read by the clock without a lock
 
+	// mu guards the fields below. It is never held while calling into the
+	// running device.Device (whose hooks take it).
 	mu        sync.Mutex
-	st        *durableState // the running incarnation's state; nil while down
-	inc       *incarnation  // nil while down
-	faults    Faults
+	inc       *incarnation  // the running one; nil while down
+	latest    *incarnation  // the last one started (the running one, or the one ending)
+	incCh     chan struct{} // closed (and replaced) when inc changes
+	faults    *Faults       // shared with the devices of the same profile entry; replaced, never changed
 	trig      map[string]*trigState
 	rng       *rand.Rand
 	offUntil  time.Time     // abruptly offline until then
 	offHold   bool          // abruptly offline until Reconnect
 	wake      chan struct{} // closed (and replaced) when the offline window changes
-	online    bool
-	onlineCh  chan struct{} // closed while online
-	session   int64         // last session number used
 	stopped   bool
+	stopNow   bool // a clean stop publishes held receipts at once
+	session   int64
 	bootTimer *time.Timer
 	tickStop  chan struct{}
 	stats     Stats
-	// last is the journal batch holding the device's latest state record
-	// or execution line; once it is done, every change before it is
-	// durable too.
-	last *batch
+	repeats   map[repeatKey]int
+	held      *heldReceipt
+	delayed   map[*time.Timer]outgoing
+
+	// appMu guards the app state; it is taken last (under mu, or alone).
+	appMu    sync.Mutex
+	app      appState
+	appDirty bool            // app changed since saved was encoded
+	saved    json.RawMessage // the app state last handed to the journal
 }
 
-type topics struct{ commands, queries, receipts, presence string }
+// incarnation is one boot of a device: a device.Device and its Run.
+type incarnation struct {
+	dev    *device.Device
+	ended  chan struct{} // Run returned
+	loaded chan struct{} // the record is loaded (or Run returned)
+	once   sync.Once
+	err    error // Run's, once ended
+	// executed is an execution whose witness line and effect wait for the
+	// next save of the record (guarded by Device.appMu).
+	executed *execution
+}
+
+func (inc *incarnation) markLoaded() { inc.once.Do(func() { close(inc.loaded) }) }
 
 // ID is the device id (also its MQTT client id and user name).
 func (d *Device) ID() string { return d.id }
 
-// Online reports whether the device is connected with its birth published.
-func (d *Device) Online() bool {
+func (d *Device) current() *incarnation {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.online && d.inc != nil && d.inc.conn.up()
+	return d.inc
+}
+
+// Online reports whether the device is connected with its birth published.
+func (d *Device) Online() bool {
+	inc := d.current()
+	return inc != nil && inc.dev.Online()
 }
 
 // Running reports whether the device is up (not crashed and not stopped).
-func (d *Device) Running() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.inc != nil
-}
+func (d *Device) Running() bool { return d.current() != nil }
 
 // Session is the session number of the device's latest connection attempt.
 func (d *Device) Session() int64 {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.session
+	inc, s := d.latest, d.session
+	d.mu.Unlock()
+	if inc != nil {
+		s = max(s, inc.dev.Session())
+	}
+	return s
 }
 
 // Capabilities are what the device announces in its births.
@@ -84,7 +109,7 @@ func (d *Device) Capabilities() wire.Capabilities {
 func (d *Device) Faults() Faults {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.faults
+	return *d.faults
 }
 
 // SetFaults replaces the device's faults at run time and starts their
@@ -95,13 +120,17 @@ func (d *Device) SetFaults(f Faults) error {
 		return err
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	old := d.capsLocked()
-	d.faults = f
-	d.trig = map[string]*trigState{}
+	d.faults = &f
+	d.skew.Store(int64(f.ClockSkew.D()))
+	d.trig = nil
 	d.restartTickersLocked()
-	if d.capsLocked() != old {
-		d.dropForLocked(0)
+	caps := d.capsLocked()
+	inc := d.inc
+	d.mu.Unlock()
+	if caps != old && inc != nil {
+		inc.dev.SetCapabilities(device.Capabilities(caps))
+		d.dropFor(0)
 	}
 	return nil
 }
@@ -113,65 +142,62 @@ func (d *Device) Stats() Stats {
 	return d.stats
 }
 
-// Boots is the device's durable boot counter (starts and restart actions).
-func (d *Device) Boots() int {
-	st, err := d.state()
-	if err != nil {
-		return 0
+// app returns the app state: the running incarnation's, or what was last
+// handed to the journal while down.
+func (d *Device) appState() appState {
+	running := d.Running()
+	d.appMu.Lock()
+	defer d.appMu.Unlock()
+	if running {
+		return d.app
 	}
-	return st.Boots
+	return decodeApp(d.saved)
 }
+
+// Boots is the device's durable boot counter (starts and restart actions).
+func (d *Device) Boots() int { return d.appState().Boots }
 
 // Config returns a copy of the device's durable config.
-func (d *Device) Config() map[string]json.RawMessage {
-	st, err := d.state()
-	if err != nil {
-		return nil
-	}
-	return copyConfig(st.Config)
-}
+func (d *Device) Config() map[string]json.RawMessage { return copyConfig(d.appState().Config) }
 
 // LatestReceipt returns the device's latest receipt for a command_id, as a
-// repeat of the command would get it.
+// repeat of the command would get it (false while the device is down).
 func (d *Device) LatestReceipt(commandID string) (wire.Receipt, bool) {
-	st, err := d.state()
-	if err != nil {
+	inc := d.current()
+	if inc == nil {
 		return wire.Receipt{}, false
 	}
-	rec, ok := st.Commands[commandID]
+	r, ok := inc.dev.Latest(commandID)
 	if !ok {
 		return wire.Receipt{}, false
 	}
-	return rec.Latest, true
+	return wire.Receipt{CommandID: r.CommandID, OperationID: r.OperationID, Status: wire.ReceiptStatus(r.Status), Seq: r.Seq,
+		At: r.At, Result: r.Result, Error: r.Error, QueryID: r.QueryID}, true
 }
 
-// state returns the running state, or the one on disk while down. The
-// returned value is a copy for the caller to read.
-func (d *Device) state() (*durableState, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.st == nil {
-		_ = d.last.wait()
-		return d.f.j.load(d.id)
-	}
-	b, err := json.Marshal(d.st)
-	if err != nil {
-		return nil, err
-	}
-	st := newState(d.id)
-	return st, json.Unmarshal(b, st)
-}
-
-// WaitOnline waits until the device is online.
+// WaitOnline waits until the device is online, across crashes and
+// restarts.
 func (d *Device) WaitOnline(ctx context.Context) error {
 	for {
 		d.mu.Lock()
-		if d.online {
-			d.mu.Unlock()
-			return nil
-		}
-		ch := d.onlineCh
+		inc, ch := d.inc, d.incCh
 		d.mu.Unlock()
+		if inc != nil {
+			wctx, cancel := context.WithCancel(ctx)
+			go func() {
+				select {
+				case <-inc.ended:
+					cancel()
+				case <-wctx.Done():
+				}
+			}()
+			err := inc.dev.WaitOnline(wctx)
+			cancel()
+			if err == nil {
+				return nil
+			}
+		}
+		// Down, or that incarnation ended: wait for the next one.
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -188,14 +214,17 @@ func (d *Device) WaitOnline(ctx context.Context) error {
 // after dur, or when dur <= 0 only after Reconnect.
 func (d *Device) DropConnection(dur time.Duration) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if dur > 0 {
 		d.offUntil, d.offHold = time.Now().Add(dur), false
 	} else {
 		d.offHold = true
 	}
 	d.wakeLocked()
-	d.dropLocked()
+	inc := d.dropLocked()
+	d.mu.Unlock()
+	if inc != nil {
+		inc.dev.DropConnection()
+	}
 }
 
 // Reconnect ends an offline period of DropConnection (or of the
@@ -210,18 +239,10 @@ func (d *Device) Reconnect() {
 // Crash kills the device as kill -9 would: no DISCONNECT (the broker
 // publishes the LWT), in-memory state lost, durable state kept. It stays
 // down until Restart.
-func (d *Device) Crash() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.crashLocked(0, false)
-}
+func (d *Device) Crash() { d.crash(d.current(), 0, false) }
 
 // CrashFor crashes the device and boots it again after down.
-func (d *Device) CrashFor(down time.Duration) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.crashLocked(down, true)
-}
+func (d *Device) CrashFor(down time.Duration) { d.crash(d.current(), down, true) }
 
 // Restart boots the device from its durable state; a running device is
 // crashed first (crash-and-restart).
@@ -231,137 +252,168 @@ func (d *Device) Restart() error {
 		d.mu.Unlock()
 		return ErrStopped
 	}
-	if d.inc != nil {
-		d.stats.Crashes++
-		d.inc.killLocked()
+	inc := d.inc
+	d.mu.Unlock()
+	if inc != nil {
+		d.crash(inc, 0, false)
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.bootTimer != nil {
 		d.bootTimer.Stop()
 		d.bootTimer = nil
 	}
-	inc, recovered, err := d.bootLocked()
-	d.mu.Unlock()
-	if err != nil {
-		return err
+	if d.inc != nil || d.stopped {
+		return nil
 	}
-	for _, r := range recovered {
-		inc.emit(r)
-	}
-	return nil
+	_, err := d.bootLocked()
+	return err
 }
 
-// start is the first boot, from Fleet.Start.
+// crash kills inc if it is the running incarnation; with restart it boots
+// again after down.
+func (d *Device) crash(inc *incarnation, down time.Duration, restart bool) {
+	d.mu.Lock()
+	if inc == nil || d.inc != inc {
+		d.mu.Unlock()
+		return
+	}
+	d.stats.Crashes++
+	d.log.Debug("device crashed", "restart", restart, "down", down)
+	d.setIncLocked(nil)
+	d.takeHeldLocked() // discarded with the incarnation's memory
+	clear(d.repeats)
+	if restart && !d.stopped {
+		if d.bootTimer != nil {
+			d.bootTimer.Stop()
+		}
+		d.bootTimer = time.AfterFunc(down, d.bootIfDown)
+	}
+	d.mu.Unlock()
+	inc.dev.Kill()
+}
+
+func (d *Device) bootIfDown() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopped || d.inc != nil {
+		return
+	}
+	if _, err := d.bootLocked(); err != nil {
+		d.log.Error("boot failed, retrying in 1s", "err", err)
+		d.bootTimer = time.AfterFunc(time.Second, d.bootIfDown)
+	}
+}
+
+// bootLocked starts a new incarnation: a device.Device on the fleet's
+// journal, run once the previous incarnation's Run has returned (its
+// batches are committed by then, so the record it boots from is all there
+// is).
+func (d *Device) bootLocked() (*incarnation, error) {
+	inc := &incarnation{ended: make(chan struct{}), loaded: make(chan struct{})}
+	caps := device.Capabilities(d.capsLocked())
+	cfg := d.f.cfg
+	dev, err := device.New(device.Options{
+		ID:        d.id,
+		Broker:    cfg.MQTT,
+		Username:  d.id,
+		Password:  cfg.password(d.id),
+		TLSConfig: cfg.TLS,
+		TopicRoot: cfg.TopicRoot,
+		Journal:   d.f.j,
+
+		Capabilities: &caps,
+		Actions:      map[string]device.Handler{ActionRestart: d.handler(inc), ActionSetConfig: d.handler(inc)},
+		Accept:       d.accept,
+		Resolve:      d.resolve,
+		Retention:    cfg.Retention,
+		Clock:        d.now,
+		Logger:       cfg.Logger,
+
+		KeepAlive:            cfg.KeepAlive,
+		ConnectTimeout:       cfg.ConnectTimeout,
+		PublishTimeout:       cfg.PublishTimeout,
+		MaxReconnectInterval: cfg.MaxReconnectInterval,
+		Hooks:                d.hooks(inc),
+	})
+	if err != nil {
+		return nil, err
+	}
+	inc.dev = dev
+	ctx := d.f.runCtx
+	prev := d.latest
+	d.latest = inc
+	d.setIncLocked(inc)
+	go func() {
+		if prev != nil {
+			<-prev.ended
+			d.mu.Lock()
+			d.session = max(d.session, prev.dev.Session())
+			d.mu.Unlock()
+		}
+		err := dev.Run(ctx)
+		inc.err = err
+		inc.markLoaded()
+		close(inc.ended)
+		d.ended(inc, err)
+	}()
+	return inc, nil
+}
+
+// ended: an incarnation's Run returned. One that died on its own (its
+// record could not be made durable, or its boot failed) crashes and boots
+// again a second later from what is durable.
+func (d *Device) ended(inc *incarnation, err error) {
+	if err == nil || errors.Is(err, device.ErrKilled) {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.inc != inc {
+		return
+	}
+	d.log.Error("device died; booting again in 1s", "err", err)
+	d.stats.Crashes++
+	d.setIncLocked(nil)
+	d.takeHeldLocked()
+	clear(d.repeats)
+	if !d.stopped {
+		d.bootTimer = time.AfterFunc(time.Second, d.bootIfDown)
+	}
+}
+
+// start is the first boot, from Fleet.Start; it returns once the device's
+// record is loaded, with the error of a boot that failed.
 func (d *Device) start() error {
 	d.mu.Lock()
 	d.restartTickersLocked()
-	inc, recovered, err := d.bootLocked()
+	inc, err := d.bootLocked()
 	d.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	for _, r := range recovered {
-		inc.emit(r)
+	<-inc.loaded
+	select {
+	case <-inc.ended:
+		if inc.err != nil && !errors.Is(inc.err, device.ErrKilled) {
+			return inc.err
+		}
+	default:
 	}
 	return nil
 }
 
-// bootLocked starts a new incarnation from the durable state. What an
-// earlier incarnation enqueued is committed (or failed) first, so the state
-// read is all there is.
-func (d *Device) bootLocked() (*incarnation, []wire.Receipt, error) {
-	_ = d.last.wait()
-	st, err := d.f.j.load(d.id)
-	if err != nil {
-		return nil, nil, err
-	}
-	st.Boots++
-	d.stats.Boots++
-	if st.Session > d.session {
-		d.session = st.Session
-	}
-	inc := newIncarnation(d)
-	recovered, jobs, err := d.recoverLocked(st)
-	if err != nil {
-		return nil, nil, err
-	}
-	// The boot counter is saved with the first session number, before the
-	// first connection; recovered outcomes are saved now (emit waits until
-	// they are durable before publishing them).
-	if len(recovered) > 0 {
-		b, err := d.f.j.state(journalEntry{Device: d.id, Full: st})
-		if err != nil {
-			return nil, nil, err
-		}
-		d.last = b
-	}
-	d.st, d.inc = st, inc
-	for _, j := range jobs {
-		inc.jobs.push(j)
-	}
-	inc.run()
-	d.log.Debug("device booted", "boots", st.Boots, "session", st.Session, "recovered", len(recovered), "resumed", len(jobs))
-	return inc, recovered, nil
-}
-
-// recoverLocked resolves what a crash left in progress. A command found in
-// "executing" ran if executions.jsonl holds more executions of it than the
-// state counted: its planned outcome is applied; otherwise it is failed with
-// error "interrupted" (it never ran). A command found in "received" is
-// handed to the executor again (checked for expiry there first).
-func (d *Device) recoverLocked(st *durableState) ([]wire.Receipt, []job, error) {
-	recs := make([]*record, 0, len(st.Commands))
-	for _, rec := range st.Commands {
-		recs = append(recs, rec)
-	}
-	slices.SortFunc(recs, func(a, b *record) int { return a.SeenAt.Compare(b.SeenAt) })
-	var (
-		counts    map[string]int
-		recovered []wire.Receipt
-		jobs      []job
-	)
-	legacy := !d.capsLocked().Dedupe
-	for _, rec := range recs {
-		switch rec.Latest.Status {
-		case wire.ReceiptExecuting:
-			if counts == nil {
-				execs, err := witness.ReadExecutions(d.f.cfg.StateDir)
-				if err != nil {
-					return nil, nil, err
-				}
-				counts = map[string]int{}
-				for _, e := range execs {
-					if e.DeviceID == d.id {
-						counts[e.CommandID]++
-					}
-				}
-			}
-			now := d.nowLocked()
-			if rec.Plan != nil && counts[rec.Command.CommandID] > rec.Executions {
-				rec.Executions++
-				d.applyLocked(st, rec, rec.Plan, now)
-			} else {
-				rec.Latest = newReceipt(rec.Command, wire.ReceiptFailed, rec.Latest.Seq+1, now, nil, "interrupted")
-				rec.Plan = nil
-				releaseOp(st, rec.Command)
-				d.stats.Failed++
-			}
-			d.stats.Recovered++
-			recovered = append(recovered, rec.Latest)
-		case wire.ReceiptReceived:
-			jobs = append(jobs, job{id: rec.Command.CommandID, legacy: legacy})
-		}
-	}
-	return recovered, jobs, nil
-}
-
-// stop shuts the device down cleanly (Fleet.Stop).
-func (d *Device) stop() {
+// stopping is the start of a clean stop (Fleet.Stop): no more boots,
+// crashes or drops, and the receipts the delay and reorder faults hold are
+// published at once. Fleet.Stop then cancels every incarnation's Run (a
+// clean stop of the device.Device) and waits for them (waitEnded).
+func (d *Device) stopping() {
 	d.mu.Lock()
 	if d.stopped {
 		d.mu.Unlock()
 		return
 	}
-	d.stopped = true
+	d.stopped, d.stopNow = true, true
 	if d.bootTimer != nil {
 		d.bootTimer.Stop()
 	}
@@ -369,73 +421,60 @@ func (d *Device) stop() {
 		close(d.tickStop)
 		d.tickStop = nil
 	}
-	inc := d.inc
-	if inc == nil {
-		d.mu.Unlock()
-		return
-	}
-	inc.stopping = true
-	close(inc.done)
 	d.wakeLocked()
+	outs := d.takeHeldLocked()
 	d.mu.Unlock()
-	inc.shutdown()
-}
-
-// crashLocked kills the running incarnation; with restart it boots again
-// after down.
-func (d *Device) crashLocked(down time.Duration, restart bool) {
-	if d.inc == nil {
-		return
-	}
-	d.stats.Crashes++
-	d.log.Debug("device crashed", "restart", restart, "down", down)
-	d.inc.killLocked()
-	if restart && !d.stopped {
-		if d.bootTimer != nil {
-			d.bootTimer.Stop()
-		}
-		d.bootTimer = time.AfterFunc(down, d.bootIfDown)
+	for _, o := range outs {
+		o.publish()
 	}
 }
 
-func (d *Device) bootIfDown() {
+// waitEnded waits until every incarnation's Run has returned (each waits
+// for the one before it).
+func (d *Device) waitEnded() {
 	d.mu.Lock()
-	if d.stopped || d.inc != nil {
-		d.mu.Unlock()
-		return
-	}
-	inc, recovered, err := d.bootLocked()
-	if err != nil {
-		d.log.Error("boot failed, retrying in 1s", "err", err)
-		d.bootTimer = time.AfterFunc(time.Second, d.bootIfDown)
-		d.mu.Unlock()
-		return
-	}
+	latest := d.latest
 	d.mu.Unlock()
-	for _, r := range recovered {
-		inc.emit(r)
+	if latest != nil {
+		<-latest.ended
 	}
+	d.mu.Lock()
+	d.setIncLocked(nil)
+	d.mu.Unlock()
 }
 
-// dropLocked closes the current connection abruptly.
-func (d *Device) dropLocked() {
-	if d.inc == nil {
+func (d *Device) setIncLocked(inc *incarnation) {
+	if d.inc == inc {
 		return
+	}
+	d.inc = inc
+	close(d.incCh)
+	d.incCh = make(chan struct{})
+}
+
+// dropLocked counts an abrupt disconnect and returns the incarnation whose
+// connection to reset (outside the lock).
+func (d *Device) dropLocked() *incarnation {
+	if d.inc == nil {
+		return nil
 	}
 	d.stats.ConnectionDrops++
-	if nc := d.inc.conn; nc != nil {
-		nc.kill()
-	}
+	return d.inc
 }
 
-// dropForLocked is the drop_connection fault: offline for dur (0: back at
-// once), unless a longer offline period is already set.
-func (d *Device) dropForLocked(dur time.Duration) {
+// dropFor is the drop_connection fault: offline for dur (0: back at once),
+// unless a longer offline period is already set.
+func (d *Device) dropFor(dur time.Duration) {
+	d.mu.Lock()
 	if until := time.Now().Add(dur); until.After(d.offUntil) {
 		d.offUntil = until
 	}
 	d.wakeLocked()
-	d.dropLocked()
+	inc := d.dropLocked()
+	d.mu.Unlock()
+	if inc != nil {
+		inc.dev.DropConnection()
+	}
 }
 
 func (d *Device) offlineLocked() bool { return d.offHold || time.Now().Before(d.offUntil) }
@@ -445,18 +484,6 @@ func (d *Device) wakeLocked() {
 	d.wake = make(chan struct{})
 }
 
-func (d *Device) setOnlineLocked(v bool) {
-	if v == d.online {
-		return
-	}
-	d.online = v
-	if v {
-		close(d.onlineCh)
-	} else {
-		d.onlineCh = make(chan struct{})
-	}
-}
-
 func (d *Device) capsLocked() wire.Capabilities {
 	if l := d.faults.Legacy; l.Enabled {
 		return wire.Capabilities{Dedupe: l.Dedupe, Query: l.Query}
@@ -464,9 +491,9 @@ func (d *Device) capsLocked() wire.Capabilities {
 	return wire.Capabilities{Dedupe: true, Query: true}
 }
 
-// nowLocked is the device's own clock: the fleet's clock plus its skew.
-func (d *Device) nowLocked() time.Time {
-	return d.f.now().Add(d.faults.ClockSkew.D()).UTC()
+// now is the device's own clock: the fleet's clock plus its skew.
+func (d *Device) now() time.Time {
+	return d.f.now().Add(time.Duration(d.skew.Load())).UTC()
 }
 
 // restartTickersLocked runs the time-based outage faults (every: ...).
@@ -508,15 +535,20 @@ func (d *Device) tick(stop <-chan struct{}, name string, f OutageFault) {
 			return
 		case <-t.C:
 		}
-		d.mu.Lock()
+		inc := d.current()
 		// A drop is an opportunity only while connected; a crash while up.
-		if d.inc != nil && (name == "crash" || d.inc.connectedLocked()) && d.fireLocked(name, f.Trigger) {
-			if name == "crash" {
-				d.crashLocked(f.For.D(), true)
-			} else {
-				d.dropForLocked(f.For.D())
-			}
+		if inc == nil || (name != "crash" && !inc.dev.Online()) {
+			continue
 		}
+		d.mu.Lock()
+		fire := d.fireLocked(name, f.Trigger)
 		d.mu.Unlock()
+		switch {
+		case !fire:
+		case name == "crash":
+			d.crash(inc, f.For.D(), true)
+		default:
+			d.dropFor(f.For.D())
+		}
 	}
 }

@@ -27,132 +27,90 @@
 //
 // # A conforming device
 //
-// Without faults, a device does what the contract's "A conforming device"
-// asks:
+// Every simulated device is a device.Device of the public device library
+// (package github.com/fleetctl/fleetctl/device), which keeps every rule of
+// the protocol: the durable record by command_id and operation_id, dedupe
+// before expiry, receipts with seq, queries answered from the record, the
+// growing session with birth, LWT and clean offline presence, redelivery
+// after a crash, and the resolution at boot of an action a crash
+// interrupted. The simulator adds the actions, the witness files and the
+// faults, all through the library's seams (device.Hooks, Device.Kill,
+// Device.DropConnection, Device.SetCapabilities, Options.Clock, Accept and
+// Resolve); it has no implementation of the rules of its own. Without
+// faults, a device does what the contract's "A conforming device" asks
+// (see the library's documentation for the details):
 //
-//   - Dedupe. It keeps a durable record of every command by command_id, and
-//     of which command took each operation_id. A repeated command_id never
-//     runs again; a command whose operation_id another command took never
-//     runs; both are answered with the latest receipt of that record (the
-//     command_id that ran, its seq). This check comes before the expiry
-//     check, so the repeat of an executed command that has since expired
-//     still gets its receipt. An operation_id is taken when a command is
-//     accepted ("received"); it is given back if that command ends without
-//     running (rejected as expired when its turn came, or interrupted), so a
-//     new command of the operation may run then. Records are kept until
-//     Retention (default 24h) past expires_at.
+//   - Dedupe. A repeated command_id never runs again; a command whose
+//     operation_id another command took never runs; both are answered with
+//     the latest receipt of that record. This check comes before the
+//     expiry check. An operation_id is taken when a command is accepted
+//     ("received"); it is given back if that command ends without running
+//     (rejected as expired when its turn came, or interrupted before it
+//     started). Records are kept until Retention (default 24h) past
+//     expires_at.
 //   - Expiry. A command whose expires_at has passed by the device's clock
 //     (skew included) is answered rejected, error "expired", seq 1; it is
 //     checked again when the command's turn to execute comes.
-//   - Queries. A query is answered with the latest receipt for its command_id,
-//     else for the command that took its operation_id (carrying that
-//     command_id), else status "unknown" with seq 0; always with its query_id.
-//   - Presence. Before every connection attempt the session number is raised
-//     and saved; the attempt carries a retained LWT {"online":false,
-//     "session":S}; once connected the device subscribes to its commands and
-//     queries (QoS 1) and then publishes a retained birth {"online":true,
-//     "session":S,"capabilities":{...},"at":...} (subscribing first, so a
-//     controller reacting to the birth finds it listening). A clean stop
-//     publishes a retained {"online":false,"session":S,"at":...} and then
-//     DISCONNECTs.
+//   - Queries. A query is answered with the latest receipt for its
+//     command_id, else for the command that took its operation_id, else
+//     status "unknown" with seq 0; always with its query_id.
+//   - Presence. Before every connection attempt the session number is
+//     raised and saved; the attempt carries a retained LWT; once connected
+//     the device subscribes and then publishes a retained birth; a clean
+//     stop publishes a retained offline presence and then DISCONNECTs.
 //   - Receipts. received (seq 1), executing (2), then succeeded with a result
 //     or failed with an error (3), QoS 1, not retained, on {root}/{d}/receipts.
 //     A command refused before it is accepted gets one receipt, rejected
-//     (seq 1): "expired", "unsupported_action", "invalid_params", or the
-//     reject fault's error.
+//     (seq 1): "expired", "unsupported_action", "invalid_params" (params
+//     that are no JSON object, for any action), or the reject fault's
+//     error.
 //   - Actions: "restart" (bumps the durable boot counter; result
 //     {"restarted":true,"boots":N}; the connection stays up) and "set-config"
 //     (params, an object, merged into the durable config as a JSON merge
 //     patch, a null removing a key; result {"config_keys","config_sha256",
 //     "changed_keys"}, with "config" while it encodes to at most 4 KiB).
-//     Every receipt keeps the protocol's result and error limits
-//     (wire.BoundReceipt).
-//     Anything else is rejected "unsupported_action".
+//     The boot counter and the config are the application's state, kept in
+//     the library's record (Hooks.SaveApp, LoadApp). Anything else is
+//     rejected "unsupported_action".
 //
 // A device handles its commands and queries one at a time in arrival order
-// (one worker) and executes accepted commands one at a time (one executor),
-// so a query or a repeat is answered while an action runs. Each is a
-// goroutine only while it has work: an idle device holds none of its own,
-// only its paho client's. MQTT callbacks only hand messages over; they never
-// block.
+// and executes accepted commands one at a time, so a query or a repeat is
+// answered while an action runs.
 //
 // # Durable state and crash rules
 //
-// Durability is a group commit shared by the whole fleet (one per Fleet):
-// many devices' state changes and witness lines become durable with one
-// fsync per file. A device hands each change to the fleet's journal, under
-// its own lock (so its changes keep their order), and goes on; whoever acts
-// on the change (acknowledges a command, publishes a receipt, connects with
-// a new session number) first waits until the device's latest batch is
-// durable. One writer goroutine takes everything gathered, appends the
-// witness lines (one write per witness file) and fsyncs those files, then
-// appends the state records to the journal (one write) and fsyncs it, then
-// releases every waiter of the batch at once; batches commit one after
-// another, in order. A state record thus never becomes durable before an
-// execution line of its batch or an earlier one.
+// The fleet shares one device.Journal (<StateDir>/devices: one snapshot
+// <id>.json per device and the fleet's journal <pid>-<nanos>.journal, a
+// group commit: many devices' changes and witness lines become durable with
+// one fsync per file). A journal left by a process killed with kill -9 is
+// folded at the next start; if its lock is still held (the process is still
+// exiting) the start waits for it up to 5s, and fails rather than skip its
+// records. Each device runs as a sequence of incarnations: each boot (Start,
+// Restart, the restart after a crash) is a new device.Device on the journal,
+// booting from what is durable; a crash (Crash, CrashFor, Restart, the crash
+// fault) is device.Device.Kill: the TCP connection is reset (no DISCONNECT:
+// the broker publishes the LWT), the incarnation's memory (queued work,
+// receipts the delay and reorder faults hold) is lost, and the batches it
+// left finish before the next incarnation boots.
 //
-// The journal is <StateDir>/devices/<pid>-<nanos>.journal, flocked while the
-// fleet runs: one JSON line per record, a device's counters and config with
-// the command records and operation claims that changed (a delta), or its
-// whole state after a boot's recovery. A device's durable state is its
-// snapshot <StateDir>/devices/<id>.json with its journal records applied in
-// order (the writer keeps each device's record offsets, so a boot reads only
-// its own). The journal is folded into the snapshots (each rewritten whole
-// and atomically: tmp file, fsync, rename; then one fsync of the directory)
-// and emptied when it passes 64 MiB and at a clean stop, where the file is
-// removed. At start, a journal left by a dead process (its lock is free) is
-// folded the same way, from its first line up to the first torn or
-// malformed one: what follows that belongs to a batch whose fsync never
-// returned, so nobody acted on it. A device killed at any instant (Crash,
-// kill -9 of devicesim) restarts from what was durable; an in-process crash
-// first lets the batches it left finish, kill -9 loses the records not yet
-// written. The steps of one command, each durable before it is announced:
-//
-//  1. received: the record (with the operation claim) is recorded, then,
-//     once durable, the command is acknowledged to the broker (PUBACK;
-//     manual acks) and the receipt published. A crash before that leaves
-//     the message unacknowledged, and the broker redelivers it (persistent
-//     session).
-//  2. executing: recorded together with the planned outcome (the result, or
-//     the fail fault's error, and the effect on the state), published once
-//     durable.
-//  3. the action runs: its line goes to executions.jsonl. That line is the
-//     execution.
-//  4. final: the effect (config, boots) and the final receipt are recorded,
-//     in the same batch as the line or a later one, and published once both
-//     are durable.
-//
-// A batch whose write or fsync fails releases its waiters with the error:
-// nothing of it is announced, each device that waited crashes and boots
-// again a second later from what is durable. A failed witness write or
-// fsync drops the batch's state records (they are not written); a failed
-// journal fsync leaves them in the file, not known durable, so a boot may
-// find them (nothing was announced of them either way). Repeats and queries
-// are answered, like every receipt, only once the device's latest batch is
-// durable.
-//
-// At boot a command found "executing" is resolved without running it again:
-// if executions.jsonl holds more lines for it than the state counted, it ran
-// and its planned outcome is applied (usually succeeded); otherwise it never
-// ran and it is failed with error "interrupted" (and its operation_id given
-// back). The resolved final receipt is published once the device is online.
-// A command found "received" is handed to the executor again (expiry checked
-// first). A final receipt recorded but not yet published is not re-sent by
-// itself; a repeat or a query gets it. A device that cannot make its state
-// or an execution's witness line durable crashes and boots again a second
-// later (a receipts.jsonl line is not waited for: a failed one is logged).
+// An execution is witnessed by its line in executions.jsonl, written in the
+// same journal batch as the save of the device's record that first holds
+// the execution's effect and outcome (Hooks.SaveLine): no record outlives
+// its line. At boot a command found "executing" is resolved without running
+// it again (Options.Resolve): if the application state holds its outcome,
+// or executions.jsonl holds a line of it, it ran (its effect is applied if
+// it was not saved); otherwise it never ran and it is failed with error
+// "interrupted" (its operation_id given back). The fail fault's decision is
+// taken when the command is accepted and saved with its record, so a
+// resolved execution keeps it. A device that cannot make its record durable
+// (a failed write or fsync) dies and boots again a second later from what
+// is durable; nothing of the failed change is announced.
 //
 // A clean stop lets the executor finish its command, except that an action
 // slowed by slow_execution is cut short and answered failed "interrupted"
 // (it did not run); commands still waiting stay "received" for the next boot.
 // Receipts held by the delay or reorder faults are published at once, and the
 // stop waits (up to PublishTimeout) for the broker's acknowledgements.
-//
-// A crash in process (Crash, CrashFor, Restart, the crash fault) resets the
-// TCP connection so nothing more is written on it (no DISCONNECT: the broker
-// publishes the LWT), discards the incarnation's memory (inbox, queued jobs,
-// receipts waiting for a connection, delayed receipts) and, for a restart,
-// boots a new incarnation from the file with a new MQTT client.
 //
 // # Witness files
 //
@@ -173,12 +131,13 @@
 // process was killed (the line follows the PUBACK; nothing waits for it).
 // "at" is by the device's clock, skew included, and equals the receipt's own
 // at. The journal's writer appends each batch's lines in one write per file
-// (opened O_APPEND) and fsyncs each file once, so devices and processes
-// sharing a state dir never interleave; one device id must not run in two
-// fleets at once (each fleet has its own journal; a fleet starting folds
-// only journals whose lock is free). Package witness holds the record types,
-// the appender and the readers (witness.ReadExecutions and
-// witness.ReadReceipts; a torn last line is ignored).
+// (opened O_APPEND) and fsyncs each file once, so devices sharing a state
+// dir never interleave. A state dir serves one devicesim process at a time
+// (fleets of one process may share it; a fleet starting folds the journals
+// other processes left, and fails if one stays locked); one device id must
+// not run in two fleets at once. Package witness holds the record types and
+// the readers (witness.ReadExecutions and witness.ReadReceipts; a torn last
+// line is ignored).
 //
 // # Fault profile
 //
@@ -249,15 +208,11 @@
 //
 // # MQTT client
 //
-// paho.mqtt.golang with a persistent session (CleanSession false: QoS 1
-// commands sent while a device is away wait at the broker), manual acks,
-// KeepAlive (default 5s; the broker fires the LWT of a silent device after
-// 1.5 times it), auto-reconnect with MaxReconnectInterval (default 1s). The
-// will carries the session number and a client's will is fixed when the
-// client is made, so the first connection makes a new client per attempt and
-// paho's reconnects set the new will in the reconnecting handler (which also
-// holds a reconnect back while the device is meant to be offline). The TCP
-// connection is opened by the simulator (a custom open-connection function)
-// so that it can be reset abruptly; a reset reports its own error, since paho
-// takes "use of closed network connection" for its own deliberate close.
+// The library's: paho.mqtt.golang with a persistent session (CleanSession
+// false), manual acks, KeepAlive (default 5s here), auto-reconnect with
+// MaxReconnectInterval (default 1s). An offline window (DropConnection with
+// a duration, the drop_connection fault's "for") holds every connection
+// attempt in Hooks.Connect until it ends; a change of capabilities
+// (SetFaults with legacy) is device.Device.SetCapabilities followed by a
+// dropped connection, so the next birth announces it.
 package sim

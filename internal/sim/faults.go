@@ -390,6 +390,21 @@ func (p Profile) For(id string) Faults {
 	return p.Defaults
 }
 
+// shared is For, as a pointer into p: devices of the same entry share
+// their Faults (a Device replaces its pointer, never the value).
+func (p *Profile) shared(id string) *Faults {
+	for i := range p.Devices {
+		o := &p.Devices[i]
+		if o.Match == id {
+			return &o.Faults
+		}
+		if ok, _ := path.Match(o.Match, id); ok {
+			return &o.Faults
+		}
+	}
+	return &p.Defaults
+}
+
 // Validate checks the defaults, every override and every pattern.
 func (p Profile) Validate() error {
 	if err := p.Defaults.Validate(); err != nil {
@@ -482,6 +497,9 @@ func (d *Device) fireLocked(name string, t Trigger) bool {
 	}
 	s := d.trig[name]
 	if s == nil {
+		if d.trig == nil {
+			d.trig = map[string]*trigState{}
+		}
 		s = &trigState{}
 		d.trig[name] = s
 	}

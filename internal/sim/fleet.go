@@ -9,24 +9,38 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
-	"github.com/fleetctl/fleetctl/internal/wire"
-	"github.com/fleetctl/fleetctl/internal/witness"
+	"github.com/fleetctl/fleetctl/device"
 )
 
 // ErrStopped is returned by waits and restarts on a stopped fleet.
 var ErrStopped = errors.New("sim: fleet stopped")
 
+// DevicesDir is the directory under the state dir that holds the devices'
+// durable record: the device library's journal directory (one snapshot
+// file per device, <id>.json, and the fleet's journal).
+const DevicesDir = "devices"
+
+// JournalExt ends the name of a fleet's journal file in the devices dir.
+const JournalExt = ".journal"
+
 // Fleet is a set of simulated devices, one MQTT connection each.
 type Fleet struct {
-	cfg     Config
-	log     *slog.Logger
-	wit     *witness.Appender
-	j       *journal
-	devices []*Device
-	byID    map[string]*Device
+	cfg      Config
+	log      *slog.Logger
+	j        *device.Journal
+	execFile string
+	rcptFile string
+	devices  []*Device
+	byID     map[string]*Device
+
+	// runCtx is every incarnation's Run context, cancelled by Stop (once
+	// held receipts are out).
+	runCtx    context.Context
+	cancelRun context.CancelFunc
 
 	stopOnce sync.Once
 	done     chan struct{}
@@ -49,18 +63,24 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, DevicesDir), 0o755); err != nil {
 		return nil, fmt.Errorf("sim: state dir: %w", err)
 	}
-	wit, err := witness.Open(cfg.StateDir)
+	execFile, rcptFile := witnessFiles(cfg.StateDir)
+	for _, name := range []string{execFile, rcptFile} {
+		f, err := os.OpenFile(name, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("sim: witness: %w", err)
+		}
+		f.Close()
+	}
+	j, err := device.OpenJournal(filepath.Join(cfg.StateDir, DevicesDir), &device.JournalOptions{Logger: cfg.Logger, SyncHook: cfg.syncHook})
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
-	j, err := openJournal(cfg.StateDir, wit, cfg.Logger, cfg.syncHook)
-	if err != nil {
-		wit.Close()
-		return nil, fmt.Errorf("sim: %w", err)
-	}
-	f := &Fleet{cfg: cfg, log: cfg.Logger, wit: wit, j: j, byID: map[string]*Device{}, done: make(chan struct{})}
+	f := &Fleet{cfg: cfg, log: cfg.Logger, j: j, execFile: execFile, rcptFile: rcptFile, byID: map[string]*Device{}, done: make(chan struct{})}
+	f.runCtx, f.cancelRun = context.WithCancel(context.Background())
+	profile := cfg.Faults
+	profile.Devices = slices.Clone(profile.Devices) // the devices share its entries
 	for _, id := range cfg.ids() {
-		d := newDevice(f, id, cfg.Faults.For(id))
+		d := newDevice(f, id, profile.shared(id))
 		f.devices = append(f.devices, d)
 		f.byID[id] = d
 	}
@@ -78,7 +98,7 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 			defer func() { <-sem; wg.Done() }()
 			if err := d.start(); err != nil {
 				mu.Lock()
-				errs = append(errs, err)
+				errs = append(errs, fmt.Errorf("%s: %w", d.id, err))
 				mu.Unlock()
 			}
 		}()
@@ -108,14 +128,17 @@ func (f *Fleet) Stop() {
 		var wg sync.WaitGroup
 		for _, d := range f.devices {
 			wg.Add(1)
-			go func() { defer wg.Done(); d.stop() }()
+			go func() { defer wg.Done(); d.stopping() }()
 		}
 		wg.Wait()
-		if err := f.j.close(); err != nil {
-			f.log.Error("close journal", "err", err)
+		f.cancelRun() // each running device stops cleanly
+		for _, d := range f.devices {
+			wg.Add(1)
+			go func() { defer wg.Done(); d.waitEnded() }()
 		}
-		if err := f.wit.Close(); err != nil {
-			f.log.Error("close witness files", "err", err)
+		wg.Wait()
+		if err := f.j.Close(); err != nil {
+			f.log.Error("close journal", "err", err)
 		}
 		close(f.done)
 		f.log.Info("fleet stopped")
@@ -173,26 +196,21 @@ func (f *Fleet) Stats() Stats {
 	return s
 }
 
-func newDevice(f *Fleet, id string, faults Faults) *Device {
+func newDevice(f *Fleet, id string, faults *Faults) *Device {
 	h := fnv.New64a()
 	h.Write([]byte(id))
-	root := f.cfg.TopicRoot
-	return &Device{
-		id:  id,
-		f:   f,
-		log: f.log.With("device", id),
-		topics: topics{
-			commands: wire.Topic(root, id, wire.KindCommands),
-			queries:  wire.Topic(root, id, wire.KindQueries),
-			receipts: wire.Topic(root, id, wire.KindReceipts),
-			presence: wire.Topic(root, id, wire.KindPresence),
-		},
-		faults:   faults,
-		trig:     map[string]*trigState{},
-		rng:      rand.New(rand.NewPCG(uint64(f.cfg.Seed), h.Sum64())),
-		wake:     make(chan struct{}),
-		onlineCh: make(chan struct{}),
+	d := &Device{
+		id:     id,
+		f:      f,
+		log:    f.log.With("device", id),
+		faults: faults,
+		rng:    rand.New(rand.NewPCG(uint64(f.cfg.Seed), h.Sum64())),
+		wake:   make(chan struct{}),
+		incCh:  make(chan struct{}),
+		app:    newAppState(),
 	}
+	d.skew.Store(int64(faults.ClockSkew.D()))
+	return d
 }
 
 // now is the fleet's clock before any device's skew.
