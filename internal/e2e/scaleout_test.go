@@ -89,16 +89,29 @@ func TestThreeInstancesOnPostgresDivideTheWorkThroughKills(t *testing.T) {
 	}()
 
 	// The chaos: kill -9 a random instance every 1 to 2 s, restart it, until
-	// the submissions are done and at least minKills kills were made.
+	// the submissions are done and at least minKills kills were made. A kill
+	// also waits until progress operations more were accepted since the one
+	// before: on a loaded machine, where a restart and a takeover take
+	// seconds, kills at a fixed pace would leave no time to make any.
+	const progress = ops / (3 * minKills)
 	rng := rand.New(rand.NewSource(11))
 	kills := map[int]int{}
 	start := time.Now()
-	for k := 0; ; k++ {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out during the kills (%d made, %d accepted)", k, accepted.Load())
-		case <-time.After(time.Duration(1000+rng.Intn(1000)) * time.Millisecond):
+	for k, last := 0, int64(0); ; k++ {
+		pause := time.After(time.Duration(1000+rng.Intn(1000)) * time.Millisecond)
+		sub := submitted // nil once closed: no progress to wait for then
+		for paused := false; !paused || (sub != nil && accepted.Load() < last+progress); {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("timed out during the kills (%d made, %d accepted)", k, accepted.Load())
+			case <-sub:
+				sub = nil
+			case <-pause:
+				paused = true
+			case <-time.After(50 * time.Millisecond): // poll accepted
+			}
 		}
+		last = accepted.Load()
 		done := false
 		select {
 		case <-submitted:
