@@ -74,6 +74,14 @@ type Device struct {
 	// last is the journal batch holding the device's latest record; once
 	// it is done, every change before it is durable too.
 	last *batch
+	// running is the record of the command whose handler runs (nil
+	// between handlers), runs counts the handlers' runs: a Command's
+	// Progress is for the run it was made for only.
+	running *record
+	runs    uint64
+	// send publishes a receipt for Hooks.Receipt (made once, not per
+	// receipt).
+	send func(Receipt)
 }
 
 type topics struct{ commands, queries, receipts, presence string }
@@ -171,6 +179,9 @@ func New(o Options) (*Device, error) {
 	d.done, d.dead = make(chan struct{}), make(chan struct{})
 	d.inbox = newSerial(d.done, &d.loops, d.handleMessage)
 	d.jobs = newSerial(d.done, &d.loops, d.execute)
+	if d.o.Hooks.Receipt != nil {
+		d.send = func(r Receipt) { d.publish(fromReceipt(r)) }
+	}
 	return d, nil
 }
 
