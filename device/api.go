@@ -128,7 +128,10 @@ type Command struct {
 	ExpiresAt   time.Time // zero: never expires
 	Attempt     int
 
-	progress func(partial any) error
+	// dev and run identify the handler's run that Progress belongs to
+	// (nil outside a running handler).
+	dev *Device
+	run uint64
 }
 
 // Progress publishes an "executing" receipt carrying partial (encoded like
@@ -137,10 +140,10 @@ type Command struct {
 // handler runs; it blocks until the receipt is durable (not until the
 // broker has it).
 func (c *Command) Progress(partial any) error {
-	if c.progress == nil {
+	if c.dev == nil {
 		return errors.New("device: Progress outside a running handler")
 	}
-	return c.progress(partial)
+	return c.dev.progress(c.run, partial)
 }
 
 // Status is a receipt's status.

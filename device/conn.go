@@ -306,7 +306,11 @@ func (d *Device) emit(r wire.Receipt) {
 		return
 	}
 	if h := d.o.Hooks.Receipt; h != nil {
-		h(toReceipt(r), func(r Receipt) { d.publish(fromReceipt(r)) })
+		send := d.send
+		if send == nil { // Hooks.Receipt set after New
+			send = func(r Receipt) { d.publish(fromReceipt(r)) }
+		}
+		h(toReceipt(r), send)
 		return
 	}
 	d.publish(r)

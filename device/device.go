@@ -74,6 +74,17 @@ type Device struct {
 	// last is the journal batch holding the device's latest record; once
 	// it is done, every change before it is durable too.
 	last *batch
+	// running is the record of the command whose handler runs (nil
+	// between handlers), runs counts the handlers' runs: a Command's
+	// Progress is for the run it was made for only.
+	running *record
+	runs    uint64
+	// onDead, set by Start, runs (in its own goroutine) when the device
+	// dies.
+	onDead func()
+	// send publishes a receipt for Hooks.Receipt (made once, not per
+	// receipt).
+	send func(Receipt)
 }
 
 type topics struct{ commands, queries, receipts, presence string }
@@ -171,6 +182,9 @@ func New(o Options) (*Device, error) {
 	d.done, d.dead = make(chan struct{}), make(chan struct{})
 	d.inbox = newSerial(d.done, &d.loops, d.handleMessage)
 	d.jobs = newSerial(d.done, &d.loops, d.execute)
+	if d.o.Hooks.Receipt != nil {
+		d.send = func(r Receipt) { d.publish(fromReceipt(r)) }
+	}
 	return d, nil
 }
 
@@ -240,8 +254,55 @@ func (d *Device) Latest(commandID string) (Receipt, bool) {
 // flushed, a retained offline presence published, DISCONNECT) and returns
 // nil. It returns ErrKilled after Kill, an ErrNotDurable error when the
 // device could not make its record durable, or an error from the boot.
-// Run may be called once.
+// Run may be called once (Run or Start).
 func (d *Device) Run(ctx context.Context) error {
+	if err := d.start(ctx); err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return d.end(true)
+	case <-d.dead:
+		return d.end(false)
+	}
+}
+
+// Start is Run without a goroutine waiting for its end, for a process
+// running many devices: it boots the device and returns the boot's error
+// (nil once the device runs, connecting in the background). The device
+// then runs as under Run until ctx is done or it dies, and end, called once
+// from a goroutine of its own, gets what Run would have returned. end is
+// not called when Start returns an error.
+func (d *Device) Start(ctx context.Context, end func(error)) error {
+	if err := d.start(ctx); err != nil {
+		return err
+	}
+	var (
+		once sync.Once
+		stop func() bool
+	)
+	finish := func(stopped bool) {
+		once.Do(func() {
+			stop()
+			end(d.end(stopped))
+		})
+	}
+	stop = context.AfterFunc(ctx, func() { finish(true) })
+	d.mu.Lock()
+	dead := d.killed
+	if !dead {
+		d.onDead = func() { finish(false) }
+	}
+	d.mu.Unlock()
+	if dead {
+		go finish(false)
+	}
+	return nil
+}
+
+// start is Run up to its wait: the boot, then the connection in the
+// background.
+func (d *Device) start(ctx context.Context) error {
 	if !d.started.CompareAndSwap(false, true) {
 		return errors.New("device: Run called twice")
 	}
@@ -259,9 +320,9 @@ func (d *Device) Run(ctx context.Context) error {
 		return err
 	}
 	d.runCtx, d.cancelRun = context.WithCancel(context.WithoutCancel(ctx))
-	defer d.cancelRun()
 	recovered, err := d.boot(ctx)
 	if err != nil {
+		d.cancelRun()
 		d.j.unregister(d.id)
 		if d.ownJ {
 			d.j.Close()
@@ -273,28 +334,32 @@ func (d *Device) Run(ctx context.Context) error {
 	}
 	d.loops.Add(1)
 	go func() { defer d.loops.Done(); d.connectLoop() }()
+	return nil
+}
 
-	select {
-	case <-ctx.Done():
+// end is Run after its wait: a clean stop once ctx is done (stopped), or
+// the end of a device that died.
+func (d *Device) end(stopped bool) error {
+	defer d.cancelRun()
+	if stopped {
 		d.shutdown()
 		d.j.unregister(d.id)
 		if d.ownJ {
 			return d.j.Close()
 		}
 		return nil
-	case <-d.dead:
-		d.j.unregister(d.id)
-		if d.ownJ {
-			d.j.abandon()
-		}
-		d.mu.Lock()
-		err := d.fatal
-		d.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		return ErrKilled
 	}
+	d.j.unregister(d.id)
+	if d.ownJ {
+		d.j.abandon()
+	}
+	d.mu.Lock()
+	err := d.fatal
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return ErrKilled
 }
 
 // boot loads the durable record and resolves what a crash left in
@@ -422,6 +487,9 @@ func (d *Device) killLocked(fatal error) {
 		close(d.done)
 	}
 	close(d.dead)
+	if d.onDead != nil {
+		go d.onDead() // Start's end
+	}
 	if d.cancelRun != nil {
 		d.cancelRun()
 	}

@@ -200,11 +200,14 @@ func (d *Device) execute(id string) {
 	d.emit(r)
 
 	c := toCommand(cmd)
-	var over bool // set (under d.mu) once the handler returned
-	c.progress = func(partial any) error { return d.progress(rec, partial, &over) }
+	d.mu.Lock()
+	d.runs++
+	c.dev, c.run = d, d.runs
+	d.running = rec // cleared (under d.mu) once the handler returned
+	d.mu.Unlock()
 	result, err := runHandler(d.runCtx, d.o.Actions[cmd.Action], &c)
 	d.mu.Lock()
-	over = true
+	d.running = nil
 	d.mu.Unlock()
 	if !d.point(PointExecuted, cmd) {
 		return
@@ -239,13 +242,14 @@ func (d *Device) execute(id string) {
 
 // progress records an "executing" receipt with a partial result and
 // publishes it once durable.
-func (d *Device) progress(rec *record, partial any, over *bool) error {
+func (d *Device) progress(run uint64, partial any) error {
 	raw, err := encodeResult(partial)
 	if err != nil {
 		return err
 	}
 	d.mu.Lock()
-	if *over {
+	rec := d.running
+	if rec == nil || run != d.runs {
 		d.mu.Unlock()
 		return errors.New("device: Progress after the handler returned")
 	}
@@ -321,14 +325,34 @@ func encodeResult(v any) (json.RawMessage, error) {
 	if len(t) == 0 || t[0] != '{' || !json.Valid(t) {
 		return nil, errors.New("result is not a JSON object")
 	}
-	if err := wire.CheckJSON(t, wire.CheckOptions{}); err != nil {
+	if err := wire.CheckValidJSON(t, wire.CheckOptions{}); err != nil {
 		return nil, fmt.Errorf("result: %w", err)
+	}
+	if compact(t) {
+		return bytes.Clone(t), nil // what json.Compact would make of it
 	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, t); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// compact reports whether valid JSON has no whitespace outside its strings
+// (json.Compact leaves it as it is).
+func compact(t []byte) bool {
+	in := false
+	for i := 0; i < len(t); i++ {
+		switch c := t[i]; {
+		case in && c == '\\':
+			i++
+		case c == '"':
+			in = !in
+		case !in && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+			return false
+		}
+	}
+	return true
 }
 
 // finishLocked saves a final outcome decided without running, unlocks and

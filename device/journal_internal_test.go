@@ -1,6 +1,8 @@
 package device
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -94,4 +96,16 @@ func TestSaveLineFailsItsRecord(t *testing.T) {
 	lines, err := os.ReadFile(side)
 	require.NoError(t, err)
 	require.Contains(t, string(lines), `{"n":2}`+"\n")
+}
+
+// compact agrees with json.Compact on what it would leave as it is.
+func TestCompact(t *testing.T) {
+	for _, s := range []string{
+		`{"a":1}`, `{"a": 1}`, "{\"a\":1}\n", `{"a":"x y"}`, `{"a":"x\" y"}`, `{"a":"x\\"," b":2}`,
+		`{"a":"\\\\"}`, `{"a":"\\\\" }`, `{"a":[1,2,{"b":"c d"}]}`, "{\"a\":\t[]}", `{}`,
+	} {
+		var buf bytes.Buffer
+		require.NoError(t, json.Compact(&buf, []byte(s)), s)
+		require.Equal(t, buf.String() == s, compact([]byte(s)), s)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/fleetctl/fleetctl/device"
@@ -94,7 +95,7 @@ func (d *Device) handler(inc *incarnation) device.Handler {
 				return nil, fmt.Errorf("%w: %w", device.ErrNotStarted, ctx.Err())
 			}
 		}
-		line, _ := json.Marshal(witness.Execution{DeviceID: d.id, CommandID: cmd.ID, OperationID: cmd.OperationID, Action: cmd.Action, At: d.now()})
+		line, _ := witness.Line(witness.Execution{DeviceID: d.id, CommandID: cmd.ID, OperationID: cmd.OperationID, Action: cmd.Action, At: d.now()})
 		d.appMu.Lock()
 		last := d.planLocked(cmd.ID, cmd.Action, cmd.Params)
 		inc.executed = &execution{line: line, last: last, action: cmd.Action, params: cmd.Params}
@@ -141,12 +142,22 @@ func (d *Device) planLocked(commandID, action string, params json.RawMessage) *l
 	}
 	switch action {
 	case ActionRestart:
-		last.Result, _ = json.Marshal(map[string]any{"restarted": true, "boots": app.Boots + 1})
+		last.Result = restartResult(app.Boots + 1)
 	case ActionSetConfig:
 		next, changed := mergeConfig(app.Config, params)
 		last.Result = SetConfigResult(next, changed)
 	}
 	return last
+}
+
+// restartResult is a restart's result, {"boots":N,"restarted":true}: what
+// json.Marshal makes of the map {"restarted": true, "boots": N} (its keys
+// sorted), without the reflection.
+func restartResult(boots int) json.RawMessage {
+	b := make([]byte, 0, 40)
+	b = append(b, `{"boots":`...)
+	b = strconv.AppendInt(b, int64(boots), 10)
+	return append(b, `,"restarted":true}`...)
 }
 
 // applyLocked applies an execution's effect to the app state (under

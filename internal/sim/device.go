@@ -344,6 +344,14 @@ func (d *Device) bootLocked() (*incarnation, error) {
 	prev := d.latest
 	d.latest = inc
 	d.setIncLocked(inc)
+	end := func(err error) {
+		inc.err = err
+		inc.markLoaded()
+		close(inc.ended)
+		d.ended(inc, err)
+	}
+	// This goroutine ends once the device runs: no goroutine per device
+	// waits for its end (device.Device.Start calls end).
 	go func() {
 		if prev != nil {
 			<-prev.ended
@@ -351,11 +359,9 @@ func (d *Device) bootLocked() (*incarnation, error) {
 			d.session = max(d.session, prev.dev.Session())
 			d.mu.Unlock()
 		}
-		err := dev.Run(ctx)
-		inc.err = err
-		inc.markLoaded()
-		close(inc.ended)
-		d.ended(inc, err)
+		if err := dev.Start(ctx, end); err != nil {
+			end(err)
+		}
 	}()
 	return inc, nil
 }

@@ -136,11 +136,7 @@ type outgoing struct {
 	send   func(device.Receipt)
 }
 
-func (o outgoing) publish() {
-	for range o.copies {
-		o.send(o.r)
-	}
-}
+func (o outgoing) publish() { publishN(o.send, o.r, o.copies) }
 
 const defaultFaultDelay = time.Second
 
@@ -166,35 +162,33 @@ func (d *Device) receipt(inc *incarnation, r device.Receipt, send func(device.Re
 		d.mu.Unlock()
 		return
 	}
-	f := *d.faults
+	f := d.faults // replaced, never changed: no copy needed
 	status, query := string(r.Status), r.QueryID != ""
-	fires := func(name string, rf ReceiptFault) bool {
-		return rf.matches(status, query) && d.fireLocked(name, rf.Trigger)
+	fires := func(name string, rf *ReceiptFault) bool {
+		return rf.Enabled() && rf.matches(status, query) && d.fireLocked(name, rf.Trigger)
 	}
-	if fires("drop_receipt", f.DropReceipt) {
+	if fires("drop_receipt", &f.DropReceipt) {
 		d.stats.ReceiptsDropped++
 		d.mu.Unlock()
 		return
 	}
-	out := outgoing{r: r, copies: 1, send: send}
-	if fires("duplicate_receipt", f.DuplicateReceipt) {
-		out.copies = 2
+	copies := 1
+	if fires("duplicate_receipt", &f.DuplicateReceipt) {
+		copies = 2
 		d.stats.ReceiptsDuplicated++
 	}
 	if d.stopNow { // a clean stop publishes at once what it would hold
 		d.mu.Unlock()
-		out.publish()
+		publishN(send, r, copies)
 		return
 	}
 	var delay time.Duration
-	if fires("delay_receipt", f.DelayReceipt) {
+	if fires("delay_receipt", &f.DelayReceipt) {
 		delay = durationOr(f.DelayReceipt.Delay, defaultFaultDelay)
 		d.stats.ReceiptsDelayed++
 	}
-	if d.held == nil && fires("reorder_receipt", f.ReorderReceipt) {
-		h := &heldReceipt{out: out}
-		h.timer = time.AfterFunc(durationOr(f.ReorderReceipt.Delay, defaultFaultDelay), func() { d.releaseHeld(h) })
-		d.held = h
+	if d.held == nil && fires("reorder_receipt", &f.ReorderReceipt) {
+		d.holdLocked(outgoing{r: r, copies: copies, send: send}, durationOr(f.ReorderReceipt.Delay, defaultFaultDelay))
 		d.stats.ReceiptsReordered++
 		d.mu.Unlock()
 		return
@@ -208,28 +202,48 @@ func (d *Device) receipt(inc *incarnation, r device.Receipt, send func(device.Re
 		}
 	}
 	if delay > 0 {
-		var t *time.Timer
-		t = time.AfterFunc(delay, func() {
-			d.mu.Lock()
-			_, ok := d.delayed[t]
-			delete(d.delayed, t)
-			d.mu.Unlock()
-			if ok {
-				out.publish()
-			}
-		})
-		if d.delayed == nil {
-			d.delayed = map[*time.Timer]outgoing{}
-		}
-		d.delayed[t] = out
+		d.delayLocked(outgoing{r: r, copies: copies, send: send}, delay)
 	}
 	d.mu.Unlock()
 	if delay <= 0 {
-		out.publish()
+		publishN(send, r, copies)
 	}
 	if prev != nil {
 		prev.out.publish()
 	}
+}
+
+func publishN(send func(device.Receipt), r device.Receipt, copies int) {
+	for range copies {
+		send(r)
+	}
+}
+
+// holdLocked holds a receipt back for the reorder fault (its own function,
+// so that only a held receipt is moved to the heap).
+func (d *Device) holdLocked(out outgoing, wait time.Duration) {
+	h := &heldReceipt{out: out}
+	h.timer = time.AfterFunc(wait, func() { d.releaseHeld(h) })
+	d.held = h
+}
+
+// delayLocked publishes a receipt after delay (delay_receipt), unless a
+// crash discards it first.
+func (d *Device) delayLocked(out outgoing, delay time.Duration) {
+	var t *time.Timer
+	t = time.AfterFunc(delay, func() {
+		d.mu.Lock()
+		_, ok := d.delayed[t]
+		delete(d.delayed, t)
+		d.mu.Unlock()
+		if ok {
+			out.publish()
+		}
+	})
+	if d.delayed == nil {
+		d.delayed = map[*time.Timer]outgoing{}
+	}
+	d.delayed[t] = out
 }
 
 // countLocked counts a command's outcome (not a repeat's answer).
@@ -297,7 +311,7 @@ func (d *Device) published(r device.Receipt) {
 	if !final {
 		return
 	}
-	line, _ := json.Marshal(witness.PublishedReceipt{
+	line, _ := witness.Line(witness.PublishedReceipt{
 		DeviceID: d.id, CommandID: r.CommandID, OperationID: r.OperationID,
 		Status: wire.ReceiptStatus(r.Status), Seq: r.Seq, At: r.At, Error: r.Error, QueryID: r.QueryID,
 	})

@@ -106,10 +106,20 @@ func CheckJSON(data []byte, o CheckOptions) error {
 	if !json.Valid(data) {
 		return syntaxError(data)
 	}
+	return CheckValidJSON(data, o)
+}
+
+// CheckValidJSON is CheckJSON for data already known to be one valid JSON
+// value (json.Valid): it skips the syntax check.
+func CheckValidJSON(data []byte, o CheckOptions) error {
 	if o.MaxDepth <= 0 {
 		o.MaxDepth = MaxDepth
 	}
-	c := &checker{data: data, opts: o}
+	var (
+		keys [8][]byte
+		path [4]pathElem
+	)
+	c := &checker{data: data, opts: o, keys: keys[:0], path: path[:0]}
 	c.skipSpace()
 	return c.value(0)
 }
@@ -133,11 +143,14 @@ type checker struct {
 	i    int
 	opts CheckOptions
 	path []pathElem
-	keys [][]string // member names seen, per depth, reused
+	// keys are the member names seen in the objects being walked, the
+	// innermost object's last; each object truncates it back to where
+	// its own names started when it ends.
+	keys [][]byte
 }
 
 type pathElem struct {
-	key   string
+	key   []byte
 	index int // -1 for an object member
 }
 
@@ -151,7 +164,7 @@ func (c *checker) where() string {
 		if b.Len() > 0 {
 			b.WriteByte('.')
 		}
-		b.WriteString(shorten(p.key, 40))
+		b.WriteString(shorten(string(p.key), 40))
 	}
 	return b.String()
 }
@@ -198,16 +211,14 @@ func (c *checker) value(depth int) error {
 }
 
 func (c *checker) object(depth int) error {
-	c.i++ // {
-	for len(c.keys) <= depth {
-		c.keys = append(c.keys, nil)
-	}
-	c.keys[depth] = c.keys[depth][:0]
+	c.i++                    // {
+	first := len(c.keys)     // this object's names are c.keys[first:]
 	var seen map[string]bool // past a few members, a set
 	for {
 		c.skipSpace()
 		if c.data[c.i] == '}' {
 			c.i++
+			c.keys = c.keys[:first]
 			return nil
 		}
 		if c.data[c.i] == ',' {
@@ -219,20 +230,20 @@ func (c *checker) object(depth int) error {
 		key := c.key(c.data[start:c.i])
 		dup := false
 		if seen != nil {
-			dup = seen[key]
-			seen[key] = true
+			dup = seen[string(key)]
+			seen[string(key)] = true
 		} else {
-			for _, k := range c.keys[depth] {
-				if k == key {
+			for _, k := range c.keys[first:] {
+				if bytes.Equal(k, key) {
 					dup = true
 					break
 				}
 			}
-			c.keys[depth] = append(c.keys[depth], key)
-			if len(c.keys[depth]) > 16 {
+			c.keys = append(c.keys, key)
+			if len(c.keys)-first > 16 {
 				seen = make(map[string]bool, 32)
-				for _, k := range c.keys[depth] {
-					seen[k] = true
+				for _, k := range c.keys[first:] {
+					seen[string(k)] = true
 				}
 			}
 		}
@@ -272,14 +283,15 @@ func (c *checker) array(depth int) error {
 	}
 }
 
-// key decodes a member name (with its quotes), unescaping only when needed.
-func (c *checker) key(raw []byte) string {
+// key decodes a member name (with its quotes), unescaping only when needed
+// (else it is data's own bytes).
+func (c *checker) key(raw []byte) []byte {
 	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw[1 : len(raw)-1])
+		return raw[1 : len(raw)-1]
 	}
 	var s string
 	_ = json.Unmarshal(raw, &s) // valid JSON: cannot fail
-	return s
+	return []byte(s)
 }
 
 func (c *checker) skipString() {
