@@ -279,15 +279,23 @@ func (d *Device) Start(ctx context.Context, end func(error)) error {
 	}
 	var (
 		once sync.Once
+		mu   sync.Mutex // stop is set after AfterFunc, which may already run finish
 		stop func() bool
 	)
 	finish := func(stopped bool) {
 		once.Do(func() {
-			stop()
+			mu.Lock()
+			s := stop
+			mu.Unlock()
+			if s != nil { // nil only when ctx was done already: nothing to stop
+				s()
+			}
 			end(d.end(stopped))
 		})
 	}
+	mu.Lock()
 	stop = context.AfterFunc(ctx, func() { finish(true) })
+	mu.Unlock()
 	d.mu.Lock()
 	dead := d.killed
 	if !dead {
