@@ -539,7 +539,10 @@ func (j *Journal) commit(b *batch) {
 }
 
 func (j *Journal) writeSide(b *batch) error {
-	var errs []error
+	var (
+		errs  []error
+		files []*os.File
+	)
 	for _, name := range b.order {
 		f := j.side[name]
 		if f == nil {
@@ -554,11 +557,29 @@ func (j *Journal) writeSide(b *batch) error {
 			errs = append(errs, fmt.Errorf("append %s: %w", name, err))
 			continue
 		}
-		if err := j.syncFile(f); err != nil {
-			errs = append(errs, fmt.Errorf("fsync %s: %w", name, err))
-		}
+		files = append(files, f)
 	}
-	return errors.Join(errs...)
+	// One fsync per file written, at the same time: a batch waits for the
+	// slowest, not for their sum.
+	if len(files) == 1 {
+		if err := j.syncFile(files[0]); err != nil {
+			errs = append(errs, fmt.Errorf("fsync %s: %w", files[0].Name(), err))
+		}
+		return errors.Join(errs...)
+	}
+	synced := make([]error, len(files))
+	var wg sync.WaitGroup
+	for i, f := range files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := j.syncFile(f); err != nil {
+				synced[i] = fmt.Errorf("fsync %s: %w", f.Name(), err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(append(errs, synced...)...)
 }
 
 // compact folds the journal into the snapshots and empties it. Only the
