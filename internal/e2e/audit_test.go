@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -16,7 +17,9 @@ import (
 // TestAuditNamesWhoDidWhat: with --tokens, bob resolves a needs_attention
 // command with a note and alice approves a task; GET /v1/audit?principal=
 // lists exactly each one's changes, the resolve with its note, and the
-// command's events carry bob as their principal.
+// command's events carry bob as their principal. The command shows in the
+// gauge controller_commands{status="needs_attention"} while it waits, and
+// leaves it after the resolve.
 func TestAuditNamesWhoDidWhat(t *testing.T) {
 	t.Parallel()
 	tb := setupTasks(t, setupOpts{args: []string{"--ack-timeout", "300ms", "--max-attempts", "2"},
@@ -33,9 +36,19 @@ func TestAuditNamesWhoDidWhat(t *testing.T) {
 		Params: json.RawMessage(`{"k":"v"}`)}, "")
 	require.NoError(t, err)
 	tb.waitCommand(op.CommandID, "needs_attention")
+	// The state gauge shows it (refreshed from the database every 5 s),
+	// and every other state at 0 or more.
+	const waiting = `controller_commands{status="needs_attention"}`
+	eventually(t, "the gauge shows the needs_attention command", 20*time.Second, func() bool { return tb.metric(waiting) == 1 })
+	require.Contains(t, tb.metrics(), `controller_commands{status="cancelled"} 0`, "every state is present")
+	require.Contains(t, tb.metrics(), `controller_operations{status="failed_retryable"} 0`)
 	const note = "checked on site: the config is applied"
 	_, err = tb.bob.Resolve(tb.ctx(), op.CommandID, "succeeded", note)
 	require.NoError(t, err)
+	eventually(t, "the resolved command leaves the gauge", 20*time.Second, func() bool { return tb.metric(waiting) == 0 })
+	eventually(t, "the resolved command counted as succeeded", 20*time.Second, func() bool {
+		return tb.metric(`controller_commands{status="succeeded"}`) >= 1
+	})
 
 	status, code := do(t, tb.agent, http.MethodPost, "/v1/tasks", map[string]any{"task_id": "task-a", "steps": steps("device-1")}, nil)
 	require.Equal(t, http.StatusCreated, status, code)
@@ -83,4 +96,15 @@ func TestAuditNamesWhoDidWhat(t *testing.T) {
 	require.Equal(t, "invalid_request", client.Code(err))
 	_, err = client.New(tb.ctl.URL, "").ListAudit(tb.ctx(), client.AuditQuery{})
 	require.Equal(t, "unauthorized", client.Code(err))
+}
+
+// metrics is the controller's /metrics text.
+func (b *bundle) metrics() string {
+	b.t.Helper()
+	resp, err := http.Get(b.ctl.URL + "/metrics")
+	require.NoError(b.t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(b.t, err)
+	return string(body)
 }

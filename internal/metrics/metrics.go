@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/fleetctl/fleetctl/internal/fsm"
 )
 
 // Metrics is one instance's registry and counters.
@@ -45,6 +47,11 @@ type Metrics struct {
 	// ReceiptSubscription is 1 while the controller's probe came back
 	// through its receipt subscription, 0 when the last one did not.
 	ReceiptSubscription prometheus.Gauge
+	// Operations and Commands are the number of operations and commands
+	// in each state, read from the database (every instance reads the
+	// same): controller_operations{status}, controller_commands{status},
+	// every state present from the start (package controller refreshes them).
+	Operations, Commands *prometheus.GaugeVec
 }
 
 // Sources of refused inputs, the source label of controller_inputs_refused_total.
@@ -122,6 +129,21 @@ func New() *Metrics {
 		Name: "controller_receipt_subscription_ok",
 		Help: "1 when the controller's probe on its own receipts topic came back through its receipt subscription after the last connect, 0 when it did not.",
 	})
+	m.Operations = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "controller_operations",
+		Help: "Operations in each state, from the database (every instance reports the same counts); refreshed every few seconds.",
+	}, []string{"status"})
+	m.Commands = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "controller_commands",
+		Help: "Commands in each state, from the database (every instance reports the same counts); needs_attention > 0: a person must resolve one.",
+	}, []string{"status"})
+	for _, s := range fsm.Operation.States() {
+		m.Operations.WithLabelValues(string(s))
+	}
+	for _, s := range fsm.Command.States() {
+		m.Commands.WithLabelValues(string(s))
+	}
+	r.MustRegister(m.Operations, m.Commands)
 	r.MustRegister(m.ReceiptsForPeers, m.ReceiptSubscription)
 	r.MustRegister(m.BatchChanges, m.BatchSeconds, m.BatchFallbacks, m.BatchDeadlocks, m.InputsRefused)
 	r.MustRegister(m.Transitions, m.TransitionsRefused, m.Receipts, m.Publishes, m.PublishFailures,

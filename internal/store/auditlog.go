@@ -187,24 +187,34 @@ func (s *DB) ListAudit(ctx context.Context, f AuditFilter, p AuditPage) (AuditLi
 	return out, nil
 }
 
-// StatusCounts are the number of operations and of commands in each state,
-// every state of the fsm tables present (0 when none): the gauges
-// controller_operations{status} and controller_commands{status}.
+// StatusCounts are the number of operations and of commands in each state:
+// every state of the fsm tables present (0 when none), or with open only
+// the open ones.
 type StatusCounts struct {
 	Operations map[string]int64
 	Commands   map[string]int64
 }
 
-// CountByStatus counts operations and commands by state, each a GROUP BY
-// over an index that starts with status (operations_lease, commands_status),
-// in one read snapshot.
-func (s *DB) CountByStatus(ctx context.Context) (StatusCounts, error) {
+// CountByStatus counts operations and commands by state, in one read
+// snapshot, each a GROUP BY over an index that starts with status
+// (operations_lease, commands_status): a scan of the whole index, or with
+// open only of its range of open states, which stays small however many
+// finished rows the database holds.
+func (s *DB) CountByStatus(ctx context.Context, open bool) (StatusCounts, error) {
 	out := StatusCounts{Operations: map[string]int64{}, Commands: map[string]int64{}}
 	for _, st := range fsm.Operation.States() {
-		out.Operations[string(st)] = 0
+		if !open || !st.Terminal() {
+			out.Operations[string(st)] = 0
+		}
 	}
 	for _, st := range fsm.Command.States() {
-		out.Commands[string(st)] = 0
+		if !open || !st.Terminal() {
+			out.Commands[string(st)] = 0
+		}
+	}
+	opsQ, cmdsQ := s.q.OperationStatusCounts, s.q.CommandStatusCounts
+	if open {
+		opsQ, cmdsQ = s.q.OperationOpenStatusCounts, s.q.CommandOpenStatusCounts
 	}
 	rtx, err := s.r.BeginTx(ctx, nil)
 	if err != nil {
@@ -214,7 +224,7 @@ func (s *DB) CountByStatus(ctx context.Context) (StatusCounts, error) {
 	for _, c := range []struct {
 		query string
 		into  map[string]int64
-	}{{s.q.OperationStatusCounts, out.Operations}, {s.q.CommandStatusCounts, out.Commands}} {
+	}{{opsQ, out.Operations}, {cmdsQ, out.Commands}} {
 		rows, err := rtx.QueryContext(ctx, c.query)
 		if err != nil {
 			return out, fmt.Errorf("count by status: %w", err)

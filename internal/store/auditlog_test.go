@@ -272,7 +272,7 @@ func TestCountByStatusHasEveryState(t *testing.T) {
 		needsAttention(t, b)
 		_, err := b.s.Submit(b.ctx, newOp("op-2", "c-2"), nil)
 		require.NoError(t, err)
-		got, err := b.s.CountByStatus(b.ctx)
+		got, err := b.s.CountByStatus(b.ctx, false)
 		require.NoError(t, err)
 		require.Len(t, got.Operations, len(fsm.Operation.States()))
 		require.Len(t, got.Commands, len(fsm.Command.States()))
@@ -281,9 +281,19 @@ func TestCountByStatusHasEveryState(t *testing.T) {
 		require.EqualValues(t, 1, got.Commands["needs_attention"])
 		require.EqualValues(t, 1, got.Commands["pending"])
 		require.EqualValues(t, 0, got.Commands["sent"])
+		open, err := b.s.CountByStatus(b.ctx, true)
+		require.NoError(t, err)
+		require.Equal(t, map[string]int64{"started": 2, "failed_retryable": 0}, open.Operations, "the open states only")
+		require.Equal(t, map[string]int64{"pending": 1, "waiting_device": 0, "sent": 0, "received": 0, "executing": 0,
+			"needs_attention": 1}, open.Commands, "the open states only")
+		for st := range open.Commands {
+			require.False(t, fsm.CommandState(st).Terminal(), st)
+		}
+		require.Len(t, open.Commands, len(fsm.Command.States())-len(fsm.TerminalCommandStates()))
+
 		_, err = b.s.Resolve(b.ctx, "c-1", fsm.CmdFailed, "gone", "alice")
 		require.NoError(t, err)
-		got, err = b.s.CountByStatus(b.ctx)
+		got, err = b.s.CountByStatus(b.ctx, false)
 		require.NoError(t, err)
 		require.EqualValues(t, 0, got.Commands["needs_attention"])
 		require.EqualValues(t, 1, got.Commands["failed"])

@@ -636,7 +636,7 @@ type Store interface {
 
 	// The audit log and the state gauges' counts (auditlog.go).
 	ListAudit(ctx context.Context, f AuditFilter, p AuditPage) (AuditList, error)
-	CountByStatus(ctx context.Context) (StatusCounts, error)
+	CountByStatus(ctx context.Context, open bool) (StatusCounts, error)
 
 	Close() error
 }

@@ -94,6 +94,7 @@ type Statements struct {
 	// auditlog.go: the audit log of people's changes, the events of one
 	// entity with their principal, the state gauges' counts (issue 27).
 	AuditInsert, EventListOfBy, OperationStatusCounts, CommandStatusCounts string
+	OperationOpenStatusCounts, CommandOpenStatusCounts                     string
 }
 
 // Parse reads a queries.sql file into a Statements.

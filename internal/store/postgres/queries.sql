@@ -705,3 +705,13 @@ SELECT status, count(*) FROM operations GROUP BY status
 
 -- name: CommandStatusCounts
 SELECT status, count(*) FROM commands GROUP BY status
+
+-- The open states alone: a range of the same indexes, as long as the
+-- open rows are few.
+
+-- name: OperationOpenStatusCounts
+SELECT status, count(*) FROM operations WHERE status IN ('started','failed_retryable') GROUP BY status
+
+-- name: CommandOpenStatusCounts
+SELECT status, count(*) FROM commands
+	WHERE status IN ('pending','waiting_device','sent','received','executing','needs_attention') GROUP BY status
