@@ -22,7 +22,11 @@ import (
 // leaves it after the resolve.
 func TestAuditNamesWhoDidWhat(t *testing.T) {
 	t.Parallel()
-	tb := setupTasks(t, setupOpts{args: []string{"--ack-timeout", "300ms", "--max-attempts", "2"},
+	eachBackend(t, func(t *testing.T, be string) { auditNamesWhoDidWhat(t, be) })
+}
+
+func auditNamesWhoDidWhat(t *testing.T, be string) {
+	tb := setupTasks(t, setupOpts{backend: be, args: []string{"--ack-timeout", "300ms", "--max-attempts", "2"},
 		faults: sim.Profile{Devices: []sim.Override{{Match: "device-2", Faults: sim.Faults{
 			Legacy:        sim.Legacy{Enabled: true, Dedupe: false, Query: true},
 			DropReceipt:   sim.ReceiptFault{Trigger: sim.Trigger{P: 1}, Statuses: []string{sim.ClassFinal}},
