@@ -206,7 +206,7 @@ func TestListGrantsPages(t *testing.T) {
 		require.NoError(t, err)
 		ids = append(ids, g.GrantID)
 	}
-	_, err := b.st.RevokeGrant(b.ctx, "g-02")
+	_, err := b.st.RevokeGrant(b.ctx, "g-02", "admin")
 	require.NoError(t, err)
 
 	read := func(target string) ([]string, string, string) {

@@ -123,6 +123,7 @@ func New(cfg Config) *Server {
 		{"POST /v1/rollouts/{id}/resume", RoleOperator, &partID, nil, s.rolloutMove(store.RolloutResume)},
 		{"POST /v1/rollouts/{id}/cancel", RoleOperator, &partID, nil, s.rolloutMove(store.RolloutCancel)},
 		{"POST /v1/rollouts/{id}/approvals", RoleApprover, &partID, nil, s.handleApproveRollout},
+		{"GET /v1/audit", "", nil, list(auditFilters...), s.handleListAudit}, // audit.go
 	}
 	for _, rt := range routes {
 		h := withQuery(rt.query, rt.h)

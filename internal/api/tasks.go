@@ -166,7 +166,7 @@ func (s *Server) handleListGrants(r *http.Request) (int, any, error) {
 }
 
 func (s *Server) handleRevokeGrant(r *http.Request) (int, any, error) {
-	g, err := s.cfg.Store.RevokeGrant(r.Context(), r.PathValue("id"))
+	g, err := s.cfg.Store.RevokeGrant(r.Context(), r.PathValue("id"), principal(r))
 	if err != nil {
 		return 0, nil, err
 	}

@@ -42,7 +42,7 @@ func commandView(c domain.Command, receipts []domain.ReceiptRecord, events []dom
 	}
 	for _, e := range events {
 		out.Events = append(out.Events, apiwire.Event{At: e.At, From: e.From, To: e.To, Reason: e.Reason, Instance: e.Instance,
-			FencingToken: e.FencingToken, Refused: e.Refused})
+			FencingToken: e.FencingToken, Refused: e.Refused, Principal: e.Principal})
 	}
 	return out
 }

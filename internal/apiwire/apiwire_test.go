@@ -39,6 +39,7 @@ func TestWireFormatUnchanged(t *testing.T) {
 		"RolloutAbort": RolloutAbort{}, "RolloutWindow": RolloutWindow{}, "RolloutLeaseV": RolloutLeaseV{},
 		"RolloutDeviceView": RolloutDeviceView{}, "Step": Step{}, "RolloutSpec": RolloutSpec{}, "Ramp": Ramp{},
 		"AbortRule": AbortRule{}, "MaintenanceWindow": MaintenanceWindow{}, "EventData": EventData{},
+		"AuditEntry": AuditEntry{},
 	})
 	path := filepath.Join("testdata", "golden.txt")
 	if *update {

@@ -73,6 +73,9 @@ type Event struct {
 	Instance     string    `json:"instance"`
 	FencingToken int64     `json:"fencing_token,omitempty"`
 	Refused      bool      `json:"refused,omitempty"`
+	// Principal is the person whose change it is (a cancel, a resolve);
+	// omitted for the controller's own.
+	Principal string `json:"principal,omitempty"`
 }
 
 // Command is a command as the API shows it.

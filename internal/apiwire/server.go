@@ -9,6 +9,9 @@ type EventData struct {
 	ID     string    `json:"id"`
 	Status string    `json:"status"`
 	At     time.Time `json:"at"`
+	// Principal is the person whose change it is (a cancel, a resolve,
+	// an approval...); omitted for the controller's own.
+	Principal string `json:"principal,omitempty"`
 }
 
 // Who is the caller as GET /v1/whoami shows it: the dashboard asks, to show

@@ -169,7 +169,8 @@ type Controller struct {
 	feed   *feed.Feed      // the store's facts, routed by route
 	peers  *peers.Division // nil: this instance applies every receipt
 	probe  *receiptProbe
-	remote chan string // operations other instances finished, for the bus
+	gauges *stateGauges // controller_operations{status}, controller_commands{status}
+	remote chan string  // operations other instances finished, for the bus
 	httpLn net.Listener
 	ready  chan struct{}
 	close  sync.Once
@@ -223,6 +224,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	}
 	c.store = db
 	met.CountRoundTrips(db.RoundTrips)
+	c.gauges = &stateGauges{count: db.CountByStatus, ops: met.Operations, cmds: met.Commands, log: log, every: stateRefresh}
 	// The instance lock (an flock beside an SQLite file, a session advisory
 	// lock in PostgreSQL) proves that no other process runs as this
 	// instance; it is dropped when the holder dies, kill -9 included.
@@ -419,6 +421,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	g.Go(func() error { return c.watch(ctx) })
 	g.Go(func() error { return c.remoteEvents(ctx) })
 	g.Go(func() error { return c.probe.run(ctx, c.mqtt) })
+	g.Go(func() error { return c.gauges.run(ctx) })
 	if c.peers != nil {
 		g.Go(func() error { return c.peers.Run(ctx) })
 	}

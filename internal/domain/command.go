@@ -65,4 +65,7 @@ type Event struct {
 	Instance     string
 	FencingToken int64
 	Refused      bool
+	// Principal is the person whose change this is (a cancel, a resolve,
+	// an approval...); "" for the controller's own.
+	Principal string
 }

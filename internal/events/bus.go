@@ -68,14 +68,16 @@ var (
 )
 
 // Event is one change as the stream carries it. Data is its JSON
-// ({"kind","id","status","at"}), encoded once when it is published.
+// ({"kind","id","status","at"}, and "principal" for a person's change),
+// encoded once when it is published.
 type Event struct {
-	Seq    uint64
-	Kind   string
-	ID     string
-	Status string
-	At     time.Time
-	Data   []byte
+	Seq       uint64
+	Kind      string
+	ID        string
+	Status    string
+	At        time.Time
+	Principal string // the person whose change it is; "" for the controller's own
+	Data      []byte
 }
 
 // Config configures a Bus.
@@ -180,11 +182,16 @@ func (s *Sub) signal() {
 // subscriber the event leaves more than ClientBuffer events behind is
 // dropped. It returns the event's number (0 once the bus is closed).
 func (b *Bus) Publish(kind, id, status string, at time.Time) uint64 {
-	data, err := json.Marshal(apiwire.EventData{Kind: kind, ID: id, Status: status, At: at.UTC()})
+	return b.publish(kind, id, status, "", at)
+}
+
+// publish is Publish of a change made by principal ("" the controller).
+func (b *Bus) publish(kind, id, status, principal string, at time.Time) uint64 {
+	data, err := json.Marshal(apiwire.EventData{Kind: kind, ID: id, Status: status, At: at.UTC(), Principal: principal})
 	if err != nil {
 		return 0 // strings and a time always encode
 	}
-	ev := Event{Kind: kind, ID: id, Status: status, At: at, Data: data}
+	ev := Event{Kind: kind, ID: id, Status: status, At: at, Principal: principal, Data: data}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -309,6 +316,6 @@ func (b *Bus) Dropped() int64 { return b.dropped.Load() }
 // change of a kind the stream carries is published with its new state.
 func (b *Bus) Changed(c store.Change) {
 	if slices.Contains(Kinds, c.Machine) {
-		b.Publish(c.Machine, c.ID, c.To, c.At)
+		b.publish(c.Machine, c.ID, c.To, c.Principal, c.At)
 	}
 }

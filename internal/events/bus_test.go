@@ -234,6 +234,20 @@ func TestChangedPublishesTheStreamsKindsOnly(t *testing.T) {
 	require.Equal(t, "task", got[0].Kind)
 	require.Equal(t, "approved", got[0].Status)
 	require.EqualValues(t, 1, b.Published())
+	require.NotContains(t, string(got[0].Data), "principal", "the controller's own change names no principal")
+}
+
+// TestChangedCarriesThePrincipal: a person's change names them in the
+// stream's data.
+func TestChangedCarriesThePrincipal(t *testing.T) {
+	t.Parallel()
+	b := New(Config{})
+	s, _, err := b.Subscribe(Resume{})
+	require.NoError(t, err)
+	b.Changed(store.Change{Machine: "command", ID: "c-1", From: "needs_attention", To: "succeeded", At: at, Principal: "alice"})
+	got := receive(t, s, 1)
+	require.Equal(t, "alice", got[0].Principal)
+	require.JSONEq(t, `{"kind":"command","id":"c-1","status":"succeeded","at":"`+at.UTC().Format(time.RFC3339Nano)+`","principal":"alice"}`, string(got[0].Data))
 }
 
 // BenchmarkPublishWith50Readers: the cost of one Publish on the store's

@@ -186,6 +186,8 @@ type Event struct {
 	To      string    `json:"to"`
 	Reason  string    `json:"reason"`
 	Refused bool      `json:"refused,omitempty" jsonschema:"a change that was refused (a stale or illegal move)"`
+	// Principal: the person whose change it is.
+	Principal string `json:"principal,omitempty" jsonschema:"the person whose change it is (a cancel, a resolve); absent for the controller's own"`
 }
 
 // Command is a command as the API shows it.

@@ -292,6 +292,7 @@ func (s *Service) Compensate(ctx context.Context, originalID string, c Compensat
 		return domain.Operation{}, false, err
 	}
 	n.Compensates = orig.OperationID
+	n.Compensator, n.CompensationReason = who, c.Reason
 	return s.insert(ctx, n)
 }
 

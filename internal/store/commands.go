@@ -99,7 +99,7 @@ func listReceipts(ctx context.Context, q queryer, commandID string) ([]domain.Re
 
 // Events lists the events log of one entity (operation or command id), oldest first.
 func (s *DB) Events(ctx context.Context, entityID string) ([]domain.Event, error) {
-	return listEvents(ctx, s.rq, s.q.EventListOf, entityID)
+	return listEvents(ctx, s.rq, s.q.EventListOfBy, entityID)
 }
 
 // AllEvents lists the whole events log, oldest first (for verification).
@@ -115,14 +115,24 @@ func listEvents(ctx context.Context, q queryer, query string, args ...any) ([]do
 		return nil, fmt.Errorf("list events: %w", err)
 	}
 	defer rows.Close()
+	// EventListOfBy selects the principal too (migration 0010); the
+	// audit's statements do not, so that it reads a database from before.
+	cols, err := rows.Columns()
+	if err != nil {
+		return nil, fmt.Errorf("list events: %w", err)
+	}
 	out := []domain.Event{}
 	for rows.Next() {
 		var (
 			e  domain.Event
 			at int64
 		)
-		if err := rows.Scan(&e.ID, &at, &e.Machine, &e.EntityID, &e.From, &e.To, &e.Reason, &e.Instance,
-			&e.FencingToken, &e.Refused); err != nil {
+		dest := []any{&e.ID, &at, &e.Machine, &e.EntityID, &e.From, &e.To, &e.Reason, &e.Instance,
+			&e.FencingToken, &e.Refused}
+		if len(cols) > len(dest) {
+			dest = append(dest, &e.Principal)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, err
 		}
 		e.At = fromMS(at)

@@ -161,6 +161,7 @@ func onlineWord(online bool) string {
 func (s *DB) ResetPresence(ctx context.Context, device, who string) (domain.Device, error) {
 	var out domain.Device
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		t.by(who)
 		var err error
 		out, err = scanDevice(t.QueryRowContext(ctx, s.q.DeviceResetPresence, ms(t.now), device))
 		if errors.Is(err, sql.ErrNoRows) {
@@ -169,7 +170,10 @@ func (s *DB) ResetPresence(ctx context.Context, device, who string) (domain.Devi
 		if err != nil {
 			return fmt.Errorf("reset presence of %s: %w", device, err)
 		}
-		return t.event("device", device, onlineWord(out.Online), onlineWord(out.Online), "presence rank reset by "+who, 0)
+		if err := t.event("device", device, onlineWord(out.Online), onlineWord(out.Online), "presence rank reset by "+who, 0); err != nil {
+			return err
+		}
+		return t.audit(ActPresenceReset, EntityDevice, device, map[string]any{"online": out.Online, "session": out.Session})
 	})
 	return out, err
 }

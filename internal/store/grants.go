@@ -36,6 +36,7 @@ func (s *DB) CreateGrant(ctx context.Context, id, principal, action, devices, by
 	var g domain.Grant
 	var created bool
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		t.by(by)
 		r, err := t.Exec(s.q.GrantInsert,
 			id, principal, action, devices, by, ms(t.now))
 		if err != nil {
@@ -43,27 +44,39 @@ func (s *DB) CreateGrant(ctx context.Context, id, principal, action, devices, by
 		}
 		n, _ := r.RowsAffected()
 		created = n == 1
-		g, err = scanGrant(t.QueryRowContext(ctx, s.q.GrantLive, principal, action, devices))
-		return err
+		if g, err = scanGrant(t.QueryRowContext(ctx, s.q.GrantLive, principal, action, devices)); err != nil || !created {
+			return err
+		}
+		return t.audit(ActGrant, EntityGrant, g.GrantID, grantDetail(g))
 	})
 	return g, created, err
 }
 
-// RevokeGrant sets revoked_at (once; a second revoke returns the grant as it is).
-func (s *DB) RevokeGrant(ctx context.Context, id string) (domain.Grant, error) {
+// RevokeGrant sets revoked_at, by who (once; a second revoke returns the
+// grant as it is).
+func (s *DB) RevokeGrant(ctx context.Context, id, who string) (domain.Grant, error) {
 	var g domain.Grant
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
-		if _, err := t.Exec(s.q.GrantRevoke, ms(t.now), id); err != nil {
+		t.by(who)
+		r, err := t.Exec(s.q.GrantRevoke, ms(t.now), id)
+		if err != nil {
 			return fmt.Errorf("revoke grant %s: %w", id, err)
 		}
-		var err error
 		g, err = scanGrant(t.QueryRowContext(ctx, s.q.GrantGet, id))
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("grant %s: %w", id, domain.ErrNotFound)
 		}
-		return err
+		if n, _ := r.RowsAffected(); err != nil || n == 0 {
+			return err
+		}
+		return t.audit(ActRevoke, EntityGrant, id, grantDetail(g))
 	})
 	return g, err
+}
+
+// grantDetail is a grant's audit detail: whom it names, for what.
+func grantDetail(g domain.Grant) map[string]any {
+	return map[string]any{"grantee": g.Principal, "action": g.Action, "devices": g.Devices}
 }
 
 // GrantFilter narrows a grant list: live grants only, unless Revoked.

@@ -30,6 +30,10 @@ type NewOperation struct {
 	QoS             int
 	Owner           string
 	LeaseTTL        time.Duration
+	// Compensator is the person who asked for this compensation, and
+	// CompensationReason the reason they gave: a new compensation (or its
+	// retry) is audited and its events carry the principal (auditlog.go).
+	Compensator, CompensationReason string
 }
 
 // SubmitResult says what Submit found or made.
@@ -50,11 +54,20 @@ type SubmitResult struct {
 func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
 	var res SubmitResult
 	err := s.writeOrShed(ctx, func(ctx context.Context, t *tx) error {
+		if n.Compensator != "" {
+			t.by(n.Compensator)
+		}
 		var err error
 		if res, err = t.submit(ctx, n); err != nil {
 			return err
 		}
 		t.submitted(&res)
+		if n.Compensator != "" && (res.Created || res.Retried) {
+			if err := t.audit(ActCompensate, EntityOperation, n.OperationID, map[string]any{"compensates": n.Compensates,
+				"action": n.Action, "target": n.Target, "reason": n.CompensationReason, "retry": res.Retried}); err != nil {
+				return err
+			}
+		}
 		if !res.Created {
 			return nil
 		}

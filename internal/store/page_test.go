@@ -188,7 +188,7 @@ func TestListGrantsPages(t *testing.T) {
 			ids = append(ids, g.GrantID)
 		}
 		for _, id := range []string{"g-01", "g-03"} {
-			_, err := b.s.RevokeGrant(b.ctx, id)
+			_, err := b.s.RevokeGrant(b.ctx, id, "admin")
 			require.NoError(t, err)
 		}
 		walk := func(f GrantFilter) (all []string, pages int) {

@@ -116,40 +116,44 @@ func (s *DB) AbandonRetry(ctx context.Context, r Retrying, f domain.Fence, reaso
 func (s *DB) Cancel(ctx context.Context, commandID, who string) (domain.Command, error) {
 	var out domain.Command
 	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
+		t.by(who)
+		var from fsm.CommandState
 		var err error
-		out, err = t.cancel(ctx, commandID, who)
-		return err
+		if out, from, err = t.cancel(ctx, commandID, who); err != nil || from == "" {
+			return err
+		}
+		return t.audit(ActCancel, EntityCommand, commandID, map[string]any{"operation_id": out.OperationID, "from": from})
 	})
 	return out, err
 }
 
 // cancel is Cancel inside a transaction (a rollout's end cancels its
-// unpublished commands together with its own change).
-func (t *tx) cancel(ctx context.Context, commandID, who string) (domain.Command, error) {
-	var out domain.Command
+// unpublished commands together with its own change). from is the state
+// it cancelled the command from, "" when it was cancelled already.
+func (t *tx) cancel(ctx context.Context, commandID, who string) (out domain.Command, from fsm.CommandState, err error) {
 	c, err := getCommand(ctx, t, commandID)
 	if err != nil {
-		return out, err
+		return out, "", err
 	}
 	switch {
 	case c.Status == fsm.CmdCancelled:
-		return c, nil
+		return c, "", nil
 	case c.Attempt > 0:
 		t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), "already_published", 0)
-		return out, fmt.Errorf("cancel %s (%s, %d publishes): %w", commandID, c.Status, c.Attempt, domain.ErrAlreadyPublished)
+		return out, "", fmt.Errorf("cancel %s (%s, %d publishes): %w", commandID, c.Status, c.Attempt, domain.ErrAlreadyPublished)
 	case !fsm.Command.Can(c.Status, fsm.CmdCancelled):
 		t.refuse("command", commandID, string(c.Status), string(fsm.CmdCancelled), ReasonIllegal, 0)
-		return out, fmt.Errorf("cancel %s in state %s: %w", commandID, c.Status, domain.ErrIllegalState)
+		return out, "", fmt.Errorf("cancel %s in state %s: %w", commandID, c.Status, domain.ErrIllegalState)
 	}
 	ch := change{machine: "command", id: commandID, from: string(c.Status), to: string(fsm.CmdCancelled)}
 	if err := t.cas(ctx, ch, scanInto(&out), t.s.q.CommandCancel,
 		fsm.CmdCancelled, fsm.ReasonCancelled, ms(t.now), commandID, c.Status, c.Version); err != nil {
-		return out, err
+		return out, "", err
 	}
 	if err := t.event("command", commandID, string(c.Status), string(fsm.CmdCancelled), "cancelled by "+who, 0); err != nil {
-		return out, err
+		return out, "", err
 	}
-	return out, t.finishOperation(ctx, out, fsm.CmdCancelled, fsm.ReasonCancelled, nil, false)
+	return out, c.Status, t.finishOperation(ctx, out, fsm.CmdCancelled, fsm.ReasonCancelled, nil, false)
 }
 
 // ResolveOutcome says what a resolve did.
@@ -169,6 +173,7 @@ func (s *DB) Resolve(ctx context.Context, commandID string, outcome fsm.CommandS
 		return out, fmt.Errorf("resolve outcome %q: want succeeded or failed: %w", outcome, domain.ErrIllegalState)
 	}
 	err := s.writeLocking(ctx, lockCommands(commandID), func(ctx context.Context, t *tx) error {
+		t.by(who)
 		c, err := getCommand(ctx, t, commandID)
 		if err != nil {
 			return err
@@ -187,8 +192,11 @@ func (s *DB) Resolve(ctx context.Context, commandID string, outcome fsm.CommandS
 				return err
 			}
 			out.Lost = true
-			out.Command, err = getCommand(ctx, t, commandID)
-			return err
+			if out.Command, err = getCommand(ctx, t, commandID); err != nil {
+				return err
+			}
+			return t.audit(ActResolve, EntityCommand, commandID, map[string]any{"operation_id": c.OperationID,
+				"outcome": outcome, "note": note, "late": true, "status": c.Status})
 		case c.Status != fsm.CmdNeedsAttention:
 			t.refuse("command", commandID, string(c.Status), string(outcome), ReasonIllegal, 0)
 			return fmt.Errorf("resolve %s in state %s: %w", commandID, c.Status, domain.ErrIllegalState)
@@ -208,6 +216,10 @@ func (s *DB) Resolve(ctx context.Context, commandID string, outcome fsm.CommandS
 		reason := ""
 		if outcome == fsm.CmdFailed {
 			reason = "resolved: " + note
+		}
+		if err := t.audit(ActResolve, EntityCommand, commandID, map[string]any{"operation_id": c.OperationID,
+			"outcome": outcome, "note": note}); err != nil {
+			return err
 		}
 		return t.finishOperation(ctx, out.Command, outcome, reason, result, false)
 	})

@@ -297,6 +297,7 @@ func (s *DB) CreateRollout(ctx context.Context, n NewRollout) (domain.Rollout, b
 	}
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		t.by(n.CreatedBy)
 		var hash string
 		err := t.QueryRowContext(ctx, s.q.RolloutCreateHash, n.RolloutID).Scan(&hash)
 		switch {
@@ -329,7 +330,11 @@ func (s *DB) CreateRollout(ctx context.Context, n NewRollout) (domain.Rollout, b
 		if err := t.event("rollout", n.RolloutID, "", string(status), fmt.Sprintf("created with %d devices", len(n.Devices)), 1); err != nil {
 			return err
 		}
-		return t.rolloutHistory(n.RolloutID, n.CreatedBy, "create", "", status, 1, fmt.Sprintf("%d devices", len(n.Devices)))
+		if err := t.rolloutHistory(n.RolloutID, n.CreatedBy, "create", "", status, 1, fmt.Sprintf("%d devices", len(n.Devices))); err != nil {
+			return err
+		}
+		return t.audit(ActCreate, EntityRollout, n.RolloutID, map[string]any{"action": n.Action, "devices": len(n.Devices),
+			"status": status, "approval_required": n.ApprovalRequired})
 	})
 	if err != nil {
 		return domain.Rollout{}, false, err
@@ -442,6 +447,7 @@ func (s *DB) RolloutStarts(ctx context.Context, id string) ([]RolloutStart, erro
 func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approver string, fourEyes bool) (domain.Rollout, bool, error) {
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		t.by(approver)
 		r, err := getRolloutRow(ctx, t, id)
 		if err != nil {
 			return err
@@ -469,7 +475,10 @@ func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approve
 		if err := t.event("rollout", id, string(r.Status), string(to), "approved by "+approver, 0); err != nil {
 			return err
 		}
-		return t.rolloutHistory(id, approver, "approve", r.Status, to, version, "")
+		if err := t.rolloutHistory(id, approver, "approve", r.Status, to, version, ""); err != nil {
+			return err
+		}
+		return t.audit(ActApprove, EntityRollout, id, map[string]any{"version": version})
 	})
 	if err != nil {
 		return domain.Rollout{}, false, err
@@ -485,6 +494,7 @@ func (s *DB) ApproveRollout(ctx context.Context, id string, version int, approve
 // the commands not yet published, in the same transaction.
 func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, reason, who string) (domain.Rollout, error) {
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		t.by(who)
 		r, err := getRolloutRow(ctx, t, id)
 		if err != nil {
 			return err
@@ -511,8 +521,15 @@ func (s *DB) MoveRollout(ctx context.Context, id string, action RolloutAction, r
 		if reason == "" {
 			reason = string(action) + " by " + who
 		}
-		_, err = t.moveRollout(ctx, r, to, reason, who, string(action), 0)
-		return err
+		cancelled, err := t.moveRollout(ctx, r, to, reason, who, string(action), 0)
+		if err != nil {
+			return err
+		}
+		detail := map[string]any{"from": r.Status, "to": to, "reason": reason}
+		if to.Terminal() {
+			detail["cancelled_operations"] = len(cancelled)
+		}
+		return t.audit(string(action), EntityRollout, id, detail)
 	})
 	if err != nil {
 		return domain.Rollout{}, err
@@ -579,7 +596,7 @@ func (t *tx) cancelUnstarted(ctx context.Context, id, reason string) ([]string, 
 	}
 	var cancelled []string
 	for _, u := range all {
-		if _, err := t.cancel(ctx, u.command, "rollout "+id); err != nil {
+		if _, _, err := t.cancel(ctx, u.command, "rollout "+id); err != nil {
 			if errors.Is(err, ErrRefused) || errors.Is(err, domain.ErrAlreadyPublished) || errors.Is(err, domain.ErrIllegalState) {
 				continue // published after all: it runs to its end
 			}

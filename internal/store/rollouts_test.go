@@ -372,7 +372,7 @@ func TestRolloutStartRechecksGrant(t *testing.T) {
 			return res
 		}
 		require.NotNil(t, run().Started)
-		_, err = b.s.RevokeGrant(b.ctx, g.GrantID)
+		_, err = b.s.RevokeGrant(b.ctx, g.GrantID, "admin")
 		require.NoError(t, err)
 		res := run()
 		require.Nil(t, res.Started)

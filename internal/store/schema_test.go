@@ -47,6 +47,10 @@ var otherEnums = map[string]func(t *testing.T, got []string){
 	"events.machine": func(t *testing.T, got []string) {
 		require.Subset(t, got, []string{fsm.Operation.Name(), fsm.Command.Name(), fsm.Task.Name(), fsm.Rollout.Name()})
 	},
+	// The audit log names the kind of entity a person changed (auditlog.go).
+	"audit.kind": func(t *testing.T, got []string) {
+		require.ElementsMatch(t, []string{EntityOperation, EntityCommand, EntityDevice, EntityTask, EntityGrant, EntityRollout}, got)
+	},
 }
 
 func names[S ~string](states []S) []string {

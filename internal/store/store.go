@@ -72,6 +72,9 @@ type Change struct {
 	ID       string // the entity's id: operation_id, command_id, device_id, task_id
 	From, To string
 	At       time.Time // the transaction's now
+	// Principal is the person whose change it is (tx.by); "" for the
+	// controller's own.
+	Principal string
 }
 
 // Fact is one thing the store tells the rest of the controller once it is
@@ -299,6 +302,9 @@ type tx struct {
 	wakes    []string   // NOTIFY payloads for other instances
 	events   []eventRow // its lines of the events log, written at the batch's end
 	j        *job       // the change's job (its hooks' results)
+	// principal is the person whose change this is (tx.by): written on
+	// its events and its audit row; "" for the controller's own changes.
+	principal string
 }
 
 // wake tells the other instances, once this change commits, that kind id
@@ -344,7 +350,7 @@ type refusal struct {
 func (t *tx) recordRefusals() {
 	for _, r := range t.refusals {
 		t.events = append(t.events, eventRow{at: ms(t.now), machine: r.machine, id: r.id, from: r.from, to: r.to,
-			reason: r.reason, instance: t.instance, token: r.token, refused: 1})
+			reason: r.reason, instance: t.instance, token: r.token, refused: 1, principal: t.principal})
 	}
 }
 
@@ -353,11 +359,15 @@ type eventRow struct {
 	at                                      int64
 	machine, id, from, to, reason, instance string
 	token, refused                          int64
+	principal                               string
 }
 
 // eventChunks are the row counts of the multi-row INSERTs that write a
 // batch's events: a few fixed statements, each prepared once.
 var eventChunks = []int{256, 64, 16, 4, 1}
+
+// eventColumns is the number of columns an events row is inserted with.
+const eventColumns = 10
 
 // eventInserts builds the INSERT of each chunk size, in the backend's
 // placeholders (a statement of N rows is built here, not named: the one
@@ -366,14 +376,14 @@ func eventInserts(d driver.Driver) map[int]string {
 	m := map[int]string{}
 	for _, n := range eventChunks {
 		var b strings.Builder
-		b.WriteString(`INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused) VALUES `)
+		b.WriteString(`INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused, principal) VALUES `)
 		p := 0
 		for row := 0; row < n; row++ {
 			if row > 0 {
 				b.WriteString(", ")
 			}
 			b.WriteByte('(')
-			for col := 0; col < 9; col++ {
+			for col := 0; col < eventColumns; col++ {
 				if col > 0 {
 					b.WriteString(", ")
 				}
@@ -400,9 +410,9 @@ func (t *tx) insertEvents(ctx context.Context, rows []eventRow) error {
 				break
 			}
 		}
-		args := make([]any, 0, 9*n)
+		args := make([]any, 0, eventColumns*n)
 		for _, r := range rows[:n] {
-			args = append(args, r.at, r.machine, r.id, r.from, r.to, r.reason, r.instance, r.token, r.refused)
+			args = append(args, r.at, r.machine, r.id, r.from, r.to, r.reason, r.instance, r.token, r.refused, r.principal)
 		}
 		if _, err := t.ExecContext(ctx, t.s.eventInserts[n], args...); err != nil {
 			return fmt.Errorf("record events: %w", err)
@@ -436,7 +446,7 @@ const (
 // insertEvents) and notes the transition for the observer.
 func (t *tx) event(machine, id, from, to, reason string, token int64) error {
 	t.events = append(t.events, eventRow{at: ms(t.now), machine: machine, id: id, from: from, to: to,
-		reason: reason, instance: t.instance, token: token})
+		reason: reason, instance: t.instance, token: token, principal: t.principal})
 	if from != to && from != "" {
 		t.notes = append(t.notes, func(o Observer) { o.Transition(machine, from, to) })
 	}
@@ -446,7 +456,7 @@ func (t *tx) event(machine, id, from, to, reason string, token int64) error {
 
 // changed publishes a change once the transaction commits.
 func (t *tx) changed(machine, id, from, to string) {
-	t.publish(Fact{Kind: FactChanged, Change: Change{Machine: machine, ID: id, From: from, To: to, At: t.now}})
+	t.publish(Fact{Kind: FactChanged, Change: Change{Machine: machine, ID: id, From: from, To: to, At: t.now, Principal: t.principal}})
 }
 
 // refuse records a refused transition (written whether or not the
@@ -617,12 +627,16 @@ type Store interface {
 	ListTasks(ctx context.Context, f TaskFilter, p Page) (Listed[domain.Task], error)
 	GetTask(ctx context.Context, id string) (domain.Task, error)
 	CreateGrant(ctx context.Context, id, principal, action, devices, by string) (domain.Grant, bool, error)
-	RevokeGrant(ctx context.Context, id string) (domain.Grant, error)
+	RevokeGrant(ctx context.Context, id, who string) (domain.Grant, error)
 	ListGrants(ctx context.Context, f GrantFilter, p Page) (Listed[domain.Grant], error)
 	Allowed(ctx context.Context, principal, action, device string) (bool, error)
 
 	// Rollouts (rollouts.go).
 	Rollouts
+
+	// The audit log and the state gauges' counts (auditlog.go).
+	ListAudit(ctx context.Context, f AuditFilter, p AuditPage) (AuditList, error)
+	CountByStatus(ctx context.Context, open bool) (StatusCounts, error)
 
 	Close() error
 }

@@ -49,6 +49,7 @@ func (t *tx) history(taskID, principal, action string, from, to fsm.TaskState, v
 func (s *DB) CreateTask(ctx context.Context, n NewTask) (domain.Task, bool, error) {
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		t.by(n.Author)
 		var hash string
 		err := t.QueryRowContext(ctx, s.q.TaskCreateHash, n.TaskID).Scan(&hash)
 		switch {
@@ -69,7 +70,10 @@ func (s *DB) CreateTask(ctx context.Context, n NewTask) (domain.Task, bool, erro
 			return fmt.Errorf("insert plan of %s: %w", n.TaskID, err)
 		}
 		created = true
-		return t.history(n.TaskID, n.Author, "create", "", fsm.TaskWaitingApproval, 1, "")
+		if err := t.history(n.TaskID, n.Author, "create", "", fsm.TaskWaitingApproval, 1, ""); err != nil {
+			return err
+		}
+		return t.audit(ActCreate, EntityTask, n.TaskID, map[string]any{"version": 1, "plan_hash": n.PlanHash})
 	})
 	if err != nil {
 		return domain.Task{}, false, err
@@ -85,6 +89,7 @@ func (s *DB) CreateTask(ctx context.Context, n NewTask) (domain.Task, bool, erro
 func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessage, planHash, author string, baseVersion *int) (domain.Task, bool, error) {
 	changed := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		t.by(author)
 		var status fsm.TaskState
 		var version int
 		var rowVersion int64
@@ -116,7 +121,10 @@ func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessag
 			return fmt.Errorf("insert plan of %s: %w", taskID, err)
 		}
 		changed = true
-		return t.history(taskID, author, "plan", status, status, version+1, fmt.Sprintf("supersedes v%d", version))
+		if err := t.history(taskID, author, "plan", status, status, version+1, fmt.Sprintf("supersedes v%d", version)); err != nil {
+			return err
+		}
+		return t.audit(ActPlan, EntityTask, taskID, map[string]any{"version": version + 1, "supersedes": version, "plan_hash": planHash})
 	})
 	if err != nil {
 		return domain.Task{}, false, err
@@ -132,6 +140,7 @@ func (s *DB) UpdatePlan(ctx context.Context, taskID string, steps json.RawMessag
 func (s *DB) Approve(ctx context.Context, taskID string, version int, planHash, approver string, fourEyes bool) (domain.Approval, bool, error) {
 	created := false
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		t.by(approver)
 		var status fsm.TaskState
 		var current int
 		var rowVersion int64
@@ -178,7 +187,10 @@ func (s *DB) Approve(ctx context.Context, taskID string, version int, planHash, 
 			return fmt.Errorf("insert approval of %s: %w", taskID, err)
 		}
 		created = true
-		return t.history(taskID, approver, "approve", status, fsm.TaskApproved, version, "")
+		if err := t.history(taskID, approver, "approve", status, fsm.TaskApproved, version, ""); err != nil {
+			return err
+		}
+		return t.audit(ActApprove, EntityTask, taskID, map[string]any{"version": version, "plan_hash": hash})
 	})
 	if err != nil {
 		return domain.Approval{}, false, err
@@ -197,6 +209,7 @@ func (s *DB) Approve(ctx context.Context, taskID string, version int, planHash, 
 // running). A rejection of a rejected task is a replay.
 func (s *DB) Reject(ctx context.Context, taskID, reason, who string) (domain.Task, error) {
 	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		t.by(who)
 		var status fsm.TaskState
 		var rowVersion int64
 		var version int
@@ -213,7 +226,10 @@ func (s *DB) Reject(ctx context.Context, taskID, reason, who string) (domain.Tas
 		if status != fsm.TaskWaitingApproval && status != fsm.TaskApproved {
 			return fmt.Errorf("task %s is %s: %w", taskID, status, domain.ErrIllegalState)
 		}
-		return t.moveTask(ctx, taskID, status, rowVersion, fsm.TaskRejected, -1, "rejected: "+reason, who, version, nil)
+		if err := t.moveTask(ctx, taskID, status, rowVersion, fsm.TaskRejected, -1, "rejected: "+reason, who, version, nil); err != nil {
+			return err
+		}
+		return t.audit(ActReject, EntityTask, taskID, map[string]any{"from": status, "version": version, "reason": reason})
 	})
 	if err != nil {
 		return domain.Task{}, err

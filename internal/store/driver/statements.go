@@ -90,6 +90,11 @@ type Statements struct {
 	TaskFenceHeld, TaskListActive, TaskLeaseGetForUpdate, TaskAcquire, TaskRenew   string
 	TaskGet, TaskStepOperationStatus, TaskDeviceSeen, TaskHistoryList              string
 	TaskApprovalRead, GrantInsert, GrantLive, GrantRevoke, GrantGet, GrantsOf      string
+
+	// auditlog.go: the audit log of people's changes, the events of one
+	// entity with their principal, the state gauges' counts (issue 27).
+	AuditInsert, EventListOfBy, OperationStatusCounts, CommandStatusCounts string
+	OperationOpenStatusCounts, CommandOpenStatusCounts                     string
 }
 
 // Parse reads a queries.sql file into a Statements.

@@ -671,3 +671,28 @@ SELECT grant_id, principal, action, devices, created_by, created_at, revoked_at 
 
 -- name: GrantsOf
 SELECT action, devices FROM grants WHERE principal = ? AND revoked_at IS NULL
+
+-- auditlog.go: the audit log, events with their principal, the gauges' counts (issue 27: audit)
+
+-- name: AuditInsert
+INSERT INTO audit (at, principal, action, kind, entity_id, detail) VALUES (?, ?, ?, ?, ?, ?)
+
+-- name: EventListOfBy
+SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
+	fencing_token, refused, principal FROM events WHERE entity_id = ? ORDER BY id
+
+-- name: OperationStatusCounts
+SELECT status, count(*) FROM operations GROUP BY status
+
+-- name: CommandStatusCounts
+SELECT status, count(*) FROM commands GROUP BY status
+
+-- The open states alone: a range of the same indexes, as long as the
+-- open rows are few.
+
+-- name: OperationOpenStatusCounts
+SELECT status, count(*) FROM operations WHERE status IN ('started','failed_retryable') GROUP BY status
+
+-- name: CommandOpenStatusCounts
+SELECT status, count(*) FROM commands
+	WHERE status IN ('pending','waiting_device','sent','received','executing','needs_attention') GROUP BY status
