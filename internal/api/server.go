@@ -100,6 +100,8 @@ func New(cfg Config) *Server {
 		{"POST /v1/operations", RoleOperator, nil, nil, s.handleSubmit},
 		{"GET /v1/operations/{id}", "", &anyOpID, wait, s.handleGetOperation},
 		{"POST /v1/operations/{id}/compensations", RoleOperator, &anyOpID, nil, s.handleCompensate},
+		{"GET /v1/operations", "", nil, operatorListQuery(operationFilters), s.handleListOperations},
+		{"GET /v1/commands", "", nil, operatorListQuery(commandFilters), s.handleListCommands},
 		{"GET /v1/commands/{id}", "", &plainID, nil, s.handleGetCommand},
 		{"POST /v1/commands/{id}/cancel", RoleOperator, &plainID, nil, s.handleCancel},
 		{"POST /v1/commands/{id}/resolve", RoleOperator, &plainID, nil, s.handleResolve},
