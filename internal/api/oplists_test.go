@@ -81,12 +81,15 @@ func TestListOperationsAndCommandsRoutes(t *testing.T) {
 	one := b.send(t, "GET", "/v1/operations/"+ids[0], "")
 	require.JSONEq(t, one.Body.String(), strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(rec.Body.String()), "["), "]"),
 		"an item is GET /v1/operations/{id}'s answer")
+	require.Equal(t, "anonymous", first[0].SubmittedBy, "without --tokens")
+	require.Equal(t, "api", first[0].Via)
+	require.NotContains(t, rec.Body.String(), "approved_by", "omitted when empty")
 
 	// Filters: repeated and comma-separated statuses, open, in the link.
 	ids, totals = b.walkList(t, "/v1/operations?status=failed_final&limit=2", field("operation_id"))
 	require.Equal(t, []string{"op-006", "op-003", "op-000"}, sortDesc(ids))
 	require.Equal(t, "3", totals[0])
-	ids, _ = b.walkList(t, "/v1/operations?status=open&device=device-1&action=restart&limit=2", field("operation_id"))
+	ids, _ = b.walkList(t, "/v1/operations?status=open&device=device-1&submitted_by=anonymous&action=restart&limit=2", field("operation_id"))
 	require.Len(t, ids, 4)
 	ids, _ = b.walkList(t, "/v1/commands?status=cancelled,pending&status=sent&limit=2", field("command_id"))
 	require.Len(t, ids, 7)

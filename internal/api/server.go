@@ -382,7 +382,11 @@ func (s *Server) handleSubmit(r *http.Request) (int, any, error) {
 	if err := checkSubmit(req, r.Header.Get("Idempotency-Key")); err != nil {
 		return 0, nil, err
 	}
-	op, isNew, err := s.cfg.Service.Submit(r.Context(), ops.Intent(req), r.Header.Get("Idempotency-Key"), principal(r))
+	via, err := channel(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	op, isNew, err := s.cfg.Service.SubmitVia(r.Context(), ops.Intent(req), r.Header.Get("Idempotency-Key"), principal(r), via)
 	if err != nil {
 		return 0, nil, err
 	}

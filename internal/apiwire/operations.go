@@ -51,6 +51,12 @@ type Operation struct {
 	ApprovedVersion int    `json:"approved_version,omitempty"`
 }
 
+// ViaHeader names the channel a submit came through when it is not the
+// API itself: the MCP server sends "mcp" on each of its tool calls'
+// requests. It only labels the operation's via; who submitted it is
+// always the token's principal.
+const ViaHeader = "X-Controller-Via"
+
 // CompensationRequest is the body of POST /v1/operations/{id}/compensations.
 type CompensationRequest struct {
 	Action          string          `json:"action"`

@@ -32,6 +32,7 @@ func opsFixture(t *testing.T, b *testBundle, n int) []domain.Operation {
 		op.Via = domain.ViaAPI
 		if i%4 == 0 {
 			op.TaskID = fmt.Sprintf("task-%d", i%8)
+			op.Via, op.ApprovedBy, op.ApprovedVersion = domain.ViaTask, "dave", i+1
 		}
 		_, err := b.s.Submit(b.ctx, op, nil)
 		require.NoError(t, err)
@@ -106,6 +107,10 @@ func TestListOperationsNewestFirstFilteredAndPaged(t *testing.T) {
 		b := setup(t, be)
 		ops := opsFixture(t, b, 30)
 		first := ops[0].StartedAt
+
+		// Attribution is stored and read back; none is '' and NULL.
+		require.Equal(t, []any{"bob", domain.ViaTask, "dave", 5}, []any{ops[4].SubmittedBy, ops[4].Via, ops[4].ApprovedBy, ops[4].ApprovedVersion})
+		require.Equal(t, []any{"bob", domain.ViaAPI, "", 0}, []any{ops[1].SubmittedBy, ops[1].Via, ops[1].ApprovedBy, ops[1].ApprovedVersion})
 
 		ids, total, pages := walkOperations(t, b, OperationFilter{}, 7)
 		require.Equal(t, newestFirst(ops), ids)
