@@ -318,19 +318,13 @@ func BenchmarkOperatorLists(b *testing.B) {
 			if be == "postgres" {
 				explain = "EXPLAIN (ANALYZE, COSTS OFF) "
 			}
-			for _, q := range []struct {
-				name string
-				sql  string
-				args []any
-			}{
+			for _, q := range []planned{
 				{"count(*) operations", "SELECT count(*) FROM operations", nil},
-				{"operations started device-7 page", func() string { _, p := operationList(opsF).queries(false); return p }(), []any{"started", "device-7", 101}},
-				{"operations started device-7 count", func() string { c, _ := operationList(opsF).queries(false); return c }(), []any{"started", "device-7"}},
-				{"commands needs_attention device-7 page", func() string { _, p := commandList(cmdF).queries(true); return p }(), []any{"needs_attention", "device-7", int64(1_764_000_900_000), "c-900000", 101}},
-				{"commands needs_attention page", func() string {
-					_, p := commandList(CommandFilter{Statuses: cmdF.Statuses}).queries(true)
-					return p
-				}(), []any{"needs_attention", int64(1_764_000_900_000), "c-900000", 101}},
+				pagePlan("operations started device-7 page", operationList(opsF), nil),
+				countPlan("operations started device-7 count", operationList(opsF)),
+				pagePlan("operations open page", operationList(OperationFilter{Statuses: []fsm.OperationState{fsm.OpStarted, fsm.OpFailedRetryable}}), nil),
+				pagePlan("commands needs_attention device-7 page", commandList(cmdF), &StartCursor{Start: 1_764_000_900_000, ID: "c-900000"}),
+				pagePlan("commands needs_attention page", commandList(CommandFilter{Statuses: cmdF.Statuses}), &StartCursor{Start: 1_764_000_900_000, ID: "c-900000"}),
 			} {
 				rows, err := s.r.QueryContext(ctx, s.d.Rebind(explain+q.sql), q.args...)
 				if err != nil {
@@ -367,4 +361,21 @@ func BenchmarkOperatorLists(b *testing.B) {
 			}
 		})
 	}
+}
+
+// planned is a statement whose plan BenchmarkOperatorLists logs.
+type planned struct {
+	name string
+	sql  string
+	args []any
+}
+
+func pagePlan[T any](name string, l startList[T], after *StartCursor) planned {
+	_, _, page, args := l.queries(after, 101)
+	return planned{name, page, args}
+}
+
+func countPlan[T any](name string, l startList[T]) planned {
+	count, args, _, _ := l.queries(nil, 101)
+	return planned{name, count, args}
 }

@@ -125,26 +125,32 @@ type startList[T any] struct {
 	from, start, key, columns string
 	where                     []string
 	args                      []any
-	scan                      func(interface{ Scan(...any) error }) (T, error)
-	cursor                    func(T) StartCursor
+	// anyOf is a filter on several values of one column (several
+	// statuses), which no index returns in the list's order: the page
+	// reads each value's range of its index apart (see queries).
+	anyOf struct {
+		column string
+		vals   []any
+	}
+	scan   func(interface{ Scan(...any) error }) (T, error)
+	cursor func(T) StartCursor
 }
 
 func (l *startList[T]) filter(cond string, args ...any) {
 	l.where, l.args = append(l.where, cond), append(l.args, args...)
 }
 
-// in adds "column = ?" or "column IN (?, ...)" for a non-empty set.
-func inFilter[S ~string](l interface{ filter(string, ...any) }, column string, vals []S) {
+// inFilter adds "column = ?" for one value, anyOf for several.
+func inFilter[S ~string, T any](l *startList[T], column string, vals []S) {
 	switch len(vals) {
 	case 0:
 	case 1:
 		l.filter(column+" = ?", string(vals[0]))
 	default:
-		args := make([]any, len(vals))
-		for i, v := range vals {
-			args[i] = string(v)
+		l.anyOf.column = column
+		for _, v := range vals {
+			l.anyOf.vals = append(l.anyOf.vals, string(v))
 		}
-		l.filter(column+" IN (?"+strings.Repeat(", ?", len(vals)-1)+")", args...)
 	}
 }
 
@@ -157,24 +163,49 @@ func (l *startList[T]) bounds(since, until time.Time) {
 	}
 }
 
-// queries returns the count and the page statements. The page takes the
-// filter's args, then (with a cursor) its start and id, then the row limit.
-func (l startList[T]) queries(after bool) (count, page string) {
-	where := ""
-	if len(l.where) > 0 {
-		where = " WHERE " + strings.Join(l.where, " AND ")
-	}
+// queries returns the count and the page statements, and their args
+// (after: the cursor's start and id; limit: the rows to read).
+//
+// With anyOf, the page is a UNION ALL of one branch per value, each the
+// newest rows of that value's range of its index (at most limit), and the
+// outer query orders those few: an IN list on the index's first column
+// would otherwise be a sort of every matching row, or a walk of the
+// whole (start, id) index filtering rows.
+func (l startList[T]) queries(after *StartCursor, limit int) (count string, countArgs []any, page string, pageArgs []any) {
 	conds := append([]string(nil), l.where...)
-	if after {
-		conds = append(conds, "("+l.start+", "+l.key+") < (?, ?)")
+	countArgs = append([]any(nil), l.args...)
+	if l.anyOf.column != "" {
+		conds = append(conds, l.anyOf.column+" IN (?"+strings.Repeat(", ?", len(l.anyOf.vals)-1)+")")
+		countArgs = append(countArgs, l.anyOf.vals...)
 	}
-	pageWhere := ""
-	if len(conds) > 0 {
-		pageWhere = " WHERE " + strings.Join(conds, " AND ")
+	count = `SELECT count(*) FROM ` + l.from + whereOf(conds)
+
+	order := ` ORDER BY ` + l.start + ` DESC, ` + l.key + ` DESC LIMIT ?`
+	rangeConds, rangeArgs := append([]string(nil), l.where...), append([]any(nil), l.args...)
+	if after != nil {
+		rangeConds = append(rangeConds, "("+l.start+", "+l.key+") < (?, ?)")
+		rangeArgs = append(rangeArgs, after.Start, after.ID)
 	}
-	return `SELECT count(*) FROM ` + l.from + where,
-		`SELECT ` + l.columns + ` FROM ` + l.from + pageWhere +
-			` ORDER BY ` + l.start + ` DESC, ` + l.key + ` DESC LIMIT ?`
+	if l.anyOf.column == "" {
+		return count, countArgs, `SELECT ` + l.columns + ` FROM ` + l.from + whereOf(rangeConds) + order,
+			append(rangeArgs, limit)
+	}
+	branches := make([]string, len(l.anyOf.vals))
+	for i, v := range l.anyOf.vals {
+		branches[i] = `SELECT k` + strconv.Itoa(i) + `.id FROM (SELECT ` + l.key + ` AS id FROM ` + l.from +
+			whereOf(append([]string{l.anyOf.column + " = ?"}, rangeConds...)) + order + `) k` + strconv.Itoa(i)
+		pageArgs = append(append(append(pageArgs, v), rangeArgs...), limit)
+	}
+	page = `SELECT ` + l.columns + ` FROM ` + l.from + ` WHERE ` + l.key + ` IN (` +
+		strings.Join(branches, ` UNION ALL `) + `)` + order
+	return count, countArgs, page, append(pageArgs, limit)
+}
+
+func whereOf(conds []string) string {
+	if len(conds) == 0 {
+		return ""
+	}
+	return " WHERE " + strings.Join(conds, " AND ")
 }
 
 // read reads the total and one page in one read transaction (one
@@ -191,21 +222,17 @@ func (l startList[T]) read(ctx context.Context, s *DB, p StartPage) (Listed[T], 
 		after = &c
 	}
 	limit := p.limit()
-	countQ, pageQ := l.queries(after != nil)
+	countQ, countArgs, pageQ, pageArgs := l.queries(after, limit+1)
 	rtx, err := s.r.BeginTx(ctx, nil)
 	if err != nil {
 		return out, fmt.Errorf("list %s: %w", l.from, err)
 	}
 	defer rtx.Rollback()
 	s.trips.Add(2)
-	if err := rtx.QueryRowContext(ctx, s.d.Rebind(countQ), s.args(append([]any(nil), l.args...))...).Scan(&out.Total); err != nil {
+	if err := rtx.QueryRowContext(ctx, s.d.Rebind(countQ), s.args(countArgs)...).Scan(&out.Total); err != nil {
 		return out, fmt.Errorf("count %s: %w", l.from, err)
 	}
-	args := append([]any(nil), l.args...)
-	if after != nil {
-		args = append(args, after.Start, after.ID)
-	}
-	rows, err := rtx.QueryContext(ctx, s.d.Rebind(pageQ), s.args(append(args, limit+1))...)
+	rows, err := rtx.QueryContext(ctx, s.d.Rebind(pageQ), s.args(pageArgs)...)
 	if err != nil {
 		return out, fmt.Errorf("list %s: %w", l.from, err)
 	}

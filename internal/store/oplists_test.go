@@ -290,33 +290,44 @@ func TestOperatorListsUseAnIndex(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return strings.Join(lines, "\n")
 	}
+	cursor := &StartCursor{Start: 1, ID: "x"}
 	check := func(name string, l interface {
-		queries(bool) (string, string)
-	}, args []any, index string) {
+		queries(*StartCursor, int) (string, []any, string, []any)
+	}, index string) {
 		t.Helper()
-		count, page := l.queries(true)
-		p := plan(page, append(append([]any(nil), args...), int64(1), "x", 101)...)
+		count, countArgs, page, pageArgs := l.queries(cursor, 101)
+		p := plan(page, pageArgs...)
 		require.Contains(t, p, "USING INDEX "+index, name+": the page\n"+p)
 		require.NotContains(t, p, "TEMP B-TREE FOR ORDER BY", name+": no sort\n"+p)
-		c := plan(count, args...)
+		c := plan(count, countArgs...)
 		require.Contains(t, c, "COVERING INDEX", name+": the count\n"+c)
 	}
 	na := []fsm.OperationState{fsm.OpStarted}
-	check("operations", operationList(OperationFilter{}), nil, "operations_started")
-	check("operations status", operationList(OperationFilter{Statuses: na}), []any{"started"}, "operations_status_started")
-	check("operations device", operationList(OperationFilter{Device: "d"}), []any{"d"}, "operations_target_started")
-	check("operations action", operationList(OperationFilter{Action: "a"}), []any{"a"}, "operations_action_started")
-	check("operations task", operationList(OperationFilter{TaskID: "t"}), []any{"t"}, "operations_task_started")
-	check("operations submitted_by", operationList(OperationFilter{SubmittedBy: "p"}), []any{"p"}, "operations_submitted_by_started")
-	check("operations since", operationList(OperationFilter{Since: time.UnixMilli(5), Until: time.UnixMilli(9)}),
-		[]any{int64(5), int64(9)}, "operations_started")
+	check("operations", operationList(OperationFilter{}), "operations_started")
+	check("operations status", operationList(OperationFilter{Statuses: na}), "operations_status_started")
+	check("operations device", operationList(OperationFilter{Device: "d"}), "operations_target_started")
+	check("operations action", operationList(OperationFilter{Action: "a"}), "operations_action_started")
+	check("operations task", operationList(OperationFilter{TaskID: "t"}), "operations_task_started")
+	check("operations submitted_by", operationList(OperationFilter{SubmittedBy: "p"}), "operations_submitted_by_started")
+	check("operations since", operationList(OperationFilter{Since: time.UnixMilli(5), Until: time.UnixMilli(9)}), "operations_started")
 	cs := []fsm.CommandState{fsm.CmdNeedsAttention}
-	check("commands", commandList(CommandFilter{}), nil, "commands_created")
-	check("commands status", commandList(CommandFilter{Statuses: cs}), []any{"needs_attention"}, "commands_status_created")
-	check("commands device", commandList(CommandFilter{Device: "d"}), []any{"d"}, "commands_device_created")
-	check("commands action", commandList(CommandFilter{Action: "a"}), []any{"a"}, "commands_action_created")
-	check("commands since", commandList(CommandFilter{Since: time.UnixMilli(5)}), []any{int64(5)}, "commands_created")
+	check("commands", commandList(CommandFilter{}), "commands_created")
+	check("commands status", commandList(CommandFilter{Statuses: cs}), "commands_status_created")
+	check("commands device", commandList(CommandFilter{Device: "d"}), "commands_device_created")
+	check("commands action", commandList(CommandFilter{Action: "a"}), "commands_action_created")
+	check("commands since", commandList(CommandFilter{Since: time.UnixMilli(5)}), "commands_created")
 	// One operation's commands: a handful, found by commands_operation.
-	_, page := commandList(CommandFilter{OperationID: "o"}).queries(true)
-	require.Contains(t, plan(page, "o", int64(1), "x", 101), "commands_operation")
+	_, _, page, args := commandList(CommandFilter{OperationID: "o"}).queries(cursor, 101)
+	require.Contains(t, plan(page, args...), "commands_operation")
+
+	// Several statuses: each one's range of the status index, newest
+	// first and limited, then only those rows sorted; the count reads the
+	// index's ranges.
+	open := []fsm.CommandState{fsm.CmdPending, fsm.CmdSent, fsm.CmdNeedsAttention}
+	count, countArgs, page, args := commandList(CommandFilter{Statuses: open, Device: "d"}).queries(cursor, 101)
+	p := plan(page, args...)
+	require.Equal(t, 3, strings.Count(p, "USING INDEX commands_status_created (status=? AND (created_at,command_id)<(?,?))")+
+		strings.Count(p, "USING INDEX commands_device_created (device_id=? AND (created_at,command_id)<(?,?))"), p)
+	require.NotContains(t, p, "SCAN commands", p)
+	require.Contains(t, plan(count, countArgs...), "INDEX")
 }
