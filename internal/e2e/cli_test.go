@@ -44,6 +44,16 @@ func TestClientSubcommands(t *testing.T) {
 		require.Contains(t, out, want)
 	}
 
+	out, err = b.run("op", "list", "--device", "device-1", "--status", "succeeded")
+	require.NoError(t, err, out)
+	require.Regexp(t, `cli:set:device-1:v1\s+succeeded\s+device-1\s+set-config\s+\S+\s+anonymous\s+api`, out)
+	out, err = b.run("cmd", "list", "--operation-id", "cli:set:device-1:v1", "--all", "--json")
+	require.NoError(t, err, out)
+	var listed []apiwire.Command
+	require.NoError(t, json.Unmarshal([]byte(out), &listed))
+	require.Len(t, listed, 1)
+	require.Equal(t, op.CommandID, listed[0].CommandID)
+
 	out, err = b.run("device", "list")
 	require.NoError(t, err, out)
 	require.Contains(t, out, "device-1")

@@ -18,6 +18,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/mcpserver"
 	"github.com/fleetctl/fleetctl/internal/mcpserver/mcptest"
 	"github.com/fleetctl/fleetctl/internal/testenv"
@@ -221,6 +223,18 @@ func TestMCPStdioEveryTool(t *testing.T) {
 	}
 	final := mcpOK[mcpserver.OperationOutput](t, cs, "get_operation", map[string]any{"operation_id": "mcp-c1"})
 	require.Equal(t, "failed_final", final.Operation.Status)
+	// The binary's stdio tools submit as their token's principal, via mcp;
+	// the same token through the API submits via api.
+	rec, err := tb.viewer.Operation(tb.ctx(), "mcp-c1", 0)
+	require.NoError(t, err)
+	require.Equal(t, []string{"agent", "mcp"}, []string{rec.SubmittedBy, rec.Via})
+	_, _, err = tb.agent.Submit(tb.ctx(), apiwire.SubmitRequest{OperationID: "api-c1", Target: "device-404", Action: "set-config"}, "")
+	require.NoError(t, err)
+	mine, err := tb.viewer.ListOperations(tb.ctx(), client.OperationQuery{SubmittedBy: "agent"})
+	require.NoError(t, err)
+	require.Len(t, mine, 2)
+	require.Equal(t, []string{"api-c1", "api"}, []string{mine[0].OperationID, mine[0].Via}, "newest first")
+	require.Equal(t, []string{"mcp-c1", "mcp"}, []string{mine[1].OperationID, mine[1].Via})
 
 	// The rollout tools call /v1/rollouts: its answer, or its error, is theirs.
 	out, res := mcpCall[mcpserver.RolloutOutput](t, cs, "create_rollout", map[string]any{"rollout_id": "mcp-r1",

@@ -80,7 +80,7 @@ func TestEveryPersonsChangeIsAuditedOnce(t *testing.T) {
 
 		// A compensation of the cancelled (failed_final) op-1.
 		comp := newOp(domain.CompensationOperationID("op-1", "v1"), "c-comp")
-		comp.Compensates, comp.Compensator, comp.CompensationReason = "op-1", "carol", "undo it"
+		comp.Compensates, comp.SubmittedBy, comp.Via, comp.CompensationReason = "op-1", "carol", domain.ViaCompensation, "undo it"
 		step("compensate", entry("carol", ActCompensate, EntityOperation, comp.OperationID),
 			map[string]any{"compensates": "op-1", "reason": "undo it", "retry": false},
 			func() error { _, err := b.s.Submit(b.ctx, comp, nil); return err }, false)
@@ -88,7 +88,7 @@ func TestEveryPersonsChangeIsAuditedOnce(t *testing.T) {
 		// A change that fails after its audit row was written takes the
 		// row back with it: one transaction.
 		comp2 := newOp(domain.CompensationOperationID("op-1", "v2"), "c-comp2")
-		comp2.Compensates, comp2.Compensator = "op-1", "carol"
+		comp2.Compensates, comp2.SubmittedBy, comp2.Via = "op-1", "carol", domain.ViaCompensation
 		step("compensate rolled back", none, nil, func() error {
 			_, err := b.s.Submit(b.ctx, comp2, func() error { return errors.New("failpoint") })
 			return err

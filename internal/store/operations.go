@@ -30,10 +30,27 @@ type NewOperation struct {
 	QoS             int
 	Owner           string
 	LeaseTTL        time.Duration
-	// Compensator is the person who asked for this compensation, and
-	// CompensationReason the reason they gave: a new compensation (or its
-	// retry) is audited and its events carry the principal (auditlog.go).
-	Compensator, CompensationReason string
+	// Attribution (domain.Operation's): who submitted it, through which
+	// channel (domain.Via*), and for a task step or a rollout device the
+	// approver and the approved version (0: none).
+	SubmittedBy     string
+	Via             string
+	ApprovedBy      string
+	ApprovedVersion int
+	// CompensationReason is the reason a person gave for a compensation
+	// (Via domain.ViaCompensation, SubmittedBy the person): a new
+	// compensation (or its retry) is audited and its events carry the
+	// principal (auditlog.go).
+	CompensationReason string
+}
+
+// compensator is the person who asked for a compensation, "" for any
+// other operation.
+func (n NewOperation) compensator() string {
+	if n.Via != domain.ViaCompensation {
+		return ""
+	}
+	return n.SubmittedBy
 }
 
 // SubmitResult says what Submit found or made.
@@ -54,15 +71,15 @@ type SubmitResult struct {
 func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
 	var res SubmitResult
 	err := s.writeOrShed(ctx, func(ctx context.Context, t *tx) error {
-		if n.Compensator != "" {
-			t.by(n.Compensator)
+		if n.compensator() != "" {
+			t.by(n.compensator())
 		}
 		var err error
 		if res, err = t.submit(ctx, n); err != nil {
 			return err
 		}
 		t.submitted(&res)
-		if n.Compensator != "" && (res.Created || res.Retried) {
+		if n.compensator() != "" && (res.Created || res.Retried) {
 			if err := t.audit(ActCompensate, EntityOperation, n.OperationID, map[string]any{"compensates": n.Compensates,
 				"action": n.Action, "target": n.Target, "reason": n.CompensationReason, "retry": res.Retried}); err != nil {
 				return err
@@ -87,7 +104,8 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	now := ms(t.now)
 	r, err := t.Exec(t.s.q.OperationInsert,
 		n.OperationID, n.Action, n.Target, string(n.Params), n.RequestHash, n.CommandID,
-		n.Owner, ms(t.now.Add(n.LeaseTTL)), n.TaskID, n.Step, n.BusinessVersion, n.Compensates, now, now)
+		n.Owner, ms(t.now.Add(n.LeaseTTL)), n.TaskID, n.Step, n.BusinessVersion, n.Compensates, now, now,
+		n.SubmittedBy, n.Via, n.ApprovedBy, n.ApprovedVersion)
 	if err != nil {
 		return SubmitResult{}, fmt.Errorf("insert operation %s: %w", n.OperationID, err)
 	}
@@ -117,6 +135,7 @@ func (n NewOperation) inserted(now, leaseExpires int64) domain.Operation {
 		Version: 1, Owner: n.Owner, LeaseExpiresAt: fromMS(leaseExpires), FencingToken: 1,
 		TaskID: n.TaskID, Step: n.Step, BusinessVersion: n.BusinessVersion, Compensates: n.Compensates,
 		Compensations: []string{}, StartedAt: fromMS(now), UpdatedAt: fromMS(now),
+		SubmittedBy: n.SubmittedBy, Via: n.Via, ApprovedBy: n.ApprovedBy, ApprovedVersion: n.ApprovedVersion,
 	}
 }
 
@@ -188,7 +207,8 @@ type queryer interface {
 //
 //	operation_id, action, target, params, request_hash, status, result, reason, attempt,
 //	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
-//	COALESCE(compensates, ''), started_at, updated_at
+//	COALESCE(compensates, ''), started_at, updated_at,
+//	submitted_by, via, approved_by, COALESCE(approved_version, 0)
 
 // scanOperation scans operationColumns, then extra columns into more.
 func scanOperation(row interface{ Scan(...any) error }, more ...any) (domain.Operation, error) {
@@ -199,7 +219,8 @@ func scanOperation(row interface{ Scan(...any) error }, more ...any) (domain.Ope
 	)
 	err := row.Scan(append([]any{&op.OperationID, &op.Action, &op.Target, &params, &op.RequestHash, &op.Status, &result,
 		&op.Reason, &op.Attempt, &op.CommandID, &op.Version, &op.Owner, &lease, &op.FencingToken,
-		&op.TaskID, &op.Step, &op.BusinessVersion, &op.Compensates, &st, &up}, more...)...)
+		&op.TaskID, &op.Step, &op.BusinessVersion, &op.Compensates, &st, &up,
+		&op.SubmittedBy, &op.Via, &op.ApprovedBy, &op.ApprovedVersion}, more...)...)
 	if err != nil {
 		return domain.Operation{}, err
 	}
