@@ -197,7 +197,7 @@ type StatusCounts struct {
 
 // CountByStatus counts operations and commands by state, in one read
 // snapshot, each a GROUP BY over an index that starts with status
-// (operations_lease, commands_status): a scan of the whole index, or with
+// (operations_status_started, commands_status_created): a scan of the whole index, or with
 // open only of its range of open states, which stays small however many
 // finished rows the database holds.
 func (s *DB) CountByStatus(ctx context.Context, open bool) (StatusCounts, error) {

@@ -21,7 +21,6 @@ CREATE INDEX audit_principal ON audit(principal, at DESC, id DESC);
 CREATE TRIGGER audit_append_only BEFORE UPDATE OR DELETE ON audit
 	FOR EACH ROW EXECUTE FUNCTION fleetctl_append_only();
 
--- The gauge controller_commands{status} counts commands by status: this
--- index makes the count a scan of the index alone (operations have
--- operations_lease, which starts with status).
-CREATE INDEX commands_status ON commands(status);
+-- The gauge controller_commands{status} counts commands by status over
+-- commands_status_created (0009), which starts with status; operations
+-- over operations_status_started.

@@ -23,7 +23,6 @@ BEGIN SELECT RAISE(ABORT, 'the audit is append-only'); END;
 CREATE TRIGGER audit_append_only_delete BEFORE DELETE ON audit
 BEGIN SELECT RAISE(ABORT, 'the audit is append-only'); END;
 
--- The gauge controller_commands{status} counts commands by status: this
--- index makes the count a scan of the index alone (operations have
--- operations_lease, which starts with status).
-CREATE INDEX commands_status ON commands(status);
+-- The gauge controller_commands{status} counts commands by status over
+-- commands_status_created (0009), which starts with status; operations
+-- over operations_status_started.
