@@ -9,6 +9,9 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/domain"
 )
 
 // Roles.
@@ -95,5 +98,21 @@ func (s *Server) need(role string, h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		h(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, tok.Principal)))
+	}
+}
+
+// ViaHeader names the channel a submit came through (apiwire.ViaHeader).
+const ViaHeader = apiwire.ViaHeader
+
+// channel is the via of a submit: api, or mcp when ViaHeader says so;
+// any other value is refused.
+func channel(r *http.Request) (string, error) {
+	switch v := r.Header.Get(ViaHeader); v {
+	case "":
+		return domain.ViaAPI, nil
+	case domain.ViaMCP:
+		return domain.ViaMCP, nil
+	default:
+		return "", apiErr(http.StatusBadRequest, "invalid_request", ViaHeader+" "+shorten(v)+": only mcp (the MCP server's requests), or none")
 	}
 }

@@ -66,18 +66,25 @@ func parseList(r *http.Request, filters ...string) (listQuery, error) {
 // checkQuery refuses a parameter of q that the route (what: "route",
 // "list", "stream") does not take, or one given twice, naming it. In a
 // sorted order, so that the same query is always refused for the same name.
+//
+// A name in takes that ends in repeatable ("status*") may be given more
+// than once.
 func checkQuery(q url.Values, what string, takes []string) error {
 	names := slices.Sorted(maps.Keys(q))
+	plain := make([]string, len(takes))
+	for i, t := range takes {
+		plain[i] = strings.TrimSuffix(t, repeatable)
+	}
 	for _, name := range names {
-		if !slices.Contains(takes, name) {
+		if !slices.Contains(plain, name) {
 			if len(takes) == 0 {
 				return invalidParam(name, "unknown query parameter; this "+what+" takes none")
 			}
-			return invalidParam(name, "unknown query parameter; this "+what+" takes "+strings.Join(takes, ", "))
+			return invalidParam(name, "unknown query parameter; this "+what+" takes "+strings.Join(plain, ", "))
 		}
 	}
 	for _, name := range names {
-		if len(q[name]) > 1 {
+		if len(q[name]) > 1 && !slices.Contains(takes, name+repeatable) {
 			return invalidParam(name, "given more than once")
 		}
 	}

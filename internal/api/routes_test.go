@@ -82,7 +82,8 @@ func TestWrongMethodIs405WithAllow(t *testing.T) {
 	t.Parallel()
 	b := setupRoutes(t)
 	for path, allow := range map[string]string{
-		"/v1/operations":                           "POST",
+		"/v1/operations":                           "GET, HEAD, POST",
+		"/v1/commands":                             "GET, HEAD",
 		"/v1/operations/op-1":                      "GET, HEAD",
 		"/v1/operations/op-1/compensations":        "POST",
 		"/v1/commands/c-1":                         "GET, HEAD",

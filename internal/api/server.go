@@ -100,6 +100,8 @@ func New(cfg Config) *Server {
 		{"POST /v1/operations", RoleOperator, nil, nil, s.handleSubmit},
 		{"GET /v1/operations/{id}", "", &anyOpID, wait, s.handleGetOperation},
 		{"POST /v1/operations/{id}/compensations", RoleOperator, &anyOpID, nil, s.handleCompensate},
+		{"GET /v1/operations", "", nil, operatorListQuery(operationFilters), s.handleListOperations},
+		{"GET /v1/commands", "", nil, operatorListQuery(commandFilters), s.handleListCommands},
 		{"GET /v1/commands/{id}", "", &plainID, nil, s.handleGetCommand},
 		{"POST /v1/commands/{id}/cancel", RoleOperator, &plainID, nil, s.handleCancel},
 		{"POST /v1/commands/{id}/resolve", RoleOperator, &plainID, nil, s.handleResolve},
@@ -380,7 +382,11 @@ func (s *Server) handleSubmit(r *http.Request) (int, any, error) {
 	if err := checkSubmit(req, r.Header.Get("Idempotency-Key")); err != nil {
 		return 0, nil, err
 	}
-	op, isNew, err := s.cfg.Service.Submit(r.Context(), ops.Intent(req), r.Header.Get("Idempotency-Key"), principal(r))
+	via, err := channel(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	op, isNew, err := s.cfg.Service.SubmitVia(r.Context(), ops.Intent(req), r.Header.Get("Idempotency-Key"), principal(r), via)
 	if err != nil {
 		return 0, nil, err
 	}

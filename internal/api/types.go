@@ -18,6 +18,7 @@ func operationView(op domain.Operation) apiwire.Operation {
 		BusinessVersion: op.BusinessVersion, Compensates: op.Compensates, Compensations: op.Compensations,
 		Owner: op.Owner, FencingToken: op.FencingToken, LeaseExpiresAt: op.LeaseExpiresAt, Version: op.Version,
 		StartedAt: op.StartedAt, UpdatedAt: op.UpdatedAt,
+		SubmittedBy: op.SubmittedBy, Via: op.Via, ApprovedBy: op.ApprovedBy, ApprovedVersion: op.ApprovedVersion,
 	}
 }
 

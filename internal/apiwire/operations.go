@@ -40,7 +40,22 @@ type Operation struct {
 	Version         int64           `json:"version"`
 	StartedAt       time.Time       `json:"started_at"`
 	UpdatedAt       time.Time       `json:"updated_at"`
+	// Attribution: the principal whose token submitted it ("anonymous"
+	// without --tokens), the channel (api, mcp, task, rollout,
+	// compensation), and for a task step or a rollout device its approver
+	// and the approved version. Operations stored before attribution was
+	// recorded have "" for both of the first two.
+	SubmittedBy     string `json:"submitted_by"`
+	Via             string `json:"via"`
+	ApprovedBy      string `json:"approved_by,omitempty"`
+	ApprovedVersion int    `json:"approved_version,omitempty"`
 }
+
+// ViaHeader names the channel a submit came through when it is not the
+// API itself: the MCP server sends "mcp" on each of its tool calls'
+// requests. It only labels the operation's via; who submitted it is
+// always the token's principal.
+const ViaHeader = "X-Controller-Via"
 
 // CompensationRequest is the body of POST /v1/operations/{id}/compensations.
 type CompensationRequest struct {

@@ -224,6 +224,8 @@ func newFakeAPI(t *testing.T) *fakeAPI {
 	}
 	answer("POST /v1/operations", 201, fakeOp)
 	answer("GET /v1/operations/{id}", 200, fakeOp)
+	answer("GET /v1/operations", 200, []apiwire.Operation{fakeOp})
+	answer("GET /v1/commands", 200, []apiwire.Command{fakeCmd})
 	answer("GET /v1/commands/{id}", 200, fakeCmd)
 	answer("POST /v1/commands/c-1/cancel", 200, fakeCmd)
 	answer("POST /v1/commands/{id}/cancel", 409, apiwire.Error{Code: "already_published", Message: "published"})
@@ -262,6 +264,8 @@ var clientCases = map[string]struct {
 	"op submit": {[]string{"--target", "device-1", "--action", "restart", "--task", "t", "--step", "s", "--business-version", "v1"},
 		[]string{"operation", "t:s:device-1:v1", "succeeded  [new]"}},
 	"op get":                {[]string{"t:s:device-1:v1"}, []string{"status", "succeeded", `{"ok":true}`}},
+	"op list":               {[]string{"--status", "open"}, []string{"OPERATION", "SUBMITTED BY", "t:s:device-1:v1", "succeeded"}},
+	"cmd list":              {[]string{"--status", "needs_attention"}, []string{"COMMAND", "c-1", "device-1"}},
 	"cmd get":               {[]string{"c-1"}, []string{"receipts:", "applied", "pending → sent"}},
 	"cmd cancel":            {[]string{"c-1"}, []string{"command", "c-1", "status"}},
 	"cmd resolve":           {[]string{"c-1", "--outcome", "succeeded", "--note", "seen"}, []string{"command", "c-1"}},

@@ -112,7 +112,7 @@ still "started" is in doubt: ask again with the same id, never a new one.`,
 		},
 	}
 	get.Flags().DurationVar(&wait, "wait", 0, "wait up to this long (max 60s) for it to leave started")
-	op.AddCommand(submit, get)
+	op.AddCommand(submit, get, opListCmd(cf))
 	return op
 }
 
@@ -162,7 +162,7 @@ func cmdCmd() *cobra.Command {
 	resolve.Flags().Var(cmdline.NewEnum(&outcome, "", "succeeded", "failed"), "outcome", "what the device really did")
 	resolve.Flags().StringVar(&note, "note", "", "what you found")
 	_ = resolve.MarkFlagRequired("outcome")
-	c.AddCommand(get, cancel, resolve)
+	c.AddCommand(get, cancel, resolve, cmdListCmd(cf))
 	return c
 }
 

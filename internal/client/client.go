@@ -25,6 +25,9 @@ type Client struct {
 	Server string // e.g. http://127.0.0.1:8080
 	Token  string
 	HTTP   *http.Client
+	// Via, if not "", is sent as apiwire.ViaHeader on every request: the
+	// channel a submit through this client came by ("mcp").
+	Via string
 }
 
 // New returns a client for server with a 90 s request timeout (above the
@@ -98,6 +101,9 @@ func (c *Client) do(ctx context.Context, method, path string, header http.Header
 	}
 	if c.Token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	if c.Via != "" {
+		req.Header.Set(apiwire.ViaHeader, c.Via)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {

@@ -31,7 +31,25 @@ type Operation struct {
 	Compensations   []string
 	StartedAt       time.Time
 	UpdatedAt       time.Time
+	// Attribution: the principal whose token submitted it ("anonymous"
+	// without --tokens; a task step's requester, a rollout's creator), the
+	// channel (Via*), and for a task step or a rollout device the approver
+	// and the approved version. Operations older than the attribution
+	// columns have them empty (0).
+	SubmittedBy     string
+	Via             string
+	ApprovedBy      string
+	ApprovedVersion int
 }
+
+// Channels an operation is submitted through (Operation.Via).
+const (
+	ViaAPI          = "api"
+	ViaMCP          = "mcp"
+	ViaTask         = "task"
+	ViaRollout      = "rollout"
+	ViaCompensation = "compensation"
+)
 
 // Fence is the lease holder's claim that a decision is made under: the
 // owner and the fencing token it holds on the operation.

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/mcpserver"
 	"github.com/fleetctl/fleetctl/internal/mcpserver/mcptest"
 )
@@ -427,4 +428,86 @@ func (l *lossyHTTP) RoundTrip(r *http.Request) (*http.Response, error) {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return nil, errors.New("lossyHTTP: the answer was lost")
+}
+
+// Every operation records who submitted it and through which channel: a
+// submit tool call says mcp with the principal of its token (over /mcp and
+// in process), a submit of the API api, a compensation compensation, a
+// task step task with its approver and version, a rollout device rollout
+// with the rollout's creator and approver.
+func TestOperationsAreAttributed(t *testing.T) {
+	t.Parallel()
+	b := start(t)
+	c := ctx(t)
+	get := func(id string) apiwire.Operation {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			op, err := b.admin.Operation(c, id, 0)
+			if err == nil {
+				return op
+			}
+			require.Equal(t, "not_found", client.Code(err), "%s: %v", id, err)
+			require.True(t, time.Now().Before(deadline), "no operation %s after 30s", id)
+			<-time.After(20 * time.Millisecond) // poll interval of a deadline-bounded wait
+		}
+	}
+	attributed := func(id, by, via, approver string, version int) {
+		t.Helper()
+		op := get(id)
+		require.Equal(t, []any{by, via, approver, version}, []any{op.SubmittedBy, op.Via, op.ApprovedBy, op.ApprovedVersion}, id)
+	}
+
+	agent := b.httpSession(t, "t-agent", nil)
+	ok[mcpserver.OperationOutput](t, agent, "submit_operation", map[string]any{"operation_id": "a-http", "target": "device-1", "action": "set-config"})
+	attributed("a-http", "agent", "mcp", "", 0)
+	bob, _ := b.session(t, "t-bob")
+	ok[mcpserver.OperationOutput](t, bob, "submit_operation", map[string]any{"operation_id": "a-mem", "target": "device-2", "action": "set-config"})
+	attributed("a-mem", "bob", "mcp", "", 0)
+
+	bobAPI := client.New(b.url, "t-bob")
+	_, _, err := bobAPI.Submit(c, apiwire.SubmitRequest{OperationID: "a-api", Target: "device-3", Action: "set-config"}, "")
+	require.NoError(t, err)
+	attributed("a-api", "bob", "api", "", 0)
+	// A replay through another channel keeps the first attribution.
+	again := ok[mcpserver.OperationOutput](t, agent, "submit_operation", map[string]any{"operation_id": "a-api", "target": "device-3", "action": "set-config"})
+	require.Equal(t, new(false), again.Created)
+	attributed("a-api", "bob", "api", "", 0)
+	_, err = bobAPI.Operation(c, "a-api", 30*time.Second)
+	require.NoError(t, err)
+	var comp apiwire.Operation
+	_, err = bobAPI.Do(c, http.MethodPost, "/v1/operations/a-api/compensations", nil,
+		apiwire.CompensationRequest{Action: "set-config", Reason: "undo", BusinessVersion: "v1"}, &comp)
+	require.NoError(t, err)
+	attributed("a-api:compensate:v1", "bob", "compensation", "", 0)
+	// A made-up channel is refused.
+	status, err := bobAPI.Do(c, http.MethodPost, "/v1/operations", http.Header{apiwire.ViaHeader: {"carrier-pigeon"}},
+		apiwire.SubmitRequest{OperationID: "a-bad", Target: "device-3", Action: "set-config"}, nil)
+	require.Equal(t, http.StatusBadRequest, status, "%v", err)
+
+	// A task's step: its requester, the approver and the approved version.
+	ok[mcpserver.TaskOutput](t, agent, "create_task", map[string]any{"task_id": "a-task",
+		"steps": []map[string]any{{"step": "s", "action": "set-config", "target": "device-1"}}})
+	_, _, err = b.alice.Approve(c, "a-task", apiwire.ApprovalRequest{Version: 1})
+	require.NoError(t, err)
+	attributed("a-task:s:device-1:approval-v1", "agent", "task", "alice", 1)
+
+	// A rollout's devices: its creator, and its approver when it needed one.
+	ok[mcpserver.RolloutOutput](t, agent, "create_rollout", map[string]any{"rollout_id": "a-ro", "action": "set-config",
+		"devices": []string{"device-2"}})
+	attributed("a-ro:rollout:device-2:v1", "agent", "rollout", "", 0)
+	ok[mcpserver.RolloutOutput](t, agent, "create_rollout", map[string]any{"rollout_id": "a-ra", "action": "restart",
+		"devices": []string{"device-3"}})
+	_, _, err = b.alice.ApproveRollout(c, "a-ra", 1)
+	require.NoError(t, err)
+	attributed("a-ra:rollout:device-3:v1", "agent", "rollout", "alice", 1)
+
+	// The list finds them by submitter.
+	mine, err := b.admin.ListOperations(c, client.OperationQuery{SubmittedBy: "bob"})
+	require.NoError(t, err)
+	var ids []string
+	for _, op := range mine {
+		ids = append(ids, op.OperationID)
+	}
+	require.ElementsMatch(t, []string{"a-mem", "a-api", "a-api:compensate:v1"}, ids)
 }

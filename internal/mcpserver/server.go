@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/fleetctl/fleetctl/internal/client"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
@@ -167,6 +168,15 @@ func New(cfg Config) *mcp.Server {
 	return s
 }
 
+// viaMCP is c marked as the MCP server's (client.Client.Via): an
+// operation a tool submits records via mcp, and the principal of c's
+// token as its submitter.
+func viaMCP(c *client.Client) *client.Client {
+	mc := *c
+	mc.Via = domain.ViaMCP
+	return &mc
+}
+
 // call is the API client and the raw arguments of one tool call.
 type call struct {
 	c   *client.Client
@@ -197,7 +207,7 @@ func add[In, Out any, P errorSetter[Out]](s *mcp.Server, cfg Config, t *mcp.Tool
 	t.InputSchema = schemaFor[In]()
 	t.OutputSchema = schemaFor[Out]()
 	mcp.AddTool(s, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
-		k := call{c: cfg.Client(req)}
+		k := call{c: viaMCP(cfg.Client(req))}
 		if req.Params != nil {
 			k.raw = req.Params.Arguments
 		}

@@ -74,10 +74,17 @@ type Intent struct {
 	Params          json.RawMessage
 }
 
-// Submit validates a direct submission and inserts it, or returns the stored
-// record (created false). key is the Idempotency-Key header ("" if absent);
-// who is the caller.
+// Submit validates a direct submission through the API and inserts it, or
+// returns the stored record (created false). key is the Idempotency-Key
+// header ("" if absent); who is the caller.
 func (s *Service) Submit(ctx context.Context, in Intent, key, who string) (domain.Operation, bool, error) {
+	return s.SubmitVia(ctx, in, key, who, domain.ViaAPI)
+}
+
+// SubmitVia is Submit through a channel (domain.ViaAPI or domain.ViaMCP),
+// which the new operation records with who as its submitter. A replay
+// returns the stored record, attributed as it was first submitted.
+func (s *Service) SubmitVia(ctx context.Context, in Intent, key, who, via string) (domain.Operation, bool, error) {
 	id, err := operationID(in, key)
 	if err != nil {
 		return domain.Operation{}, false, err
@@ -96,6 +103,7 @@ func (s *Service) Submit(ctx context.Context, in Intent, key, who string) (domai
 	if err := s.authorizeDirect(ctx, who, in.Action, in.Target); err != nil {
 		return domain.Operation{}, false, err
 	}
+	n.SubmittedBy, n.Via = who, via
 	return s.insert(ctx, n)
 }
 
@@ -292,6 +300,7 @@ func (s *Service) Compensate(ctx context.Context, originalID string, c Compensat
 		return domain.Operation{}, false, err
 	}
 	n.Compensates = orig.OperationID
+	n.SubmittedBy, n.Via = who, domain.ViaCompensation
 	return s.insert(ctx, n)
 }
 
@@ -331,12 +340,17 @@ func (s *Service) ResetPresence(ctx context.Context, device, who string) (domain
 	return s.cfg.Store.ResetPresence(ctx, device, who)
 }
 
-// PrepareStep builds the operation record of step i of a task's approved plan.
+// PrepareStep builds the operation record of step i of a task's approved
+// plan, attributed to the task's requester (the author of the approved
+// version), via task, with its approver and the approved version.
 func (s *Service) PrepareStep(ctx context.Context, k domain.Task, i int) (store.NewOperation, error) {
 	st := k.Approval.Steps[i]
-	return s.prepare(ctx, domain.TaskStepOperationID(k.TaskID, st.Step, st.Target, k.Approval.Version), Intent{TaskID: k.TaskID, Step: st.Step,
+	n, err := s.prepare(ctx, domain.TaskStepOperationID(k.TaskID, st.Step, st.Target, k.Approval.Version), Intent{TaskID: k.TaskID, Step: st.Step,
 		Target: st.Target, BusinessVersion: "approval-v" + strconv.Itoa(k.Approval.Version), Action: st.Action, Params: st.Params},
 		stepParams)
+	n.SubmittedBy, n.Via = k.Requester(), domain.ViaTask
+	n.ApprovedBy, n.ApprovedVersion = k.Approval.Approver, k.Approval.Version
+	return n, err
 }
 
 func invalidPlan(format string, args ...any) error {

@@ -30,6 +30,13 @@ type NewOperation struct {
 	QoS             int
 	Owner           string
 	LeaseTTL        time.Duration
+	// Attribution (domain.Operation's): who submitted it, through which
+	// channel (domain.Via*), and for a task step or a rollout device the
+	// approver and the approved version (0: none).
+	SubmittedBy     string
+	Via             string
+	ApprovedBy      string
+	ApprovedVersion int
 }
 
 // SubmitResult says what Submit found or made.
@@ -74,7 +81,8 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	now := ms(t.now)
 	r, err := t.Exec(t.s.q.OperationInsert,
 		n.OperationID, n.Action, n.Target, string(n.Params), n.RequestHash, n.CommandID,
-		n.Owner, ms(t.now.Add(n.LeaseTTL)), n.TaskID, n.Step, n.BusinessVersion, n.Compensates, now, now)
+		n.Owner, ms(t.now.Add(n.LeaseTTL)), n.TaskID, n.Step, n.BusinessVersion, n.Compensates, now, now,
+		n.SubmittedBy, n.Via, n.ApprovedBy, n.ApprovedVersion)
 	if err != nil {
 		return SubmitResult{}, fmt.Errorf("insert operation %s: %w", n.OperationID, err)
 	}
@@ -104,6 +112,7 @@ func (n NewOperation) inserted(now, leaseExpires int64) domain.Operation {
 		Version: 1, Owner: n.Owner, LeaseExpiresAt: fromMS(leaseExpires), FencingToken: 1,
 		TaskID: n.TaskID, Step: n.Step, BusinessVersion: n.BusinessVersion, Compensates: n.Compensates,
 		Compensations: []string{}, StartedAt: fromMS(now), UpdatedAt: fromMS(now),
+		SubmittedBy: n.SubmittedBy, Via: n.Via, ApprovedBy: n.ApprovedBy, ApprovedVersion: n.ApprovedVersion,
 	}
 }
 
@@ -175,7 +184,8 @@ type queryer interface {
 //
 //	operation_id, action, target, params, request_hash, status, result, reason, attempt,
 //	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
-//	COALESCE(compensates, ''), started_at, updated_at
+//	COALESCE(compensates, ''), started_at, updated_at,
+//	submitted_by, via, approved_by, COALESCE(approved_version, 0)
 
 // scanOperation scans operationColumns, then extra columns into more.
 func scanOperation(row interface{ Scan(...any) error }, more ...any) (domain.Operation, error) {
@@ -186,7 +196,8 @@ func scanOperation(row interface{ Scan(...any) error }, more ...any) (domain.Ope
 	)
 	err := row.Scan(append([]any{&op.OperationID, &op.Action, &op.Target, &params, &op.RequestHash, &op.Status, &result,
 		&op.Reason, &op.Attempt, &op.CommandID, &op.Version, &op.Owner, &lease, &op.FencingToken,
-		&op.TaskID, &op.Step, &op.BusinessVersion, &op.Compensates, &st, &up}, more...)...)
+		&op.TaskID, &op.Step, &op.BusinessVersion, &op.Compensates, &st, &up,
+		&op.SubmittedBy, &op.Via, &op.ApprovedBy, &op.ApprovedVersion}, more...)...)
 	if err != nil {
 		return domain.Operation{}, err
 	}

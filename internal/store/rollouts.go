@@ -790,6 +790,13 @@ func (t *tx) startRolloutDevice(ctx context.Context, r domain.Rollout, d domain.
 	if dec.CommandTTL > 0 && dec.CommandTTL < n.CommandTTL {
 		n.CommandTTL = dec.CommandTTL
 	}
+	// Attributed to the rollout's creator, via rollout, with its approver
+	// and approved version when its action needed one: from the row this
+	// transaction read (a candidate may be prepared before the approval).
+	n.SubmittedBy, n.Via = r.CreatedBy, domain.ViaRollout
+	if r.Approver != "" {
+		n.ApprovedBy, n.ApprovedVersion = r.Approver, r.ApprovedVersion
+	}
 	sub, err := t.submit(ctx, n)
 	if errors.Is(err, domain.ErrKeyReused) {
 		// Nothing of the submit was written (it reads first): the device

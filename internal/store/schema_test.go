@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
 	"github.com/fleetctl/fleetctl/internal/store/driver"
 	"github.com/fleetctl/fleetctl/internal/store/postgres"
@@ -41,6 +42,11 @@ var otherEnums = map[string]func(t *testing.T, got []string){
 	"receipts.effect": func(t *testing.T, got []string) {
 		require.ElementsMatch(t, []string{EffectApplied, EffectDuplicate, EffectStale, EffectLate, EffectMismatch,
 			EffectUnknownCommand}, got)
+	},
+	// The channel an operation came through ('' before migration 0009).
+	"operations.via": func(t *testing.T, got []string) {
+		require.ElementsMatch(t, []string{"", domain.ViaAPI, domain.ViaMCP, domain.ViaTask, domain.ViaRollout,
+			domain.ViaCompensation}, got)
 	},
 	// The events log names the machine of each line; the machines whose
 	// changes it records (and device and lease, which have no fsm table).

@@ -592,6 +592,10 @@ type Store interface {
 	Queries(ctx context.Context, commandID string) ([]domain.Query, error)
 	Events(ctx context.Context, entityID string) ([]domain.Event, error)
 
+	// The operators' lists (oplists.go): newest first, keyset paged.
+	ListOperations(ctx context.Context, f OperationFilter, p StartPage) (Listed[domain.Operation], error)
+	ListCommands(ctx context.Context, f CommandFilter, p StartPage) (Listed[domain.Command], error)
+
 	// Facts from devices, applied by any instance.
 	ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error)
 	ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptResult, error)

@@ -58,13 +58,15 @@ FOR NO KEY UPDATE
 -- name: OperationGetRow
 SELECT operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
-	COALESCE(compensates, ''), started_at, updated_at
+	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0)
 FROM operations WHERE operation_id = $1
 
 -- name: OperationGetRowForUpdate
 SELECT operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
-	COALESCE(compensates, ''), started_at, updated_at
+	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0)
 FROM operations WHERE operation_id = $1
 FOR NO KEY UPDATE
 
@@ -75,6 +77,7 @@ FOR NO KEY UPDATE
 SELECT operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
 	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0),
 	COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
 		FROM commands c WHERE c.operation_id = o.operation_id), ''),
 	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
@@ -85,6 +88,7 @@ FROM operations o WHERE o.operation_id = $1
 SELECT operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
 	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0),
 	COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
 		FROM commands c WHERE c.operation_id = o.operation_id), ''),
 	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
@@ -235,8 +239,9 @@ UPDATE commands SET next_check_at = $1, version = version + 1 WHERE device_id = 
 -- name: OperationInsert
 INSERT INTO operations (operation_id, action, target, params, request_hash, status,
 		attempt, command_id, version, owner, lease_expires_at, fencing_token,
-		task_id, step, business_version, compensates, started_at, updated_at)
-	VALUES ($1, $2, $3, $4, $5, 'started', 1, $6, 1, $7, $8, 1, $9, $10, $11, NULLIF($12, ''), $13, $14)
+		task_id, step, business_version, compensates, started_at, updated_at,
+		submitted_by, via, approved_by, approved_version)
+	VALUES ($1, $2, $3, $4, $5, 'started', 1, $6, 1, $7, $8, 1, $9, $10, $11, NULLIF($12, ''), $13, $14, $15, $16, $17, NULLIF($18, 0))
 	ON CONFLICT (operation_id) DO NOTHING
 
 -- name: CommandInsert

@@ -43,13 +43,15 @@ FROM commands WHERE command_id = ?
 -- name: OperationGetRow
 SELECT operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
-	COALESCE(compensates, ''), started_at, updated_at
+	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0)
 FROM operations WHERE operation_id = ?
 
 -- name: OperationGetRowForUpdate
 SELECT operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
-	COALESCE(compensates, ''), started_at, updated_at
+	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0)
 FROM operations WHERE operation_id = ?
 
 -- An operation with the ids of its commands (by creation) and of its
@@ -59,6 +61,7 @@ FROM operations WHERE operation_id = ?
 SELECT operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
 	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0),
 	COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
 		FROM commands c WHERE c.operation_id = o.operation_id), ''),
 	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
@@ -69,6 +72,7 @@ FROM operations o WHERE o.operation_id = ?
 SELECT operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
 	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0),
 	COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
 		FROM commands c WHERE c.operation_id = o.operation_id), ''),
 	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
@@ -217,8 +221,9 @@ UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
 -- name: OperationInsert
 INSERT INTO operations (operation_id, action, target, params, request_hash, status,
 		attempt, command_id, version, owner, lease_expires_at, fencing_token,
-		task_id, step, business_version, compensates, started_at, updated_at)
-	VALUES (?, ?, ?, ?, ?, 'started', 1, ?, 1, ?, ?, 1, ?, ?, ?, NULLIF(?, ''), ?, ?)
+		task_id, step, business_version, compensates, started_at, updated_at,
+		submitted_by, via, approved_by, approved_version)
+	VALUES (?, ?, ?, ?, ?, 'started', 1, ?, 1, ?, ?, 1, ?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?, ?, NULLIF(?, 0))
 	ON CONFLICT (operation_id) DO NOTHING
 
 -- name: CommandInsert

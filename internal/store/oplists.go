@@ -1,0 +1,305 @@
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/domain"
+	"github.com/fleetctl/fleetctl/internal/fsm"
+)
+
+// The operators' lists (GET /v1/operations, GET /v1/commands) are newest
+// first: by start, then id, both descending. An operation starts at its
+// started_at, a command at its created_at (its insert, when its operation
+// or its retry minted it); neither is ever updated, so a record keeps its
+// place in the order for good. They page by keyset on that pair: the
+// cursor of a page is its last record's (start, id), opaque to callers,
+// and the next page holds what sorts strictly after it. A record that
+// existed when the first page was read is therefore on exactly one page,
+// however many records arrive meanwhile (they sort first, being newer).
+//
+// Each filter is served by an index (migration 0009): the filter's column
+// first, then (start, id), so that a page is one range of it walked
+// backwards and the count reads the index alone. Several filters at once
+// use one of those indexes (the planner picks the narrowest) and check the
+// others on its rows.
+
+// Page sizes of the operators' lists, as the contract fixes them.
+const (
+	DefaultOperatorLimit = 100
+	MaxOperatorLimit     = 1000
+)
+
+// OperationFilter selects operations; zero fields select everything.
+type OperationFilter struct {
+	Statuses    []fsm.OperationState // any of them
+	Device      string               // target
+	Action      string
+	TaskID      string
+	SubmittedBy string
+	// Since and Until bound the start: Since <= started_at < Until, at
+	// millisecond precision (the stored one). Zero: unbounded.
+	Since, Until time.Time
+}
+
+// CommandFilter selects commands; zero fields select everything.
+type CommandFilter struct {
+	Statuses    []fsm.CommandState // any of them
+	Device      string
+	Action      string
+	OperationID string
+	// Since and Until bound created_at, as OperationFilter's bound a start.
+	Since, Until time.Time
+}
+
+// StartCursor is a position in a list ordered by (start, id) descending:
+// the last record of a page.
+type StartCursor struct {
+	Start int64 // milliseconds since the epoch
+	ID    string
+}
+
+// cursorID is the charset of the ids these lists are keyed by (command
+// ids, and operation ids up to a compensation's 400 characters).
+var cursorID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,400}$`)
+
+// String is the cursor as callers see it: base64url of "start,id". Ids
+// never hold a comma.
+func (c StartCursor) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.Start, 10) + "," + c.ID))
+}
+
+// ParseStartCursor reads a cursor String made; anything else is
+// domain.ErrInvalid.
+func ParseStartCursor(s string) (StartCursor, error) {
+	bad := fmt.Errorf("%w: after %q is not a cursor of this list (take it from the Link header of the previous page)", domain.ErrInvalid, shortCursor(s))
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return StartCursor{}, bad
+	}
+	start, id, ok := strings.Cut(string(raw), ",")
+	if !ok || !cursorID.MatchString(id) {
+		return StartCursor{}, bad
+	}
+	ms, err := strconv.ParseInt(start, 10, 64)
+	if err != nil || ms < 0 {
+		return StartCursor{}, bad
+	}
+	return StartCursor{Start: ms, ID: id}, nil
+}
+
+func shortCursor(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
+}
+
+// StartPage asks for one page of an operator list: the records after the
+// cursor After ("" is the newest), at most Limit of them (1 to
+// MaxOperatorLimit; DefaultOperatorLimit when 0 or less, MaxOperatorLimit
+// when more).
+type StartPage struct {
+	After string
+	Limit int
+}
+
+func (p StartPage) limit() int {
+	switch {
+	case p.Limit <= 0:
+		return DefaultOperatorLimit
+	case p.Limit > MaxOperatorLimit:
+		return MaxOperatorLimit
+	}
+	return p.Limit
+}
+
+// startList is one operator list's read: the filter, ANDed, for the count
+// and the page; the page newest first by (start, key).
+type startList[T any] struct {
+	from, start, key, columns string
+	where                     []string
+	args                      []any
+	scan                      func(interface{ Scan(...any) error }) (T, error)
+	cursor                    func(T) StartCursor
+}
+
+func (l *startList[T]) filter(cond string, args ...any) {
+	l.where, l.args = append(l.where, cond), append(l.args, args...)
+}
+
+// in adds "column = ?" or "column IN (?, ...)" for a non-empty set.
+func inFilter[S ~string](l interface{ filter(string, ...any) }, column string, vals []S) {
+	switch len(vals) {
+	case 0:
+	case 1:
+		l.filter(column+" = ?", string(vals[0]))
+	default:
+		args := make([]any, len(vals))
+		for i, v := range vals {
+			args[i] = string(v)
+		}
+		l.filter(column+" IN (?"+strings.Repeat(", ?", len(vals)-1)+")", args...)
+	}
+}
+
+func (l *startList[T]) bounds(since, until time.Time) {
+	if !since.IsZero() {
+		l.filter(l.start+" >= ?", since.UnixMilli())
+	}
+	if !until.IsZero() {
+		l.filter(l.start+" < ?", until.UnixMilli())
+	}
+}
+
+// queries returns the count and the page statements. The page takes the
+// filter's args, then (with a cursor) its start and id, then the row limit.
+func (l startList[T]) queries(after bool) (count, page string) {
+	where := ""
+	if len(l.where) > 0 {
+		where = " WHERE " + strings.Join(l.where, " AND ")
+	}
+	conds := append([]string(nil), l.where...)
+	if after {
+		conds = append(conds, "("+l.start+", "+l.key+") < (?, ?)")
+	}
+	pageWhere := ""
+	if len(conds) > 0 {
+		pageWhere = " WHERE " + strings.Join(conds, " AND ")
+	}
+	return `SELECT count(*) FROM ` + l.from + where,
+		`SELECT ` + l.columns + ` FROM ` + l.from + pageWhere +
+			` ORDER BY ` + l.start + ` DESC, ` + l.key + ` DESC LIMIT ?`
+}
+
+// read reads the total and one page in one read transaction (one
+// snapshot), one row more than the limit to know whether a next page
+// exists.
+func (l startList[T]) read(ctx context.Context, s *DB, p StartPage) (Listed[T], error) {
+	out := Listed[T]{Items: []T{}}
+	var after *StartCursor
+	if p.After != "" {
+		c, err := ParseStartCursor(p.After)
+		if err != nil {
+			return out, err
+		}
+		after = &c
+	}
+	limit := p.limit()
+	countQ, pageQ := l.queries(after != nil)
+	rtx, err := s.r.BeginTx(ctx, nil)
+	if err != nil {
+		return out, fmt.Errorf("list %s: %w", l.from, err)
+	}
+	defer rtx.Rollback()
+	s.trips.Add(2)
+	if err := rtx.QueryRowContext(ctx, s.d.Rebind(countQ), s.args(append([]any(nil), l.args...))...).Scan(&out.Total); err != nil {
+		return out, fmt.Errorf("count %s: %w", l.from, err)
+	}
+	args := append([]any(nil), l.args...)
+	if after != nil {
+		args = append(args, after.Start, after.ID)
+	}
+	rows, err := rtx.QueryContext(ctx, s.d.Rebind(pageQ), s.args(append(args, limit+1))...)
+	if err != nil {
+		return out, fmt.Errorf("list %s: %w", l.from, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		v, err := l.scan(rows)
+		if err != nil {
+			return out, fmt.Errorf("list %s: %w", l.from, err)
+		}
+		out.Items = append(out.Items, v)
+	}
+	if err := rows.Err(); err != nil {
+		return out, fmt.Errorf("list %s: %w", l.from, err)
+	}
+	if len(out.Items) > limit {
+		out.Items = out.Items[:limit]
+		out.Next = l.cursor(out.Items[limit-1]).String()
+	}
+	return out, nil
+}
+
+// operationListColumns are OperationGet's columns, on alias o.
+const operationListColumns = `o.operation_id, o.action, o.target, o.params, o.request_hash, o.status, o.result, o.reason,
+	o.attempt, o.command_id, o.version, o.owner, o.lease_expires_at, o.fencing_token, o.task_id, o.step,
+	o.business_version, COALESCE(o.compensates, ''), o.started_at, o.updated_at,
+	o.submitted_by, o.via, o.approved_by, COALESCE(o.approved_version, 0),
+	COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
+		FROM commands c WHERE c.operation_id = o.operation_id), ''),
+	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
+		FROM operations k WHERE k.compensates = o.operation_id), '')`
+
+func operationList(f OperationFilter) startList[domain.Operation] {
+	l := startList[domain.Operation]{from: "operations o", start: "o.started_at", key: "o.operation_id",
+		columns: operationListColumns,
+		scan: func(row interface{ Scan(...any) error }) (domain.Operation, error) {
+			var cmds, comps string
+			op, err := scanOperation(row, &cmds, &comps)
+			op.CommandIDs, op.Compensations = splitIDs(cmds), splitIDs(comps)
+			return op, err
+		},
+		cursor: func(op domain.Operation) StartCursor {
+			return StartCursor{Start: op.StartedAt.UnixMilli(), ID: op.OperationID}
+		}}
+	inFilter(&l, "o.status", f.Statuses)
+	if f.Device != "" {
+		l.filter("o.target = ?", f.Device)
+	}
+	if f.Action != "" {
+		l.filter("o.action = ?", f.Action)
+	}
+	if f.TaskID != "" {
+		// task_id <> '' names operations_task_started's (partial) condition.
+		l.filter("o.task_id = ? AND o.task_id <> ''", f.TaskID)
+	}
+	if f.SubmittedBy != "" {
+		l.filter("o.submitted_by = ?", f.SubmittedBy)
+	}
+	l.bounds(f.Since, f.Until)
+	return l
+}
+
+// ListOperations lists one page of operations, newest first, with the
+// number that match the filter.
+func (s *DB) ListOperations(ctx context.Context, f OperationFilter, p StartPage) (Listed[domain.Operation], error) {
+	return operationList(f).read(ctx, s, p)
+}
+
+// commandListColumns are CommandGet's columns.
+const commandListColumns = `command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
+	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at`
+
+func commandList(f CommandFilter) startList[domain.Command] {
+	l := startList[domain.Command]{from: "commands", start: "created_at", key: "command_id",
+		columns: commandListColumns, scan: scanCommand,
+		cursor: func(c domain.Command) StartCursor {
+			return StartCursor{Start: c.CreatedAt.UnixMilli(), ID: c.CommandID}
+		}}
+	inFilter(&l, "status", f.Statuses)
+	if f.Device != "" {
+		l.filter("device_id = ?", f.Device)
+	}
+	if f.Action != "" {
+		l.filter("action = ?", f.Action)
+	}
+	if f.OperationID != "" {
+		l.filter("operation_id = ?", f.OperationID)
+	}
+	l.bounds(f.Since, f.Until)
+	return l
+}
+
+// ListCommands lists one page of commands, newest first, with the number
+// that match the filter.
+func (s *DB) ListCommands(ctx context.Context, f CommandFilter, p StartPage) (Listed[domain.Command], error) {
+	return commandList(f).read(ctx, s, p)
+}

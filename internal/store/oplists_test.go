@@ -1,0 +1,322 @@
+package store
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/domain"
+	"github.com/fleetctl/fleetctl/internal/fsm"
+)
+
+// opsFixture submits n operations, two per millisecond-distinct start (so
+// that ids break ties), with targets, actions, submitters and tasks in
+// turn; every fifth is cancelled (its command cancelled, the operation
+// failed_final). It returns the operations as stored.
+func opsFixture(t *testing.T, b *testBundle, n int) []domain.Operation {
+	t.Helper()
+	var out []domain.Operation
+	for i := range n {
+		if i%2 == 0 {
+			b.clk.Advance(time.Second)
+		}
+		op := newOp(fmt.Sprintf("op-%03d", i), fmt.Sprintf("c-%03d", i))
+		op.Target = fmt.Sprintf("device-%d", i%3)
+		op.Action = []string{"restart", "set-config"}[i%2]
+		op.SubmittedBy = []string{"alice", "bob", "carol"}[i%3]
+		op.Via = domain.ViaAPI
+		if i%4 == 0 {
+			op.TaskID = fmt.Sprintf("task-%d", i%8)
+			op.Via, op.ApprovedBy, op.ApprovedVersion = domain.ViaTask, "dave", i+1
+		}
+		_, err := b.s.Submit(b.ctx, op, nil)
+		require.NoError(t, err)
+		if i%5 == 0 {
+			_, err := b.s.Cancel(b.ctx, op.CommandID, "alice")
+			require.NoError(t, err)
+		}
+	}
+	for i := range n {
+		op, err := b.s.GetOperation(b.ctx, fmt.Sprintf("op-%03d", i))
+		require.NoError(t, err)
+		out = append(out, op)
+	}
+	return out
+}
+
+// newestFirst sorts operations as the list does.
+func newestFirst(ops []domain.Operation) []string {
+	ops = slices.Clone(ops)
+	sort.Slice(ops, func(i, j int) bool {
+		if !ops[i].StartedAt.Equal(ops[j].StartedAt) {
+			return ops[i].StartedAt.After(ops[j].StartedAt)
+		}
+		return ops[i].OperationID > ops[j].OperationID
+	})
+	ids := make([]string, len(ops))
+	for i, op := range ops {
+		ids[i] = op.OperationID
+	}
+	return ids
+}
+
+func where(ops []domain.Operation, keep func(domain.Operation) bool) []domain.Operation {
+	var out []domain.Operation
+	for _, op := range ops {
+		if keep(op) {
+			out = append(out, op)
+		}
+	}
+	return out
+}
+
+// walkOperations follows Next from the start; it checks that every page
+// reports the same total.
+func walkOperations(t *testing.T, b *testBundle, f OperationFilter, limit int) (ids []string, total int64, pages int) {
+	t.Helper()
+	p := StartPage{Limit: limit}
+	total = -1
+	for {
+		pages++
+		require.Less(t, pages, 1000, "Next never ends")
+		got, err := b.s.ListOperations(b.ctx, f, p)
+		require.NoError(t, err)
+		if total >= 0 {
+			require.Equal(t, total, got.Total, "every page reports the same total")
+		}
+		total = got.Total
+		for _, op := range got.Items {
+			ids = append(ids, op.OperationID)
+		}
+		if got.Next == "" {
+			return ids, total, pages
+		}
+		require.Len(t, got.Items, limit, "a page with a next one is full")
+		p.After = got.Next
+	}
+}
+
+func TestListOperationsNewestFirstFilteredAndPaged(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		ops := opsFixture(t, b, 30)
+		first := ops[0].StartedAt
+
+		// Attribution is stored and read back; none is '' and NULL.
+		require.Equal(t, []any{"bob", domain.ViaTask, "dave", 5}, []any{ops[4].SubmittedBy, ops[4].Via, ops[4].ApprovedBy, ops[4].ApprovedVersion})
+		require.Equal(t, []any{"bob", domain.ViaAPI, "", 0}, []any{ops[1].SubmittedBy, ops[1].Via, ops[1].ApprovedBy, ops[1].ApprovedVersion})
+
+		ids, total, pages := walkOperations(t, b, OperationFilter{}, 7)
+		require.Equal(t, newestFirst(ops), ids)
+		require.EqualValues(t, 30, total)
+		require.Equal(t, 5, pages)
+
+		got, err := b.s.ListOperations(b.ctx, OperationFilter{}, StartPage{Limit: 1})
+		require.NoError(t, err)
+		require.Equal(t, "op-029", got.Items[0].OperationID)
+		require.Equal(t, []string{"c-029"}, got.Items[0].CommandIDs, "the same record GetOperation reads")
+		require.Equal(t, "carol", got.Items[0].SubmittedBy)
+		require.Equal(t, domain.ViaAPI, got.Items[0].Via)
+
+		cases := []struct {
+			name string
+			f    OperationFilter
+			keep func(domain.Operation) bool
+		}{
+			{"status", OperationFilter{Statuses: []fsm.OperationState{fsm.OpFailedFinal}},
+				func(op domain.Operation) bool { return op.Status == fsm.OpFailedFinal }},
+			{"statuses", OperationFilter{Statuses: []fsm.OperationState{fsm.OpStarted, fsm.OpFailedFinal}},
+				func(domain.Operation) bool { return true }},
+			{"device", OperationFilter{Device: "device-1"},
+				func(op domain.Operation) bool { return op.Target == "device-1" }},
+			{"action", OperationFilter{Action: "set-config"},
+				func(op domain.Operation) bool { return op.Action == "set-config" }},
+			{"task", OperationFilter{TaskID: "task-4"},
+				func(op domain.Operation) bool { return op.TaskID == "task-4" }},
+			{"submitted_by", OperationFilter{SubmittedBy: "carol"},
+				func(op domain.Operation) bool { return op.SubmittedBy == "carol" }},
+			{"since until", OperationFilter{Since: first.Add(3 * time.Second), Until: first.Add(9 * time.Second)},
+				func(op domain.Operation) bool {
+					return !op.StartedAt.Before(first.Add(3*time.Second)) && op.StartedAt.Before(first.Add(9*time.Second))
+				}},
+			{"combined", OperationFilter{Statuses: []fsm.OperationState{fsm.OpStarted}, Device: "device-2", Action: "restart"},
+				func(op domain.Operation) bool {
+					return op.Status == fsm.OpStarted && op.Target == "device-2" && op.Action == "restart"
+				}},
+			{"nothing", OperationFilter{SubmittedBy: "mallory"}, func(domain.Operation) bool { return false }},
+		}
+		for _, c := range cases {
+			want := newestFirst(where(ops, c.keep))
+			ids, total, _ := walkOperations(t, b, c.f, 3)
+			require.Equal(t, want, append([]string{}, ids...), c.name)
+			require.EqualValues(t, len(want), total, c.name)
+		}
+	})
+}
+
+// TestListOperationsPagesWhileNewOnesArrive: operations submitted between
+// pages are newer than every page's cursor; the walk still holds each
+// operation that existed at its first page exactly once.
+func TestListOperationsPagesWhileNewOnesArrive(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		ops := opsFixture(t, b, 20)
+		want := newestFirst(ops)
+		var ids []string
+		p := StartPage{Limit: 6}
+		for i := 0; ; i++ {
+			got, err := b.s.ListOperations(b.ctx, OperationFilter{}, p)
+			require.NoError(t, err)
+			require.EqualValues(t, 20+3*i, got.Total)
+			for _, op := range got.Items {
+				ids = append(ids, op.OperationID)
+			}
+			if got.Next == "" {
+				break
+			}
+			p.After = got.Next
+			for k := range 3 { // in the same millisecond as the newest, and later
+				if k == 2 {
+					b.clk.Advance(time.Millisecond)
+				}
+				_, err := b.s.Submit(b.ctx, newOp(fmt.Sprintf("new-%d-%d", i, k), fmt.Sprintf("cn-%d-%d", i, k)), nil)
+				require.NoError(t, err)
+			}
+		}
+		require.Equal(t, want, ids)
+	})
+}
+
+func TestListCommandsNewestFirstFilteredAndPaged(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		ops := opsFixture(t, b, 12)
+		walk := func(f CommandFilter, limit int) (ids []string, total int64) {
+			p := StartPage{Limit: limit}
+			for i := 0; ; i++ {
+				require.Less(t, i, 100)
+				got, err := b.s.ListCommands(b.ctx, f, p)
+				require.NoError(t, err)
+				total = got.Total
+				for _, c := range got.Items {
+					ids = append(ids, c.CommandID)
+				}
+				if got.Next == "" {
+					return ids, total
+				}
+				p.After = got.Next
+			}
+		}
+		cmdIDs := func(keep func(domain.Operation) bool) []string {
+			var out []string
+			for _, id := range newestFirst(where(ops, keep)) {
+				out = append(out, "c-"+strings.TrimPrefix(id, "op-"))
+			}
+			return out
+		}
+		ids, total := walk(CommandFilter{}, 5)
+		require.Equal(t, cmdIDs(func(domain.Operation) bool { return true }), ids)
+		require.EqualValues(t, 12, total)
+
+		ids, total = walk(CommandFilter{Statuses: []fsm.CommandState{fsm.CmdCancelled}}, 2)
+		require.Equal(t, []string{"c-010", "c-005", "c-000"}, ids)
+		require.EqualValues(t, 3, total)
+
+		ids, _ = walk(CommandFilter{Statuses: []fsm.CommandState{fsm.CmdPending, fsm.CmdCancelled}, Device: "device-2"}, 2)
+		require.Equal(t, cmdIDs(func(op domain.Operation) bool { return op.Target == "device-2" }), ids)
+
+		ids, _ = walk(CommandFilter{Action: "restart", OperationID: "op-004"}, 2)
+		require.Equal(t, []string{"c-004"}, ids)
+
+		first := ops[0].StartedAt
+		ids, _ = walk(CommandFilter{Since: first.Add(2 * time.Second), Until: first.Add(4 * time.Second)}, 100)
+		require.Equal(t, []string{"c-007", "c-006", "c-005", "c-004"}, ids)
+
+		got, err := b.s.ListCommands(b.ctx, CommandFilter{}, StartPage{Limit: 1})
+		require.NoError(t, err)
+		want, err := b.s.GetCommand(b.ctx, "c-011")
+		require.NoError(t, err)
+		require.Equal(t, want, got.Items[0], "the same record GetCommand reads")
+	})
+}
+
+func TestOperatorListCursor(t *testing.T) {
+	t.Parallel()
+	c := StartCursor{Start: 1764669600123, ID: "task-1:step:device-1:approval-v2"}
+	back, err := ParseStartCursor(c.String())
+	require.NoError(t, err)
+	require.Equal(t, c, back)
+	require.NotContains(t, c.String(), c.ID, "opaque")
+	for _, bad := range []string{"x", "!!!", StartCursor{Start: 1, ID: "a,b"}.String(),
+		StartCursor{Start: -1, ID: "a"}.String(), StartCursor{Start: 1, ID: ""}.String(), "MTIzNDU"} {
+		_, err := ParseStartCursor(bad)
+		require.ErrorIs(t, err, domain.ErrInvalid, bad)
+	}
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		_, err := b.s.ListOperations(b.ctx, OperationFilter{}, StartPage{After: "nope!"})
+		require.ErrorIs(t, err, domain.ErrInvalid)
+		_, err = b.s.ListCommands(b.ctx, CommandFilter{}, StartPage{After: "nope!"})
+		require.ErrorIs(t, err, domain.ErrInvalid)
+	})
+}
+
+// TestOperatorListsUseAnIndex (SQLite's plans; PostgreSQL's are checked
+// over a million rows by BenchmarkOperatorLists, which logs them): each
+// filter's page is a range of an index in the list's order (no sort of
+// the rows that match), and its count reads an index alone.
+func TestOperatorListsUseAnIndex(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "sqlite")
+	plan := func(q string, args ...any) string {
+		rows, err := b.s.r.QueryContext(b.ctx, "EXPLAIN QUERY PLAN "+q, args...)
+		require.NoError(t, err)
+		defer rows.Close()
+		var lines []string
+		for rows.Next() {
+			var id, parent, notused int
+			var detail string
+			require.NoError(t, rows.Scan(&id, &parent, &notused, &detail))
+			lines = append(lines, detail)
+		}
+		require.NoError(t, rows.Err())
+		return strings.Join(lines, "\n")
+	}
+	check := func(name string, l interface {
+		queries(bool) (string, string)
+	}, args []any, index string) {
+		t.Helper()
+		count, page := l.queries(true)
+		p := plan(page, append(append([]any(nil), args...), int64(1), "x", 101)...)
+		require.Contains(t, p, "USING INDEX "+index, name+": the page\n"+p)
+		require.NotContains(t, p, "TEMP B-TREE FOR ORDER BY", name+": no sort\n"+p)
+		c := plan(count, args...)
+		require.Contains(t, c, "COVERING INDEX", name+": the count\n"+c)
+	}
+	na := []fsm.OperationState{fsm.OpStarted}
+	check("operations", operationList(OperationFilter{}), nil, "operations_started")
+	check("operations status", operationList(OperationFilter{Statuses: na}), []any{"started"}, "operations_status_started")
+	check("operations device", operationList(OperationFilter{Device: "d"}), []any{"d"}, "operations_target_started")
+	check("operations action", operationList(OperationFilter{Action: "a"}), []any{"a"}, "operations_action_started")
+	check("operations task", operationList(OperationFilter{TaskID: "t"}), []any{"t"}, "operations_task_started")
+	check("operations submitted_by", operationList(OperationFilter{SubmittedBy: "p"}), []any{"p"}, "operations_submitted_by_started")
+	check("operations since", operationList(OperationFilter{Since: time.UnixMilli(5), Until: time.UnixMilli(9)}),
+		[]any{int64(5), int64(9)}, "operations_started")
+	cs := []fsm.CommandState{fsm.CmdNeedsAttention}
+	check("commands", commandList(CommandFilter{}), nil, "commands_created")
+	check("commands status", commandList(CommandFilter{Statuses: cs}), []any{"needs_attention"}, "commands_status_created")
+	check("commands device", commandList(CommandFilter{Device: "d"}), []any{"d"}, "commands_device_created")
+	check("commands action", commandList(CommandFilter{Action: "a"}), []any{"a"}, "commands_action_created")
+	check("commands since", commandList(CommandFilter{Since: time.UnixMilli(5)}), []any{int64(5)}, "commands_created")
+	// One operation's commands: a handful, found by commands_operation.
+	_, page := commandList(CommandFilter{OperationID: "o"}).queries(true)
+	require.Contains(t, plan(page, "o", int64(1), "x", 101), "commands_operation")
+}
