@@ -461,7 +461,16 @@ func (s *Server) command(ctx context.Context, id string) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, commandView(c, receipts, events), nil
+	queries, err := s.cfg.Store.Queries(ctx, id)
+	if err != nil {
+		return 0, nil, err
+	}
+	v := commandView(c, receipts, events)
+	for _, q := range queries {
+		v.QueryLog = append(v.QueryLog, apiwire.Query{QueryID: q.QueryID, SentAt: q.SentAt, Instance: q.Instance,
+			AnsweredAt: q.AnsweredAt, Answer: q.Answer})
+	}
+	return http.StatusOK, v, nil
 }
 
 func (s *Server) handleCancel(r *http.Request) (int, any, error) {

@@ -117,6 +117,18 @@ type Command struct {
 	ResolvedBy   string          `json:"resolved_by,omitempty"`
 	Receipts     []Receipt       `json:"receipts"`
 	Events       []Event         `json:"events"`
+	// QueryLog lists the queries asked about the command and their
+	// answers: GET /v1/commands/{id} only, not the list.
+	QueryLog []Query `json:"query_log,omitempty"`
+}
+
+// Query is one query the controller sent about a command, and the answer.
+type Query struct {
+	QueryID    string     `json:"query_id"`
+	SentAt     time.Time  `json:"sent_at"`
+	Instance   string     `json:"instance"`
+	AnsweredAt *time.Time `json:"answered_at"`
+	Answer     string     `json:"answer,omitempty"`
 }
 
 // ResolveRequest is the body of POST /v1/commands/{id}/resolve.

@@ -38,6 +38,18 @@ type Command struct {
 	UpdatedAt    time.Time
 }
 
+// Query is one query the controller sent about a command (a status
+// request with its own query_id), and the device's answer if one came.
+type Query struct {
+	QueryID      string
+	CommandID    string
+	Instance     string // the instance that asked
+	FencingToken int64
+	SentAt       time.Time
+	AnsweredAt   *time.Time // nil: no answer (yet)
+	Answer       string     // the answered status, "unknown" if the device never saw the command
+}
+
 // ReceiptRecord is one line of a command's receipt log.
 type ReceiptRecord struct {
 	CommandID  string

@@ -279,42 +279,13 @@ func (a *Audit) Receipts(ctx context.Context, commandID string) ([]domain.Receip
 	return listReceipts(ctx, a.q, commandID)
 }
 
-// AuditQuery is one query the controller sent about a command, and the
-// device's answer if one came.
-type AuditQuery struct {
-	QueryID      string
-	CommandID    string
-	Instance     string // the instance that asked
-	FencingToken int64
-	SentAt       time.Time
-	AnsweredAt   *time.Time // nil: no answer (yet)
-	Answer       string     // the answered status, "unknown" if the device never saw the command
-}
+// AuditQuery is one query the controller sent about a command
+// (domain.Query).
+type AuditQuery = domain.Query
 
 // Queries lists the queries sent about one command, by the time they were sent.
 func (a *Audit) Queries(ctx context.Context, commandID string) ([]AuditQuery, error) {
-	rows, err := a.q.QueryContext(ctx, stmts(a.q).AuditQueries, commandID)
-	if err != nil {
-		return nil, fmt.Errorf("audit: list queries of %s: %w", commandID, err)
-	}
-	defer rows.Close()
-	out := []AuditQuery{}
-	for rows.Next() {
-		var (
-			q        AuditQuery
-			sent     int64
-			answered sql.NullInt64
-		)
-		if err := rows.Scan(&q.QueryID, &q.CommandID, &q.Instance, &q.FencingToken, &sent, &answered, &q.Answer); err != nil {
-			return nil, fmt.Errorf("audit: list queries of %s: %w", commandID, err)
-		}
-		q.SentAt, q.AnsweredAt = fromMS(sent), fromNullMS(answered)
-		out = append(out, q)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("audit: list queries of %s: %w", commandID, err)
-	}
-	return out, nil
+	return listQueries(ctx, a.q, commandID)
 }
 
 // EventfulCommand is a command with the score EventfulCommands ranks it by.

@@ -67,6 +67,37 @@ func (s *DB) GetCommand(ctx context.Context, id string) (domain.Command, error) 
 }
 
 // Receipts lists the receipt log of one command, oldest first.
+// Queries lists the queries sent about a command, by the time they were
+// sent, each with its answer if one came.
+func (s *DB) Queries(ctx context.Context, commandID string) ([]domain.Query, error) {
+	return listQueries(ctx, s.rq, commandID)
+}
+
+func listQueries(ctx context.Context, q queryer, commandID string) ([]domain.Query, error) {
+	rows, err := q.QueryContext(ctx, stmts(q).AuditQueries, commandID)
+	if err != nil {
+		return nil, fmt.Errorf("list queries of %s: %w", commandID, err)
+	}
+	defer rows.Close()
+	out := []domain.Query{}
+	for rows.Next() {
+		var (
+			qr       domain.Query
+			sent     int64
+			answered sql.NullInt64
+		)
+		if err := rows.Scan(&qr.QueryID, &qr.CommandID, &qr.Instance, &qr.FencingToken, &sent, &answered, &qr.Answer); err != nil {
+			return nil, fmt.Errorf("list queries of %s: %w", commandID, err)
+		}
+		qr.SentAt, qr.AnsweredAt = fromMS(sent), fromNullMS(answered)
+		out = append(out, qr)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list queries of %s: %w", commandID, err)
+	}
+	return out, nil
+}
+
 func (s *DB) Receipts(ctx context.Context, commandID string) ([]domain.ReceiptRecord, error) {
 	return listReceipts(ctx, s.rq, commandID)
 }

@@ -599,6 +599,7 @@ type Store interface {
 	Cancel(ctx context.Context, commandID, who string) (domain.Command, error)
 	Resolve(ctx context.Context, commandID string, outcome fsm.CommandState, note, who string) (ResolveOutcome, error)
 	Receipts(ctx context.Context, commandID string) ([]domain.ReceiptRecord, error)
+	Queries(ctx context.Context, commandID string) ([]domain.Query, error)
 	Events(ctx context.Context, entityID string) ([]domain.Event, error)
 
 	// The operators' lists (oplists.go): newest first, keyset paged.

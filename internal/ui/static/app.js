@@ -1,12 +1,13 @@
 // The dashboard: sign-in when the API has --tokens, the live feed, and the
-// four views behind the hash routes #/fleet, #/commands[/<id>],
-// #/approvals, #/rollouts.
+// five views behind the hash routes #/fleet, #/commands[?filters|/<id>],
+// #/attention, #/approvals, #/rollouts.
 
 import { get, token, setToken, APIError } from './api.js';
-import { clear, debounce, errorText } from './dom.js';
+import { clear, debounce, throttle, errorText } from './dom.js';
 import { Live } from './live.js';
 import { FleetView } from './fleet.js';
-import { CommandStore, CommandsView, CommandView } from './commands.js';
+import { CommandsView, CommandView } from './commands.js';
+import { AttentionView, attentionCount } from './attention.js';
 import { ApprovalsView, waitingCount } from './tasks.js';
 import { RolloutsView } from './rollouts.js';
 
@@ -16,11 +17,11 @@ class App {
   constructor() {
     this.who = null;
     this.view = null;
-    this.commands = new CommandStore((c) => { if (this.view instanceof CommandsView) this.view.changed(c); });
     this.tasks = new Map(); // task events seen: id → {id, status, at}
     this.rollouts = new Set(); // rollout ids seen
     this.live = new Live((ev) => this.event(ev), (state) => this.liveState(state));
     this.refreshWaiting = debounce(() => this.waiting(), 500);
+    this.refreshAttention = throttle(() => this.attention(), 1000);
     this.fleet = null;
   }
 
@@ -49,6 +50,7 @@ class App {
     $('signout').hidden = !this.who.auth;
     this.live.start();
     this.waiting();
+    this.attention();
     this.route();
   }
 
@@ -73,14 +75,18 @@ class App {
 
   route() {
     if (!this.who) return;
-    const parts = (location.hash || '#/fleet').slice(2).split('/');
+    const hash = (location.hash || '#/fleet').slice(2);
+    const q = hash.indexOf('?');
+    const parts = (q < 0 ? hash : hash.slice(0, q)).split('/');
+    const query = q < 0 ? '' : hash.slice(q + 1);
     const name = parts[0] || 'fleet';
     if (this.view && this.view.unmount) this.view.unmount();
     const root = clear($('view'));
     switch (name) {
       case 'commands':
-        this.view = parts[1] ? new CommandView(this, decodeURIComponent(parts.slice(1).join('/'))) : new CommandsView(this);
+        this.view = parts[1] ? new CommandView(this, decodeURIComponent(parts.slice(1).join('/'))) : new CommandsView(this, query);
         break;
+      case 'attention': this.view = new AttentionView(this); break;
       case 'approvals': this.view = new ApprovalsView(this); break;
       case 'rollouts': this.view = new RolloutsView(this); break;
       default: this.view = new FleetView(this);
@@ -92,7 +98,7 @@ class App {
 
   event(ev) {
     switch (ev.kind) {
-      case 'command': this.commands.seen(ev); break;
+      case 'command': this.refreshAttention(); break;
       case 'task': {
         const t = this.tasks.get(ev.id) || { id: ev.id, trail: [] };
         if (t.trail[t.trail.length - 1] !== ev.status) t.trail.push(ev.status);
@@ -105,7 +111,7 @@ class App {
         break;
       }
       case 'rollout': this.rollouts.add(ev.id); break;
-      case 'reset': this.refreshWaiting(); break;
+      case 'reset': this.refreshWaiting(); this.refreshAttention(); break;
     }
     if (this.view) this.view.onEvent(ev);
     $('live').dataset.events = String(this.live.count);
@@ -120,6 +126,16 @@ class App {
 
   async waiting() {
     try { this.setWaiting(await waitingCount()); } catch { /* the badge waits for the next event */ }
+  }
+
+  async attention() {
+    try { this.setAttention(await attentionCount()); } catch { /* the badge waits for the next event */ }
+  }
+
+  setAttention(n) {
+    const b = $('attention-badge');
+    b.textContent = String(n);
+    b.hidden = !n;
   }
 
   setWaiting(n) {

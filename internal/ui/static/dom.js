@@ -75,6 +75,18 @@ export function debounce(fn, ms) {
   return (...a) => { clearTimeout(t); t = setTimeout(() => fn(...a), ms); };
 }
 
+// throttle runs fn at most once per ms: at once when idle, else once at the
+// end of the interval however many calls came in it.
+export function throttle(fn, ms) {
+  let last = 0;
+  let t = 0;
+  return (...a) => {
+    if (t) return;
+    const wait = Math.max(0, last + ms - Date.now());
+    t = setTimeout(() => { t = 0; last = Date.now(); fn(...a); }, wait);
+  };
+}
+
 export function clear(el) { el.replaceChildren(); return el; }
 
 export function errorText(e) {
