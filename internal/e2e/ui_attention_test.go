@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"testing"
@@ -10,16 +11,18 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/sim"
 )
 
 // The dashboard's Needs attention page in headless Chromium: two commands
 // to a legacy device (no dedupe, its finals lost, its queries ignored) wait
-// for a person; the navigation counts them, the queue shows them oldest
+// for a person. They are in GET /v1/commands?status=needs_attention, the
+// CLI's cmd list, the gauge and the page's queue, which shows them oldest
 // first with their evidence (the queries asked and unanswered, the
-// device's capabilities), an operator resolves the oldest with a note, and
-// it leaves the queue, the badge and the Commands page's needs_attention
-// filter, live.
+// device's capabilities); the navigation counts them. An operator resolves
+// the oldest on the page with a note: it leaves all four, live, and the
+// resolve is in GET /v1/audit?principal= with its note.
 func TestNeedsAttentionQueueInChromium(t *testing.T) {
 	t.Parallel()
 	tb := setupTasks(t, setupOpts{args: []string{"--ack-timeout", "300ms", "--max-attempts", "2"},
@@ -47,6 +50,28 @@ func TestNeedsAttentionQueueInChromium(t *testing.T) {
 	fine := submit("fine", "device-1")
 	require.Equal(t, "succeeded", tb.waitFinal(fine.OperationID).Status)
 
+	// The four places a person finds what waits for them, but the page.
+	waiting := func() (api, cli []string, gauge float64) {
+		listed, err := tb.viewer.ListCommands(tb.ctx(), client.CommandQuery{Statuses: []string{"needs_attention"}})
+		require.NoError(t, err)
+		for _, c := range listed {
+			api = append(api, c.CommandID)
+		}
+		out, err := tb.run("cmd", "list", "--status", "needs_attention", "--all", "--json", "--token", "t-viewer")
+		require.NoError(t, err, out)
+		var printed []apiwire.Command
+		require.NoError(t, json.Unmarshal([]byte(out), &printed), out)
+		for _, c := range printed {
+			cli = append(cli, c.CommandID)
+		}
+		return api, cli, tb.metric(`controller_commands{status="needs_attention"}`)
+	}
+	both := []string{second.CommandID, first.CommandID} // newest first
+	eventually(t, "both waiting in the API list, the CLI list and the gauge", 20*time.Second, func() bool {
+		api, cli, gauge := waiting()
+		return fmt.Sprint(api) == fmt.Sprint(both) && fmt.Sprint(cli) == fmt.Sprint(both) && gauge == 2
+	})
+
 	c := startChrome(t)
 	c.do("open the dashboard", chromedp.Navigate(tb.ctl.URL+"/ui/#/attention"), chromedp.WaitVisible(chromedp.CSS("#login-form")))
 	c.do("sign in as bob, an operator", chromedp.SendKeys(chromedp.CSS("#token"), "t-bob"), chromedp.Click(chromedp.CSS("#login-form button")))
@@ -69,6 +94,19 @@ func TestNeedsAttentionQueueInChromium(t *testing.T) {
 	resolved := tb.command(first.CommandID)
 	require.Equal(t, "succeeded", resolved.Status)
 	require.Equal(t, "bob", resolved.ResolvedBy)
+	eventually(t, "the resolved one left the API list, the CLI list and the gauge", 20*time.Second, func() bool {
+		api, cli, gauge := waiting()
+		return fmt.Sprint(api) == fmt.Sprint(both[:1]) && fmt.Sprint(cli) == fmt.Sprint(both[:1]) && gauge == 1
+	})
+	audit, err := tb.viewer.ListAudit(tb.ctx(), client.AuditQuery{Principal: "bob"})
+	require.NoError(t, err)
+	require.Len(t, audit, 1, "bob's one change")
+	require.Equal(t, "resolve", audit[0].Action)
+	require.Equal(t, first.CommandID, audit[0].ID)
+	var detail map[string]any
+	require.NoError(t, json.Unmarshal(audit[0].Detail, &detail))
+	require.Equal(t, "config 4.2 seen on the device's console", detail["note"])
+	require.Equal(t, "succeeded", detail["outcome"])
 
 	// The Commands page, filtered on needs_attention from the database: the
 	// one left; and on succeeded: the resolved one and the fine one.
