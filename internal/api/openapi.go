@@ -28,7 +28,9 @@ import (
 //
 // It is served without a token, like /healthz, /metrics and /ui/: it says
 // nothing of the fleet, only the shape of the API this binary serves, and a
-// client generator reads it before anyone holds a token.
+// client generator reads it before anyone holds a token. It says what this
+// server asks: with --tokens a bearer token on every other route (and 401
+// among their answers), without --tokens none.
 
 // routeMux is the ServeMux that remembers the patterns registered on it,
 // so that the document's test enumerates the routes actually served.
@@ -59,17 +61,29 @@ func (s *Server) Routes() []string {
 	return slices.Clone(s.mux.patterns)
 }
 
-// handleOpenAPI answers the document.
+// handleOpenAPI answers the document of this server: with --tokens every
+// route but the public ones needs a bearer token; without, none does.
 func (s *Server) handleOpenAPI(*http.Request) (int, any, error) {
-	doc, err := OpenAPI()
+	doc, err := OpenAPI(s.cfg.Auth.Enabled())
 	if err != nil {
 		return 0, nil, err
 	}
 	return http.StatusOK, json.RawMessage(doc), nil
 }
 
-// OpenAPI returns the document (JSON), built once.
-var OpenAPI = sync.OnceValues(func() ([]byte, error) { return json.Marshal(buildOpenAPI()) })
+var (
+	openapiWithTokens    = sync.OnceValues(func() ([]byte, error) { return json.Marshal(buildOpenAPI(true)) })
+	openapiWithoutTokens = sync.OnceValues(func() ([]byte, error) { return json.Marshal(buildOpenAPI(false)) })
+)
+
+// OpenAPI returns the document (JSON) of a server with tokens or without,
+// built once.
+func OpenAPI(tokens bool) ([]byte, error) {
+	if tokens {
+		return openapiWithTokens()
+	}
+	return openapiWithoutTokens()
+}
 
 // apiParam is one query or header parameter of a route.
 type apiParam struct {
@@ -295,7 +309,7 @@ func errorCodes() map[int][]string {
 	return out
 }
 
-func buildOpenAPI() map[string]any {
+func buildOpenAPI(tokens bool) map[string]any {
 	g := &schemaGen{defs: map[string]any{}}
 	codes := errorCodes()
 	var all []string
@@ -332,14 +346,19 @@ func buildOpenAPI() map[string]any {
 			item = map[string]any{}
 			paths[path] = item
 		}
-		item[strings.ToLower(method)] = g.operation(rt, path)
+		item[strings.ToLower(method)] = g.operation(rt, path, tokens)
+	}
+	desc := "The controller's HTTP API (docs/api.md). Every GET route also answers HEAD. A method a path does not serve " +
+		"answers 405 method_not_allowed with Allow; a path no route has, 404 not_found."
+	security := []any{map[string]any{"bearer": []string{}}}
+	if !tokens {
+		desc += " This controller runs without --tokens: no route needs a token (the bearer scheme is what one with --tokens asks for)."
+		security = []any{}
 	}
 	return map[string]any{
-		"openapi": "3.1.0",
-		"info": map[string]any{"title": "fleetctl controller API", "version": "1",
-			"description": "The controller's HTTP API (docs/api.md). Every GET route also answers HEAD. A method a path does not serve " +
-				"answers 405 method_not_allowed with Allow; a path no route has, 404 not_found."},
-		"security": []any{map[string]any{"bearer": []string{}}},
+		"openapi":  "3.1.0",
+		"info":     map[string]any{"title": "fleetctl controller API", "version": "1", "description": desc},
+		"security": security,
 		"paths":    paths,
 		"components": map[string]any{
 			"schemas":   g.defs,
@@ -356,7 +375,7 @@ func buildOpenAPI() map[string]any {
 func refTo(name string) map[string]any { return map[string]any{"$ref": "#/components/schemas/" + name} }
 
 // operation is one route's Operation Object.
-func (g *schemaGen) operation(rt apiRoute, path string) map[string]any {
+func (g *schemaGen) operation(rt apiRoute, path string, tokens bool) map[string]any {
 	o := map[string]any{"summary": rt.summary, "operationId": openapiOperationID(rt.pattern)}
 	var params []any
 	if strings.Contains(path, "{id}") {
@@ -408,7 +427,7 @@ func (g *schemaGen) operation(rt apiRoute, path string) map[string]any {
 	if path != "/healthz" && path != "/metrics" {
 		errs = append(errs, http.StatusMisdirectedRequest)
 	}
-	if rt.role != "-" {
+	if rt.role != "-" && tokens {
 		errs = append(errs, http.StatusUnauthorized)
 	}
 	if strings.HasPrefix(path, "/v1/") {
@@ -424,6 +443,7 @@ func (g *schemaGen) operation(rt apiRoute, path string) map[string]any {
 	}
 	o["responses"] = resp
 	switch {
+	case !tokens:
 	case rt.role == "-":
 		o["security"] = []any{}
 	case rt.queryToken:
