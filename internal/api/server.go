@@ -69,7 +69,7 @@ type Config struct {
 // Server serves the API.
 type Server struct {
 	cfg Config
-	mux *http.ServeMux
+	mux *routeMux
 	hub *Hub
 }
 
@@ -85,7 +85,7 @@ func New(cfg Config) *Server {
 	if cfg.WaitPoll <= 0 {
 		cfg.WaitPoll = 250 * time.Millisecond
 	}
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), hub: NewHub()}
+	s := &Server{cfg: cfg, mux: newRouteMux(), hub: NewHub()}
 	// Each route's {id} is checked against its rule (400 invalid_request,
 	// bad_id), and its query string against the parameters it takes (400
 	// invalid_request: any other, or one given twice), before the handler
@@ -135,6 +135,8 @@ func New(cfg Config) *Server {
 		s.mux.HandleFunc(rt.pattern, s.need(rt.role, s.serve(h)))
 	}
 	s.dashboardRoutes() // events.go: the event stream, the task list, whoami, /ui/
+	// openapi.go: the document of every route, served without a token.
+	s.mux.HandleFunc("GET /v1/openapi.json", s.serve(withQuery(nil, s.handleOpenAPI)))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if cfg.Health != nil {
 			if err := cfg.Health(); err != nil {
