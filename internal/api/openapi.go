@@ -150,18 +150,6 @@ var (
 // emptyBody is the body of the routes that take none or an empty object.
 type emptyBody struct{}
 
-// auditEntry is an entry of GET /v1/audit, as the contract describes it.
-// It is documented ahead of being served (see openapi_test.go's
-// documentedAhead).
-type auditEntry struct {
-	At        time.Time       `json:"at"`
-	Principal string          `json:"principal"`
-	Action    string          `json:"action"`
-	Kind      string          `json:"kind"`
-	ID        string          `json:"id"`
-	Detail    json.RawMessage `json:"detail"`
-}
-
 // health is the body of GET /healthz.
 type health struct {
 	Status   string `json:"status"`
@@ -244,8 +232,7 @@ func apiRoutes() []apiRoute {
 		{pattern: "POST /v1/rollouts/{id}/approvals", summary: "Approve a rollout's version", role: RoleApprover,
 			body: &apiwire.RolloutApprovalRequest{}, ok: created(ro), errs: []int{404, 409}},
 
-		// The operators' view: documented ahead of being served (other
-		// branches add them; see openapi_test.go's documentedAhead).
+		// The operators' view.
 		{pattern: "GET /v1/operations", summary: "List operations newest first (by start, then id)", list: true,
 			params: []apiParam{opsLimitParam, opsAfterParam, repeatedStatus("only the operations in these states", states(fsm.Operation)),
 				textParam("device", "only the operations on this device"), textParam("action", "only this action"),
@@ -261,7 +248,7 @@ func apiRoutes() []apiRoute {
 		{pattern: "GET /v1/audit", summary: "List the changes people caused, newest first", list: true,
 			params: []apiParam{opsLimitParam, opsAfterParam, textParam("principal", "only this principal's changes"),
 				timeParam("since", "at or after (RFC 3339)"), timeParam("until", "before (RFC 3339)")},
-			ok: ok(&[]auditEntry{})},
+			ok: ok(&[]apiwire.AuditEntry{})},
 
 		{pattern: "GET /v1/events", summary: "The server-sent event stream of this instance's changes (each data line is an EventData)",
 			queryToken: true, params: []apiParam{
@@ -510,7 +497,7 @@ func fieldSchemas() map[string]map[string]any {
 		"SubmitRequest.params":   params, "CompensationRequest.params": params, "Step.params": params, "RolloutRequest.params": params,
 		"Operation.params": params, "Command.params": params, "RolloutView.params": params,
 		"RolloutRequest.devices": devices, "RolloutView.devices": devices,
-		"auditEntry.detail": {"type": "object", "description": "what changed (a resolve's outcome and note)"},
+		"AuditEntry.detail": {"type": "object", "description": "what changed (a resolve's outcome and note)"},
 	}
 }
 
@@ -529,8 +516,6 @@ func componentName(t reflect.Type, request bool) string {
 	switch name { // the unexported ones
 	case "emptyBody":
 		return "Empty"
-	case "auditEntry":
-		return "AuditEntry"
 	case "health":
 		return "Health"
 	}
