@@ -59,7 +59,7 @@ func TestAPIRulesOnTheBinary(t *testing.T) {
 	// (a) 405 with Allow.
 	for _, tc := range []struct{ method, path, allow string }{
 		{"PATCH", "/v1/operations/rules-1", "GET, HEAD"},
-		{"DELETE", "/v1/operations", "POST"},
+		{"DELETE", "/v1/operations", "GET, HEAD, POST"},
 		{"GET", "/v1/operations/rules-1/compensations", "POST"},
 		{"POST", "/v1/devices/device-1", "GET, HEAD"},
 		{"GET", "/v1/grants/g-1", "DELETE"},
