@@ -81,9 +81,10 @@ func TestListAuditRefusesBadParameters(t *testing.T) {
 		{"/v1/audit?limit=1001", "limit"},
 		{"/v1/audit?limit=x", "limit"},
 		{"/v1/audit?after=g-01", "after"}, // an id is not a cursor
-		{"/v1/audit?after=" + base64.RawURLEncoding.EncodeToString([]byte("12.x")), "after"},
-		{"/v1/audit?after=" + base64.RawURLEncoding.EncodeToString([]byte("12.0")), "after"},
+		{"/v1/audit?after=" + base64.RawURLEncoding.EncodeToString([]byte("12,x")), "after"},
+		{"/v1/audit?after=" + base64.RawURLEncoding.EncodeToString([]byte("12,0")), "after"},
 		{"/v1/audit?after=" + base64.RawURLEncoding.EncodeToString([]byte("12")), "after"},
+		{"/v1/audit?after=" + base64.RawURLEncoding.EncodeToString([]byte("12.3")), "after"}, // not this list's form
 		{"/v1/audit?after=" + strings.Repeat("A", 100), "after"},
 		{"/v1/audit?since=yesterday", "since"},
 		{"/v1/audit?until=2026-13-01T00:00:00Z", "until"},
@@ -98,6 +99,6 @@ func TestListAuditRefusesBadParameters(t *testing.T) {
 		require.Contains(t, e.Message, "query parameter "+tc.names, tc.target)
 		require.Empty(t, rec.Header().Get("X-Total-Count"))
 	}
-	rec := b.get(t, "/v1/audit?after="+base64.RawURLEncoding.EncodeToString([]byte("12.3")))
+	rec := b.get(t, "/v1/audit?after="+base64.RawURLEncoding.EncodeToString([]byte("12,3")))
 	require.Equal(t, http.StatusOK, rec.Code, "a well-formed cursor past the end: an empty page")
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
+	"strconv"
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/fsm"
@@ -86,105 +86,51 @@ func (t *tx) audit(action, kind, id string, detail map[string]any) error {
 	return nil
 }
 
+// ParseAuditCursor is ParseStartCursor for the audit log, whose ids are
+// the rows' integers (compared as numbers: each backend converts the
+// cursor's digits to the column's type).
+func ParseAuditCursor(s string) (StartCursor, error) {
+	c, err := ParseStartCursor(s)
+	if err != nil {
+		return c, err
+	}
+	if n, err := strconv.ParseInt(c.ID, 10, 64); err != nil || n < 1 {
+		return c, badCursor(s)
+	}
+	return c, nil
+}
+
 // AuditFilter narrows the audit log: one principal's ("" everyone's),
-// from Since (inclusive) until Until (exclusive); nil is unbounded.
+// from Since (inclusive) until Until (exclusive); a zero time is unbounded.
 type AuditFilter struct {
 	Principal    string
-	Since, Until *time.Time
-}
-
-// AuditCursor is where a page of the audit log starts: after the entry
-// at At with ID, in the order newest first (at, then id).
-type AuditCursor struct {
-	At time.Time
-	ID int64
-}
-
-// AuditPage asks for one page of the audit log: after After (nil: the
-// newest), at most Limit entries (1..MaxPageLimit; DefaultPageLimit when 0).
-type AuditPage struct {
-	After *AuditCursor
-	Limit int
-}
-
-// AuditList is one page of the audit log.
-type AuditList struct {
-	Items []AuditEntry // never nil
-	// Total counts the entries that match the filter, read in the same
-	// snapshot as Items.
-	Total int64
-	// Next is where the next page starts; nil on the last one.
-	Next *AuditCursor
+	Since, Until time.Time
 }
 
 // ListAudit lists one page of the audit log, newest first (at, then id),
-// served by the indexes audit_at and audit_principal.
-func (s *DB) ListAudit(ctx context.Context, f AuditFilter, p AuditPage) (AuditList, error) {
-	out := AuditList{Items: []AuditEntry{}}
-	limit := Page{Limit: p.Limit}.limit()
-	var where []string
-	var args []any
+// served by the indexes audit_at and audit_principal; it pages as the
+// operator lists do (StartPage, an opaque cursor of at and id).
+func (s *DB) ListAudit(ctx context.Context, f AuditFilter, p StartPage) (Listed[AuditEntry], error) {
+	l := startList[AuditEntry]{from: "audit", start: "at", key: "id", parse: ParseAuditCursor,
+		columns: "id, at, principal, action, kind, entity_id, detail",
+		scan: func(row interface{ Scan(...any) error }) (AuditEntry, error) {
+			var (
+				e      AuditEntry
+				at     int64
+				detail string
+			)
+			err := row.Scan(&e.ID, &at, &e.Principal, &e.Action, &e.Kind, &e.EntityID, &detail)
+			e.At, e.Detail = fromMS(at), json.RawMessage(detail)
+			return e, err
+		},
+		cursor: func(e AuditEntry) StartCursor {
+			return StartCursor{Start: e.At.UnixMilli(), ID: strconv.FormatInt(e.ID, 10)}
+		}}
 	if f.Principal != "" {
-		where = append(where, "principal = ?")
-		args = append(args, f.Principal)
+		l.filter("principal = ?", f.Principal)
 	}
-	if f.Since != nil {
-		where = append(where, "at >= ?")
-		args = append(args, ms(*f.Since))
-	}
-	if f.Until != nil {
-		where = append(where, "at < ?")
-		args = append(args, ms(*f.Until))
-	}
-	countQ := `SELECT count(*) FROM audit`
-	if len(where) > 0 {
-		countQ += ` WHERE ` + strings.Join(where, " AND ")
-	}
-	pageWhere, pageArgs := where, args
-	if p.After != nil {
-		at := ms(p.After.At)
-		pageWhere = append(append([]string(nil), where...), "at <= ?", "(at < ? OR id < ?)")
-		pageArgs = append(append([]any(nil), args...), at, at, p.After.ID)
-	}
-	pageQ := `SELECT id, at, principal, action, kind, entity_id, detail FROM audit`
-	if len(pageWhere) > 0 {
-		pageQ += ` WHERE ` + strings.Join(pageWhere, " AND ")
-	}
-	pageQ += ` ORDER BY at DESC, id DESC LIMIT ?`
-	pageArgs = append(pageArgs, limit+1)
-
-	rtx, err := s.r.BeginTx(ctx, nil)
-	if err != nil {
-		return out, fmt.Errorf("list audit: %w", err)
-	}
-	defer rtx.Rollback()
-	if err := rtx.QueryRowContext(ctx, s.d.Rebind(countQ), s.args(args)...).Scan(&out.Total); err != nil {
-		return out, fmt.Errorf("count audit: %w", err)
-	}
-	rows, err := rtx.QueryContext(ctx, s.d.Rebind(pageQ), s.args(pageArgs)...)
-	if err != nil {
-		return out, fmt.Errorf("list audit: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var e AuditEntry
-		var at int64
-		var detail string
-		if err := rows.Scan(&e.ID, &at, &e.Principal, &e.Action, &e.Kind, &e.EntityID, &detail); err != nil {
-			return out, fmt.Errorf("list audit: %w", err)
-		}
-		e.At, e.Detail = fromMS(at), json.RawMessage(detail)
-		out.Items = append(out.Items, e)
-	}
-	if err := rows.Err(); err != nil {
-		return out, fmt.Errorf("list audit: %w", err)
-	}
-	if len(out.Items) > limit {
-		out.Items = out.Items[:limit]
-		last := out.Items[limit-1]
-		out.Next = &AuditCursor{At: last.At, ID: last.ID}
-	}
-	return out, nil
+	l.bounds(f.Since, f.Until)
+	return l.read(ctx, s, p)
 }
 
 // StatusCounts are the number of operations and of commands in each state:

@@ -16,7 +16,7 @@ import (
 // auditAll reads the whole audit log, newest first.
 func auditAll(t *testing.T, b *testBundle) []AuditEntry {
 	t.Helper()
-	l, err := b.s.ListAudit(b.ctx, AuditFilter{}, AuditPage{Limit: MaxPageLimit})
+	l, err := b.s.ListAudit(b.ctx, AuditFilter{}, StartPage{Limit: MaxOperatorLimit})
 	require.NoError(t, err)
 	require.EqualValues(t, len(l.Items), l.Total)
 	return l.Items
@@ -209,54 +209,61 @@ func TestEveryPersonsChangeIsAuditedOnce(t *testing.T) {
 			func() error { _, err := b.s.MoveRollout(b.ctx, "fw-1", RolloutCancel, "", "dave"); return err }, false)
 
 		// One principal's entries, newest first, paged by the cursor.
-		l, err := b.s.ListAudit(b.ctx, AuditFilter{Principal: "bob"}, AuditPage{Limit: 2})
+		l, err := b.s.ListAudit(b.ctx, AuditFilter{Principal: "bob"}, StartPage{Limit: 2})
 		require.NoError(t, err)
 		require.EqualValues(t, 4, l.Total, "bob: cancel, plan, rollout approve, pause")
 		require.Equal(t, []string{ActPause, ActApprove}, []string{l.Items[0].Action, l.Items[1].Action})
-		require.NotNil(t, l.Next)
-		l, err = b.s.ListAudit(b.ctx, AuditFilter{Principal: "bob"}, AuditPage{Limit: 2, After: l.Next})
+		require.NotEmpty(t, l.Next)
+		l, err = b.s.ListAudit(b.ctx, AuditFilter{Principal: "bob"}, StartPage{Limit: 2, After: l.Next})
 		require.NoError(t, err)
 		require.Equal(t, []string{ActPlan, ActCancel}, []string{l.Items[0].Action, l.Items[1].Action})
-		require.Nil(t, l.Next)
+		require.Empty(t, l.Next)
 		require.EqualValues(t, 4, l.Total)
 	})
 }
 
 // TestAuditPagesWithinOneInstant: entries at the same millisecond page by
-// id, none repeated or skipped; since and until bound the time.
+// id, compared as numbers (ids 9 and 10 among them), none repeated or
+// skipped; since and until bound the time.
 func TestAuditPagesWithinOneInstant(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
 		t0 := b.clk.Now()
-		for i := range 5 {
-			_, _, err := b.s.CreateGrant(b.ctx, "g-"+string(rune('a'+i)), "agent", "restart", "device-"+string(rune('a'+i)), "admin")
+		const grants = 12
+		var want []string
+		for i := range grants {
+			id := "g-" + string(rune('a'+i))
+			_, _, err := b.s.CreateGrant(b.ctx, id, "agent", "restart", "device-"+string(rune('a'+i)), "admin")
 			require.NoError(t, err)
+			want = append([]string{"grant:" + id}, want...)
 		}
 		b.clk.Advance(time.Minute)
 		_, err := b.s.RevokeGrant(b.ctx, "g-a", "admin")
 		require.NoError(t, err)
+		want = append([]string{"revoke:g-a"}, want...)
 		var got []string
-		var after *AuditCursor
-		for {
-			l, err := b.s.ListAudit(b.ctx, AuditFilter{}, AuditPage{Limit: 2, After: after})
+		for after := ""; ; {
+			l, err := b.s.ListAudit(b.ctx, AuditFilter{}, StartPage{Limit: 5, After: after})
 			require.NoError(t, err)
-			require.EqualValues(t, 6, l.Total)
+			require.EqualValues(t, grants+1, l.Total)
 			for _, e := range l.Items {
 				got = append(got, e.Action+":"+e.EntityID)
 			}
-			if after = l.Next; after == nil {
+			if after = l.Next; after == "" {
 				break
 			}
 		}
-		require.Equal(t, []string{"revoke:g-a", "grant:g-e", "grant:g-d", "grant:g-c", "grant:g-b", "grant:g-a"}, got)
+		require.Equal(t, want, got)
+		_, err = b.s.ListAudit(b.ctx, AuditFilter{}, StartPage{After: StartCursor{Start: 1, ID: "g-a"}.String()})
+		require.ErrorIs(t, err, domain.ErrInvalid, "a cursor whose id is not an audit id")
 
 		until := t0.Add(time.Second)
-		l, err := b.s.ListAudit(b.ctx, AuditFilter{Until: &until}, AuditPage{})
+		l, err := b.s.ListAudit(b.ctx, AuditFilter{Until: until}, StartPage{})
 		require.NoError(t, err)
-		require.EqualValues(t, 5, l.Total)
+		require.EqualValues(t, grants, l.Total)
 		since := t0.Add(time.Second)
-		l, err = b.s.ListAudit(b.ctx, AuditFilter{Since: &since}, AuditPage{})
+		l, err = b.s.ListAudit(b.ctx, AuditFilter{Since: since}, StartPage{})
 		require.NoError(t, err)
 		require.EqualValues(t, 1, l.Total)
 		require.Equal(t, ActRevoke, l.Items[0].Action)

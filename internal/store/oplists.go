@@ -77,7 +77,7 @@ func (c StartCursor) String() string {
 // ParseStartCursor reads a cursor String made; anything else is
 // domain.ErrInvalid.
 func ParseStartCursor(s string) (StartCursor, error) {
-	bad := fmt.Errorf("%w: after %q is not a cursor of this list (take it from the Link header of the previous page)", domain.ErrInvalid, shortCursor(s))
+	bad := badCursor(s)
 	raw, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
 		return StartCursor{}, bad
@@ -91,6 +91,10 @@ func ParseStartCursor(s string) (StartCursor, error) {
 		return StartCursor{}, bad
 	}
 	return StartCursor{Start: ms, ID: id}, nil
+}
+
+func badCursor(s string) error {
+	return fmt.Errorf("%w: after %q is not a cursor of this list (take it from the Link header of the previous page)", domain.ErrInvalid, shortCursor(s))
 }
 
 func shortCursor(s string) string {
@@ -134,6 +138,8 @@ type startList[T any] struct {
 	}
 	scan   func(interface{ Scan(...any) error }) (T, error)
 	cursor func(T) StartCursor
+	// parse reads an After (nil: ParseStartCursor).
+	parse func(string) (StartCursor, error)
 }
 
 func (l *startList[T]) filter(cond string, args ...any) {
@@ -215,7 +221,11 @@ func (l startList[T]) read(ctx context.Context, s *DB, p StartPage) (Listed[T], 
 	out := Listed[T]{Items: []T{}}
 	var after *StartCursor
 	if p.After != "" {
-		c, err := ParseStartCursor(p.After)
+		parse := l.parse
+		if parse == nil {
+			parse = ParseStartCursor
+		}
+		c, err := parse(p.After)
 		if err != nil {
 			return out, err
 		}

@@ -640,7 +640,7 @@ type Store interface {
 	Rollouts
 
 	// The audit log and the state gauges' counts (auditlog.go).
-	ListAudit(ctx context.Context, f AuditFilter, p AuditPage) (AuditList, error)
+	ListAudit(ctx context.Context, f AuditFilter, p StartPage) (Listed[AuditEntry], error)
 	CountByStatus(ctx context.Context, open bool) (StatusCounts, error)
 
 	Close() error
