@@ -41,13 +41,9 @@ func parseList(r *http.Request, filters ...string) (listQuery, error) {
 	if err := checkQuery(q, "list", append([]string{"limit", "after"}, filters...)); err != nil {
 		return lq, err
 	}
-	if v, ok := q["limit"]; ok {
-		n, err := strconv.Atoi(v[0])
-		if err != nil || n < 1 || n > store.MaxPageLimit {
-			return lq, invalidParam("limit", fmt.Sprintf("%q: an integer from 1 to %d (default %d)",
-				v[0], store.MaxPageLimit, store.DefaultPageLimit))
-		}
-		lq.page.Limit = n
+	var err error
+	if lq.page.Limit, err = parseLimit(q, store.DefaultPageLimit, store.MaxPageLimit); err != nil {
+		return lq, err
 	}
 	if v, ok := q["after"]; ok && v[0] != "" { // an empty after is the start
 		if !cursorPattern.MatchString(v[0]) {
@@ -109,6 +105,19 @@ func (lq listQuery) boolParam(name string) (*bool, error) {
 	return &b, nil
 }
 
+// parseLimit reads ?limit=: 1 to max, def when absent.
+func parseLimit(q url.Values, def, max int) (int, error) {
+	v, ok := q["limit"]
+	if !ok {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v[0])
+	if err != nil || n < 1 || n > max {
+		return 0, invalidParam("limit", fmt.Sprintf("%q: an integer from 1 to %d (default %d)", v[0], max, def))
+	}
+	return n, nil
+}
+
 func invalidParam(name, msg string) error {
 	return apiErr(http.StatusBadRequest, "invalid_request", "query parameter "+shorten(name)+": "+msg)
 }
@@ -128,8 +137,8 @@ func answerList(lq listQuery, items any, total int64, next string) (int, any, er
 	if next != "" {
 		link := lq.path + "?limit=" + strconv.Itoa(lq.page.Limit) + "&after=" + url.QueryEscape(next)
 		for _, f := range lq.order {
-			if v, ok := lq.values[f]; ok {
-				link += "&" + url.QueryEscape(f) + "=" + url.QueryEscape(v[0])
+			for _, v := range lq.values[f] { // a repeatable filter's every value
+				link += "&" + url.QueryEscape(f) + "=" + url.QueryEscape(v)
 			}
 		}
 		h.Set("Link", "<"+link+`>; rel="next"`)

@@ -6,7 +6,6 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -48,13 +47,9 @@ func parseOperatorList(r *http.Request, filters ...string) (operatorQuery, error
 	q := r.URL.Query()
 	oq := operatorQuery{path: r.URL.EscapedPath(), page: store.StartPage{Limit: store.DefaultOperatorLimit},
 		values: url.Values{}, order: filters}
-	if v, ok := q["limit"]; ok {
-		n, err := strconv.Atoi(v[0])
-		if err != nil || n < 1 || n > store.MaxOperatorLimit {
-			return oq, invalidParam("limit", fmt.Sprintf("%q: an integer from 1 to %d (default %d)",
-				v[0], store.MaxOperatorLimit, store.DefaultOperatorLimit))
-		}
-		oq.page.Limit = n
+	var err error
+	if oq.page.Limit, err = parseLimit(q, store.DefaultOperatorLimit, store.MaxOperatorLimit); err != nil {
+		return oq, err
 	}
 	if v, ok := q["after"]; ok && v[0] != "" {
 		if _, err := store.ParseStartCursor(v[0]); err != nil {
@@ -137,21 +132,9 @@ func statuses[S ~string](oq operatorQuery, states []S, terminal func(S) bool) ([
 	return out, nil
 }
 
-// answer builds one page's answer: X-Total-Count always, Link rel="next"
-// only when next is not "" (the same limit and filters, after the cursor).
+// answer builds one page's answer as every list's (answerList).
 func (oq operatorQuery) answer(items any, total int64, next string) (int, any, error) {
-	h := http.Header{}
-	h.Set("X-Total-Count", strconv.FormatInt(total, 10))
-	if next != "" {
-		link := oq.path + "?limit=" + strconv.Itoa(oq.page.Limit) + "&after=" + url.QueryEscape(next)
-		for _, f := range oq.order {
-			for _, v := range oq.values[f] {
-				link += "&" + url.QueryEscape(f) + "=" + url.QueryEscape(v)
-			}
-		}
-		h.Set("Link", "<"+link+`>; rel="next"`)
-	}
-	return http.StatusOK, listed{header: h, body: items}, nil
+	return answerList(listQuery{path: oq.path, page: store.Page{Limit: oq.page.Limit}, values: oq.values, order: oq.order}, items, total, next)
 }
 
 var (
