@@ -70,25 +70,17 @@ func (lf *listFlags) check() error {
 	return nil
 }
 
-// listed reads one page at path, or every page with --all.
-func listed[T any](lf *listFlags, path string, page func(path string) ([]T, client.Page, error)) ([]T, client.Page, error) {
-	out := []T{}
-	var last client.Page
-	for pages := 0; path != ""; pages++ {
-		if pages > 1<<20 {
-			return out, last, fmt.Errorf("list %s: the server's next links do not end", path)
-		}
-		items, p, err := page(path)
-		if err != nil {
-			return out, last, err
-		}
-		out, last = append(out, items...), p
-		if !lf.all {
-			break
-		}
-		path = p.Next
+// listed reads the first page, or with --all every page (the client
+// follows the Link headers); the Page is the one read last.
+func listed[T any](lf *listFlags, first func() ([]T, client.Page, error), all func() ([]T, error)) ([]T, client.Page, error) {
+	if !lf.all {
+		return first()
 	}
-	return out, last, nil
+	items, err := all()
+	if items == nil {
+		items = []T{}
+	}
+	return items, client.Page{Total: int64(len(items))}, err
 }
 
 // more tells a table's reader what else matched.
@@ -124,9 +116,8 @@ failed_retryable). The table shows who submitted each operation and through what
 			q := client.OperationQuery{Statuses: lf.statuses, Device: lf.device, Action: lf.action, TaskID: taskID,
 				SubmittedBy: submittedBy, Since: since, Until: until, Limit: lf.limit}
 			c := cf.client()
-			ops, p, err := listed(&lf, q.Path(), func(path string) ([]apiwire.Operation, client.Page, error) {
-				return c.OperationsPage(cmd.Context(), path)
-			})
+			ops, p, err := listed(&lf, func() ([]apiwire.Operation, client.Page, error) { return c.OperationsPage(cmd.Context(), q.Path()) },
+				func() ([]apiwire.Operation, error) { return c.ListOperations(cmd.Context(), q) })
 			if err != nil {
 				return err
 			}
@@ -171,9 +162,8 @@ array of the records, each with its receipts and events.`,
 			q := client.CommandQuery{Statuses: lf.statuses, Device: lf.device, Action: lf.action, OperationID: operationID,
 				Since: since, Until: until, Limit: lf.limit}
 			c := cf.client()
-			cmds, p, err := listed(&lf, q.Path(), func(path string) ([]apiwire.Command, client.Page, error) {
-				return c.CommandsPage(cmd.Context(), path)
-			})
+			cmds, p, err := listed(&lf, func() ([]apiwire.Command, client.Page, error) { return c.CommandsPage(cmd.Context(), q.Path()) },
+				func() ([]apiwire.Command, error) { return c.ListCommands(cmd.Context(), q) })
 			if err != nil {
 				return err
 			}
