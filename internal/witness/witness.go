@@ -12,10 +12,10 @@
 //
 // Durability: lines are appended, under a mutex, to files opened with
 // O_APPEND, and fsynced before the append returns. Execution and Receipt
-// write one line each (one write, one fsync); WriteBatch is the group
-// commit: it appends many lines at once, one write per file, and fsyncs each
-// file it touched once. Lines of devices (and processes) sharing a state dir
-// never interleave; a process killed mid-write leaves at most a torn last
+// write one line each (one write, one fsync); the simulator group-commits
+// its lines (Line) through the device library's journal (side lines
+// written with the records they belong to). Lines of devices (and
+// processes) sharing a state dir never interleave; a process killed mid-write leaves at most a torn last
 // line, which the readers ignore.
 package witness
 
@@ -115,52 +115,13 @@ func (a *Appender) append(f *os.File, v any) error {
 }
 
 // Line encodes one witness line (an Execution or a PublishedReceipt) with
-// its newline, for WriteBatch.
+// its newline, for a journal's side line (device.Hooks.SaveLine).
 func Line(v any) ([]byte, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return nil, err
 	}
 	return append(b, '\n'), nil
-}
-
-// WriteBatch appends encoded lines (see Line) to executions.jsonl (exec)
-// and receipts.jsonl (rcpt): one write per non-empty buffer, then one fsync
-// of each file written, concurrently. syncFile makes a file durable (File.Sync
-// when nil; tests inject failures through it). When it returns nil every
-// line is durable; after an error some may be.
-func (a *Appender) WriteBatch(exec, rcpt []byte, syncFile func(*os.File) error) error {
-	if syncFile == nil {
-		syncFile = (*os.File).Sync
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var files []*os.File
-	for _, w := range []struct {
-		f *os.File
-		b []byte
-	}{{a.exec, exec}, {a.rcpt, rcpt}} {
-		if len(w.b) == 0 {
-			continue
-		}
-		if _, err := w.f.Write(w.b); err != nil {
-			return fmt.Errorf("append %s: %w", w.f.Name(), err)
-		}
-		files = append(files, w.f)
-	}
-	errs := make([]error, len(files))
-	var wg sync.WaitGroup
-	for i, f := range files {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := syncFile(f); err != nil {
-				errs[i] = fmt.Errorf("fsync %s: %w", f.Name(), err)
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
 }
 
 // Close closes both files.
