@@ -189,7 +189,7 @@ func apiRoutes() []apiRoute {
 		{pattern: "GET /v1/devices", summary: "List devices by id", list: true,
 			params: []apiParam{limitParam, afterParam, boolParam("online", "only the devices online (true) or offline (false)")},
 			ok:     ok(&[]apiwire.Device{})},
-		{pattern: "GET /v1/devices/{id}", summary: "Read a device's presence (a device never seen: offline, no capabilities)", ok: ok(&apiwire.Device{})},
+		{pattern: "GET /v1/devices/{id}", summary: "Read a device's presence and its commands in flight and queued (a device never seen: offline, no capabilities)", ok: ok(&apiwire.DeviceDetail{})},
 		{pattern: "POST /v1/devices/{id}/presence/reset", summary: "Forget a device's stored presence rank", role: RoleAdmin,
 			body: &emptyBody{}, optionalBody: true, ok: ok(&apiwire.Device{}), errs: []int{404}},
 		{pattern: "POST /v1/tasks", summary: "Create a task with its plan", role: RoleOperator,

@@ -467,6 +467,9 @@ func (s *Server) command(ctx context.Context, id string) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	if c.QueuedBehind, err = s.cfg.Store.QueuedBehind(ctx, c); err != nil {
+		return 0, nil, err
+	}
 	v := commandView(c, receipts, events)
 	for _, q := range queries {
 		v.QueryLog = append(v.QueryLog, apiwire.Query{QueryID: q.QueryID, SentAt: q.SentAt, Instance: q.Instance,
@@ -529,7 +532,11 @@ func (s *Server) handleGetDevice(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, deviceView(d), nil
+	q, err := s.cfg.Store.DeviceQueue(r.Context(), id)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, apiwire.DeviceDetail{Device: deviceView(d), InFlight: q.InFlight, Queued: q.Queued}, nil
 }
 
 func (s *Server) handleResetPresence(r *http.Request) (int, any, error) {

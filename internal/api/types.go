@@ -35,7 +35,8 @@ func commandView(c domain.Command, receipts []domain.ReceiptRecord, events []dom
 		Status: string(c.Status), Reason: c.Reason, Result: nullable(c.Result), Attempt: c.Attempt, Queries: c.Queries,
 		QoS: c.QoS, IssuedAt: c.IssuedAt, ExpiresAt: c.ExpiresAt, LastSentAt: c.LastSentAt, NextCheckAt: c.NextCheckAt,
 		LateOutcome: c.LateOutcome, LateResult: c.LateResult, LateConflict: c.LateConflict, ExecutedAs: c.ExecutedAs,
-		ResolvedBy: c.ResolvedBy, Receipts: []apiwire.Receipt{}, Events: []apiwire.Event{},
+		ResolvedBy: c.ResolvedBy, SerialSeq: c.SerialSeq, QueuedBehind: c.QueuedBehind,
+		Receipts: []apiwire.Receipt{}, Events: []apiwire.Event{},
 	}
 	for _, r := range receipts {
 		out.Receipts = append(out.Receipts, apiwire.Receipt{Status: r.Status, Seq: r.Seq, At: r.At, ReceivedAt: r.ReceivedAt,

@@ -115,7 +115,14 @@ type Command struct {
 	LateConflict bool            `json:"late_conflict"`
 	ExecutedAs   string          `json:"executed_as,omitempty"`
 	ResolvedBy   string          `json:"resolved_by,omitempty"`
-	Receipts     []Receipt       `json:"receipts"`
+	// SerialSeq is a serial command's place in its device's queue (the
+	// order its submit committed in); omitted for a parallel command.
+	SerialSeq int64 `json:"serial_seq,omitempty"`
+	// QueuedBehind names the serial command just ahead of this one on its
+	// device while it waits unpublished (reason queued): GET
+	// /v1/commands/{id} only.
+	QueuedBehind string    `json:"queued_behind,omitempty"`
+	Receipts     []Receipt `json:"receipts"`
 	Events       []Event         `json:"events"`
 	// QueryLog lists the queries asked about the command and their
 	// answers: GET /v1/commands/{id} only, not the list.
@@ -151,6 +158,16 @@ type Device struct {
 	// than the stored one); LastStaleSession is the latest one's session.
 	StalePresence    int64 `json:"stale_presence"`
 	LastStaleSession int64 `json:"last_stale_session"`
+}
+
+// DeviceDetail is GET /v1/devices/{id}: the device's presence and its
+// commands. InFlight are its commands published and not yet terminal
+// (needs_attention included), oldest first, serial or not; Queued its
+// serial commands not yet published, in the order they will go out.
+type DeviceDetail struct {
+	Device
+	InFlight []string `json:"in_flight"`
+	Queued   []string `json:"queued"`
 }
 
 // Caps are a device's capabilities.

@@ -45,6 +45,21 @@ func TestDecideTable(t *testing.T) {
 			ExpiresAt: expires, NextCheckAt: t0}
 	}
 	moveTo := func(to fsm.CommandState) Decision { return Decision{Kind: Move, To: to, Until: expires} }
+	serialWait := Policy{AckTimeout: time.Second, MaxAttempts: 3, Offline: OfflineWait, OnUnknown: UnknownNeedsAttention, Concurrency: ConcurrencySerial}
+	serialLong := serialWait
+	serialLong.AckTimeout = time.Minute
+	serialFail := serialWait
+	serialFail.Offline = OfflineFail
+	queued := func(behind string, next time.Time) domain.Command {
+		c := cmd(fsm.CmdPending, 0, 0, "", "")
+		c.SerialSeq, c.QueuedBehind, c.Reason, c.NextCheckAt = 2, behind, store.ReasonQueued, next
+		return c
+	}
+	serialHead := func(next time.Time) domain.Command {
+		c := cmd(fsm.CmdPending, 0, 0, "", "")
+		c.SerialSeq, c.NextCheckAt = 1, next
+		return c
+	}
 	postpone := func(until time.Time) Decision { return Decision{Kind: Postpone, Until: until} }
 
 	for _, tc := range []struct {
@@ -87,6 +102,14 @@ func TestDecideTable(t *testing.T) {
 		{"expired, legacy published: needs_attention", cmd(fsm.CmdSent, 1, 0, "", ""), legacy, wait, expires, moveTo(fsm.CmdNeedsAttention)},
 		{"expired, needs_attention: stays for a person", cmd(fsm.CmdNeedsAttention, 1, 3, "", ""), legacy, wait, expires, Decision{Kind: Wait}},
 		{"needs_attention before expiry: look again much later", cmd(fsm.CmdNeedsAttention, 1, 3, "", ""), legacy, wait, t0, postpone(expires.Add(24 * time.Hour))},
+		{"serial, queued behind another: postponed, fallback at 8x the ack timeout", queued("c-0", t0), conforming, serialWait, t0, postpone(t0.Add(8 * time.Second))},
+		{"serial, queued, fallback never past the expiry", queued("c-0", t0), conforming, serialLong, t0, postpone(expires)},
+		{"serial, queued, offline: stays queued, not waiting_device", queued("c-0", t0), offline, serialWait, t0, postpone(t0.Add(8 * time.Second))},
+		{"serial, its turn came, check set later: send now", queued("", t0.Add(30*time.Second)), conforming, serialWait, t0, Decision{Kind: Send}},
+		{"serial, its turn came, offline: waiting_device", queued("", t0.Add(30*time.Second)), offline, serialWait, t0, moveTo(fsm.CmdWaitingDevice)},
+		{"serial, its turn came, offline, fail: failed", queued("", t0.Add(30*time.Second)), offline, serialFail, t0, moveTo(fsm.CmdFailed)},
+		{"serial, queued past its expiry: timeout unpublished", queued("c-0", t0), conforming, serialWait, expires, moveTo(fsm.CmdTimeout)},
+		{"serial head, not queued, check not due: wait", serialHead(t0.Add(time.Second)), conforming, serialWait, t0, Decision{Kind: Wait}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := Decide(tc.c, tc.dev, tc.pol, tc.now)

@@ -283,7 +283,14 @@ func Decide(c domain.Command, dev domain.Device, pol Policy, now time.Time) Deci
 			return move(fsm.CmdTimeout, fsm.ReasonTimeout)
 		}
 	}
-	if now.Before(c.NextCheckAt) {
+	if waitsItsTurn(c) {
+		if c.QueuedBehind != "" {
+			// Queued: the one ahead's end wakes it (the post-commit feed);
+			// the check set here is the fallback, never past its expiry.
+			return Decision{Kind: Postpone, Until: earliest(c.ExpiresAt, now.Add(pol.Backoff(3)))}
+		}
+		// Its turn came: decide now, whatever check its wait had set.
+	} else if now.Before(c.NextCheckAt) {
 		return Decision{Kind: Wait}
 	}
 	switch c.Status {
@@ -314,6 +321,20 @@ func Decide(c domain.Command, dev domain.Device, pol Policy, now time.Time) Deci
 		return Decision{Kind: Postpone, Until: c.ExpiresAt.Add(24 * time.Hour)}
 	}
 	return Decision{Kind: Wait}
+}
+
+// waitsItsTurn: a serial command never published, still waiting for the
+// commands ahead of it on its device, or first in line after them.
+func waitsItsTurn(c domain.Command) bool {
+	return c.SerialSeq > 0 && c.Attempt == 0 && c.Status == fsm.CmdPending &&
+		(c.QueuedBehind != "" || c.Reason == store.ReasonQueued)
+}
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // canResend: the device deduplicates, or the caller accepts a duplicate.
@@ -528,7 +549,7 @@ func (d *Dispatcher) retryStep(ctx context.Context, commandID string) {
 
 func (d *Dispatcher) mint(ctx context.Context, r store.Retrying, f domain.Fence, dev domain.Device, pol Policy) {
 	id := NewCommandID(d.cfg.Now())
-	if err := d.cfg.Store.MintCommand(ctx, r, f, id, pol.TTL, QoS(dev)); err != nil {
+	if err := d.cfg.Store.MintCommand(ctx, r, f, id, pol.TTL, QoS(dev), pol.Serial()); err != nil {
 		if !errors.Is(err, store.ErrRefused) {
 			d.cfg.Logger.Error("mint command", "operation_id", r.Operation.OperationID, "err", err)
 		}

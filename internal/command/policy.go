@@ -28,6 +28,13 @@ const (
 	ApprovalRequired = "required" // only through an approved task
 )
 
+// Concurrency policies: how an action's commands to one device relate to
+// the others.
+const (
+	ConcurrencyParallel = "parallel" // published as they come
+	ConcurrencySerial   = "serial"   // one serial command in flight per device, in submit order
+)
+
 // Policy is how the controller drives one action's commands.
 type Policy struct {
 	// AckTimeout: with no final receipt by then, the device is asked (a Query
@@ -45,7 +52,15 @@ type Policy struct {
 	OnUnknown string
 	// Approval is none or required.
 	Approval string
+	// Concurrency is parallel or serial (see store/queues.go).
+	Concurrency string
+	// Supersede: a new operation of this action on a device cancels the
+	// older ones whose command was never published.
+	Supersede bool
 }
+
+// Serial says whether the action's commands queue per device.
+func (p Policy) Serial() bool { return p.Concurrency == ConcurrencySerial }
 
 // Validate checks a policy.
 func (p Policy) Validate() error {
@@ -62,6 +77,8 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("policy: on_unknown must be needs_attention or resend, got %q", p.OnUnknown)
 	case p.Approval != ApprovalNone && p.Approval != ApprovalRequired:
 		return fmt.Errorf("policy: approval must be required or none, got %q", p.Approval)
+	case p.Concurrency != ConcurrencyParallel && p.Concurrency != ConcurrencySerial:
+		return fmt.Errorf("policy: concurrency must be parallel or serial, got %q", p.Concurrency)
 	}
 	return nil
 }
@@ -97,6 +114,8 @@ type policyOverride struct {
 	Offline     *string   `json:"offline"`
 	OnUnknown   *string   `json:"on_unknown"`
 	Approval    *string   `json:"approval"`
+	Concurrency *string   `json:"concurrency"`
+	Supersede   *bool     `json:"supersede"`
 }
 
 type duration time.Duration
@@ -133,14 +152,22 @@ func (o policyOverride) apply(p Policy) Policy {
 	if o.Approval != nil {
 		p.Approval = *o.Approval
 	}
+	if o.Concurrency != nil {
+		p.Concurrency = *o.Concurrency
+	}
+	if o.Supersede != nil {
+		p.Supersede = *o.Supersede
+	}
 	return p
 }
 
 // LoadPolicies reads a policy file over the defaults from the flags:
 //
 //	{"defaults": {"ack_timeout": "5s", "max_attempts": 5, "ttl": "10m", "offline": "wait",
-//	              "on_unknown": "needs_attention", "approval": "none"},
-//	 "actions":  {"restart": {"approval": "required"}, "set-config": {"offline": "fail"}}}
+//	              "on_unknown": "needs_attention", "approval": "none", "concurrency": "parallel",
+//	              "supersede": false},
+//	 "actions":  {"restart": {"approval": "required", "concurrency": "serial"},
+//	              "set-config": {"offline": "fail", "concurrency": "serial", "supersede": true}}}
 //
 // Every field is optional; an action's entry overrides the file's defaults,
 // which override the flags. An empty path gives the flags' defaults alone.

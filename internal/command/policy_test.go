@@ -10,7 +10,7 @@ import (
 )
 
 var base = Policy{AckTimeout: 5 * time.Second, MaxAttempts: 5, TTL: 10 * time.Minute, Offline: OfflineWait,
-	OnUnknown: UnknownNeedsAttention, Approval: ApprovalNone}
+	OnUnknown: UnknownNeedsAttention, Approval: ApprovalNone, Concurrency: ConcurrencyParallel}
 
 func TestLoadPolicies(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policy.json")

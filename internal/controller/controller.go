@@ -142,7 +142,8 @@ func (c Config) mqttLogin() (user, password string, tc *tls.Config, err error) {
 // basePolicy is the policy the flags give every action.
 func (c Config) basePolicy() command.Policy {
 	return command.Policy{AckTimeout: c.AckTimeout, MaxAttempts: c.MaxAttempts, TTL: c.CommandTTL, Offline: c.Offline,
-		OnUnknown: command.UnknownNeedsAttention, Approval: command.ApprovalNone}
+		OnUnknown: command.UnknownNeedsAttention, Approval: command.ApprovalNone,
+		Concurrency: command.ConcurrencyParallel}
 }
 
 var instancePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)

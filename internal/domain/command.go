@@ -36,6 +36,13 @@ type Command struct {
 	LastSentAt   *time.Time
 	CreatedAt    time.Time
 	UpdatedAt    time.Time
+	// SerialSeq is a serial command's place in its device's queue (the
+	// order its submit committed in); 0 for a parallel command.
+	SerialSeq int64
+	// QueuedBehind is the open serial command just ahead of this one on its
+	// device, while this one waits unpublished; "" otherwise. It is read
+	// with the command, never stored.
+	QueuedBehind string
 }
 
 // Query is one query the controller sent about a command (a status

@@ -172,7 +172,7 @@ func (s *Service) prepare(ctx context.Context, id string, in Intent,
 		OperationID: id, Action: in.Action, Target: in.Target, Params: params, RequestHash: hash,
 		TaskID: in.TaskID, Step: in.Step, BusinessVersion: in.BusinessVersion,
 		CommandID: command.NewCommandID(s.cfg.Now()), CommandTTL: pol.TTL, QoS: command.QoS(dev),
-		Owner: s.cfg.Instance, LeaseTTL: s.cfg.LeaseTTL,
+		Owner: s.cfg.Instance, LeaseTTL: s.cfg.LeaseTTL, Serial: pol.Serial(), Supersede: pol.Supersede,
 	}, nil
 }
 

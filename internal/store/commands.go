@@ -17,22 +17,23 @@ import (
 //
 //	command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 //	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-//	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+//	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 func scanCommand(row interface{ Scan(...any) error }) (domain.Command, error) {
 	var (
 		c                             domain.Command
 		params, result, lateResult    sql.NullString
 		issued, expires, next, cr, up int64
-		lastSent                      sql.NullInt64
+		lastSent, serial              sql.NullInt64
 	)
 	err := row.Scan(&c.CommandID, &c.OperationID, &c.DeviceID, &c.Action, &params, &issued, &expires, &c.Status,
 		&c.StatusRank, &c.Attempt, &c.Queries, &c.QoS, &c.Version, &c.Reason, &result, &c.LastSeq, &c.ExecutedAs,
 		&c.ResolvedBy, &c.LateOutcome, &lateResult, &c.LateConflict, &c.LastQueryID, &c.LastAnswer, &next, &lastSent,
-		&cr, &up)
+		&cr, &up, &serial)
 	if err != nil {
 		return domain.Command{}, err
 	}
+	c.SerialSeq = serial.Int64
 	c.Params = json.RawMessage(params.String)
 	if result.Valid {
 		c.Result = json.RawMessage(result.String)
@@ -359,7 +360,8 @@ func (s *DB) OpenCommand(ctx context.Context, commandID string) (OpenCommand, er
 }
 
 // openCommands runs a statement of the CommandOpen family: commandColumns,
-// then the operation's owner, token and lease.
+// the serial command just ahead (QueuedBehind), then the operation's
+// owner, token and lease.
 func (s *DB) openCommands(ctx context.Context, query string, args ...any) ([]OpenCommand, error) {
 	rows, err := s.rq.QueryContext(ctx, query, args...)
 	if err != nil {
@@ -369,15 +371,17 @@ func (s *DB) openCommands(ctx context.Context, query string, args ...any) ([]Ope
 	var out []OpenCommand
 	for rows.Next() {
 		var (
-			oc    OpenCommand
-			lease int64
+			oc     OpenCommand
+			behind string
+			lease  int64
 		)
 		oc.Command, err = scanCommand(scanFunc(func(dest ...any) error {
-			return rows.Scan(append(dest, &oc.Fence.Owner, &oc.Fence.Token, &lease)...)
+			return rows.Scan(append(dest, &behind, &oc.Fence.Owner, &oc.Fence.Token, &lease)...)
 		}))
 		if err != nil {
 			return nil, err
 		}
+		oc.QueuedBehind = behind
 		oc.LeaseExpiresAt = fromMS(lease)
 		out = append(out, oc)
 	}

@@ -37,6 +37,10 @@ type NewOperation struct {
 	Via             string
 	ApprovedBy      string
 	ApprovedVersion int
+	// Serial and Supersede are the action's ordering policy (queues.go):
+	// its command takes its place in the device's queue; older unpublished
+	// operations of the same action on the device are superseded.
+	Serial, Supersede bool
 	// CompensationReason is the reason a person gave for a compensation
 	// (Via domain.ViaCompensation, SubmittedBy the person): a new
 	// compensation (or its retry) is audited and its events carry the
@@ -70,7 +74,7 @@ type SubmitResult struct {
 // rolls everything back.
 func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
 	var res SubmitResult
-	err := s.writeOrShed(ctx, func(ctx context.Context, t *tx) error {
+	err := s.enqueue(ctx, n.locks(), func(ctx context.Context, t *tx) error {
 		if n.compensator() != "" {
 			t.by(n.compensator())
 		}
@@ -92,8 +96,21 @@ func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() err
 			return t.hook(beforeCommit)
 		}
 		return nil
-	})
+	}, true)
 	return res, err
+}
+
+// locks are the rows a submit of n locks besides its own: its device's
+// queue (serial) and the device's open commands (supersede).
+func (n NewOperation) locks() rowLocks {
+	var l rowLocks
+	if n.Serial {
+		l.queues = []string{n.Target}
+	}
+	if n.Supersede {
+		l.devices = []string{n.Target}
+	}
+	return l
 }
 
 // submit is Submit inside a transaction (the task runner's step insert uses
@@ -112,7 +129,12 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	if rows, _ := r.RowsAffected(); rows == 0 {
 		return t.resubmit(ctx, n)
 	}
-	c, err := insertCommand(t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS)
+	if n.Supersede {
+		if err := t.supersedeOlder(ctx, n); err != nil {
+			return SubmitResult{}, err
+		}
+	}
+	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial)
 	if err != nil {
 		return SubmitResult{}, err
 	}
@@ -164,18 +186,39 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 }
 
 // insertCommand inserts a new pending command and returns it as a read
-// would find it.
-func insertCommand(t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int) (domain.Command, error) {
+// would find it. A serial one takes its place in its device's queue: with
+// a command ahead of it, its reason is queued.
+func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool) (domain.Command, error) {
 	now, expires := ms(t.now), ms(t.now.Add(ttl))
+	var (
+		seq    sql.NullInt64
+		ahead  string
+		reason string
+	)
+	if serial {
+		var err error
+		if seq.Int64, ahead, err = t.enqueueSerial(ctx, device); err != nil {
+			return domain.Command{}, err
+		}
+		seq.Valid = true
+		if ahead != "" {
+			reason = ReasonQueued
+		}
+	}
 	_, err := t.Exec(t.s.q.CommandInsert,
-		commandID, operationID, device, action, string(params), now, expires, qos, now, now, now)
+		commandID, operationID, device, action, string(params), now, expires, qos, now, now, now, seq, reason)
 	if err != nil {
 		return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
 	}
 	c := domain.Command{CommandID: commandID, OperationID: operationID, DeviceID: device, Action: action,
 		Params: json.RawMessage(string(params)), IssuedAt: fromMS(now), ExpiresAt: fromMS(expires),
-		Status: fsm.CmdPending, QoS: qos, Version: 1, NextCheckAt: fromMS(now), CreatedAt: fromMS(now), UpdatedAt: fromMS(now)}
-	return c, t.event("command", commandID, "", string(fsm.CmdPending), "submitted", 0)
+		Status: fsm.CmdPending, QoS: qos, Version: 1, Reason: reason, NextCheckAt: fromMS(now),
+		CreatedAt: fromMS(now), UpdatedAt: fromMS(now), SerialSeq: seq.Int64, QueuedBehind: ahead}
+	why := "submitted"
+	if ahead != "" {
+		why = "submitted, queued behind " + ahead
+	}
+	return c, t.event("command", commandID, "", string(fsm.CmdPending), why, 0)
 }
 
 // getOperationRow reads an operation's own row, without the lists of its
@@ -293,6 +336,11 @@ func (s *DB) GetOperation(ctx context.Context, id string) (domain.Operation, err
 // late receipt): it decides the operation only if it is final (succeeded or
 // a device failure), never to make it retryable again.
 func (t *tx) finishOperation(ctx context.Context, cmd domain.Command, state fsm.CommandState, reason string, result json.RawMessage, late bool) error {
+	if !late && state.Terminal() {
+		if err := t.released(ctx, cmd); err != nil {
+			return err
+		}
+	}
 	to, ok := fsm.OperationOutcome(state, reason)
 	if !ok || (late && to == fsm.OpFailedRetryable) {
 		return nil
@@ -357,5 +405,8 @@ func (t *tx) supersede(ctx context.Context, newer, ran string) error {
 		fsm.CmdCancelled, fsm.ReasonCancelled, ms(t.now), newer, c.Status, c.Version); err != nil {
 		return err
 	}
-	return t.event("command", newer, string(c.Status), string(fsm.CmdCancelled), "superseded: "+ran+" ran", 0)
+	if err := t.event("command", newer, string(c.Status), string(fsm.CmdCancelled), "superseded: "+ran+" ran", 0); err != nil {
+		return err
+	}
+	return t.released(ctx, c)
 }

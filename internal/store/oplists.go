@@ -313,7 +313,7 @@ func (s *DB) ListOperations(ctx context.Context, f OperationFilter, p StartPage)
 // commandListColumns are CommandGet's columns.
 const commandListColumns = `command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at`
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq`
 
 func commandList(f CommandFilter) startList[domain.Command] {
 	l := startList[domain.Command]{from: "commands", start: "created_at", key: "command_id",

@@ -76,9 +76,14 @@ func (s *DB) RetryingCommands(ctx context.Context, owner string, limit int) ([]s
 
 // MintCommand gives a retrying operation a new command_id (the last one is
 // known not to run: the device answered unknown or rejected, or it was never
-// published). Fenced like every decision.
-func (s *DB) MintCommand(ctx context.Context, r Retrying, f domain.Fence, commandID string, ttl time.Duration, qos int) error {
-	return s.write(ctx, func(ctx context.Context, t *tx) error {
+// published). Fenced like every decision. A serial one goes to the back of
+// its device's queue: a retry is a new submit of an old intent.
+func (s *DB) MintCommand(ctx context.Context, r Retrying, f domain.Fence, commandID string, ttl time.Duration, qos int, serial bool) error {
+	var locks rowLocks
+	if serial {
+		locks.queues = []string{r.Operation.Target}
+	}
+	return s.writeLocking(ctx, locks, func(ctx context.Context, t *tx) error {
 		op := r.Operation
 		if err := t.cas(ctx, t.operationDecision(ctx, op, fsm.OpStarted, f), nil,
 			s.q.OperationMintCommand,
@@ -89,7 +94,7 @@ func (s *DB) MintCommand(ctx context.Context, r Retrying, f domain.Fence, comman
 			fmt.Sprintf("retry: new command %s (last %s answered %q)", commandID, r.Last.CommandID, r.Last.LastAnswer), f.Token); err != nil {
 			return err
 		}
-		_, err := insertCommand(t, commandID, op.OperationID, op.Target, op.Action, op.Params, ttl, qos)
+		_, err := insertCommand(ctx, t, commandID, op.OperationID, op.Target, op.Action, op.Params, ttl, qos, serial)
 		return err
 	})
 }

@@ -693,7 +693,11 @@ func (s *DB) NextRolloutCandidate(ctx context.Context, id string) (domain.Rollou
 func (s *DB) RolloutPass(ctx context.Context, id string, f domain.Fence, ttl time.Duration, cand *RolloutCandidate,
 	checks RolloutChecks, decide func(RolloutSnapshot) RolloutDecision) (RolloutPassResult, error) {
 	var res RolloutPassResult
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+	var locks rowLocks
+	if cand != nil {
+		locks = cand.Operation.locks()
+	}
+	err := s.writeLocking(ctx, locks, func(ctx context.Context, t *tx) error {
 		res = RolloutPassResult{}
 		r, err := getRolloutRow(ctx, t, id)
 		if err != nil {

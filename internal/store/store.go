@@ -584,7 +584,7 @@ type Store interface {
 	GetOperation(ctx context.Context, id string) (domain.Operation, error)
 	RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error)
 	RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error)
-	MintCommand(ctx context.Context, r Retrying, f domain.Fence, commandID string, ttl time.Duration, qos int) error
+	MintCommand(ctx context.Context, r Retrying, f domain.Fence, commandID string, ttl time.Duration, qos int, serial bool) error
 	AbandonRetry(ctx context.Context, r Retrying, f domain.Fence, reason string) error
 
 	// Commands: the lease holder's fenced decisions, and a person's.
@@ -611,6 +611,8 @@ type Store interface {
 	ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptResult, error)
 	ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error)
 	GetDevice(ctx context.Context, id string) (domain.Device, error)
+	DeviceQueue(ctx context.Context, device string) (DeviceQueue, error)
+	QueuedBehind(ctx context.Context, c domain.Command) (string, error)
 	ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[domain.Device], error)
 	UnconfirmAll(ctx context.Context) error
 	ResetPresence(ctx context.Context, device, who string) (domain.Device, error)

@@ -603,8 +603,8 @@ func TestRetryAsksThenMints(t *testing.T) {
 		r, err = b.s.RetryingOf(b.ctx, "c-1", "i1")
 		require.NoError(t, err)
 		require.Equal(t, "unknown", r.Last.LastAnswer)
-		require.ErrorIs(t, b.s.MintCommand(b.ctx, r, fence, "c-2", time.Minute, 1), ErrFenced, "the old token cannot mint")
-		require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1))
+		require.ErrorIs(t, b.s.MintCommand(b.ctx, r, fence, "c-2", time.Minute, 1, false), ErrFenced, "the old token cannot mint")
+		require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1, false))
 		op, _ := b.s.GetOperation(b.ctx, "op-1")
 		require.Equal(t, []string{"c-1", "c-2"}, op.CommandIDs)
 		require.Equal(t, 2, op.Attempt)
@@ -722,7 +722,7 @@ func TestLateSuccessOfAnEarlierCommandDecidesTheOperation(t *testing.T) {
 		r, err := b.s.RetryingOf(b.ctx, "c-1", "i1")
 		require.NoError(t, err)
 		f := domain.Fence{Owner: "i1", Token: r.Operation.FencingToken}
-		require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1)) // the device said unknown
+		require.NoError(t, b.s.MintCommand(b.ctx, r, f, "c-2", time.Minute, 1, false)) // the device said unknown
 		op, _ := b.s.GetOperation(b.ctx, "op-1")
 		require.Equal(t, fsm.OpStarted, op.Status)
 		require.Equal(t, "c-2", op.CommandID)

@@ -402,7 +402,11 @@ type TaskPassResult struct {
 // write that names the fence.
 func (s *DB) TaskPass(ctx context.Context, id string, f domain.Fence, ttl time.Duration, cand *TaskCandidate, rules TaskRules) (TaskPassResult, error) {
 	var res TaskPassResult
-	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+	var locks rowLocks
+	if cand != nil {
+		locks = cand.Operation.locks()
+	}
+	err := s.writeLocking(ctx, locks, func(ctx context.Context, t *tx) error {
 		res = TaskPassResult{}
 		held := change{machine: "task", id: id, token: f.Token, explain: func() (string, error) { return ReasonFenced, nil }}
 		if err := t.cas(ctx, held, nil, s.q.TaskRenew,

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/domain"
@@ -299,11 +300,12 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 }
 
 // rowLocks names the rows a change will lock: commands by command_id, the
-// open commands of operations and of devices, and devices' own rows
-// (inserted first if missing).
+// open commands of operations and of devices, devices' own rows (inserted
+// first if missing), and devices' queues (device_queues, likewise).
 type rowLocks struct {
 	commands, operations, devices []string
 	deviceRows                    []string
+	queues                        []string
 }
 
 // lockCommands is rowLocks of command ids.
@@ -322,12 +324,13 @@ func (s *DB) preLock(ctx context.Context, sqlTx *sql.Tx, batch []*job) error {
 	if !s.caps.RowLocks {
 		return nil
 	}
-	var cmds, ops, devs, devRows []string
+	var cmds, ops, devs, devRows, queues []string
 	for _, j := range batch {
 		cmds = append(cmds, j.locks.commands...)
 		ops = append(ops, j.locks.operations...)
 		devs = append(devs, j.locks.devices...)
 		devRows = append(devRows, j.locks.deviceRows...)
+		queues = append(queues, j.locks.queues...)
 	}
 	t := &tx{Tx: sqlTx, s: s}
 	if len(cmds)+len(ops)+len(devs) > 0 {
@@ -344,6 +347,14 @@ func (s *DB) preLock(ctx context.Context, sqlTx *sql.Tx, batch []*job) error {
 		}
 		if err := lockRows(ctx, t, s.q.PreLockDevices, devRows); err != nil {
 			return fmt.Errorf("lock the batch's devices: %w", err)
+		}
+	}
+	if len(queues) > 0 {
+		// Last, in device order, each once (a statement may not update a
+		// row twice): the queues of the batch's serial submits.
+		slices.Sort(queues)
+		if _, err := t.ExecContext(ctx, s.q.PreLockQueues, slices.Compact(queues)); err != nil {
+			return fmt.Errorf("lock the batch's queues: %w", err)
 		}
 	}
 	return nil

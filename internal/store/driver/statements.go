@@ -20,7 +20,7 @@ type Statements struct {
 	SchemaTable, SchemaVersion, SchemaApplied string
 
 	// The batch's pre-lock (Capabilities.RowLocks).
-	PreLockCommands, PreLockInsertDevices, PreLockDevices string
+	PreLockCommands, PreLockInsertDevices, PreLockDevices, PreLockQueues string
 
 	// Reads of one row, plain and inside a write transaction.
 	CommandGet, CommandGetForUpdate           string
@@ -43,6 +43,9 @@ type Statements struct {
 
 	// operations.go: submit, commands' insert, outcomes
 	OperationInsert, CommandInsert, OperationFinish, CommandSupersede string
+
+	// queues.go: per-device ordering and supersede
+	QueueNext, QueueAhead, QueueHead, QueueSupersedable, QueueInFlight, QueueWaiting string
 
 	// retry.go: retries, cancel, resolve
 	CommandRetryAsk, OperationRetrying, OperationRetryingCommands string

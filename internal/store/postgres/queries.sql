@@ -37,6 +37,11 @@ SELECT device_id FROM devices WHERE device_id = ANY($1)
 ORDER BY device_id
 FOR NO KEY UPDATE
 
+-- name: PreLockQueues
+INSERT INTO device_queues (device_id)
+SELECT d FROM unnest(CAST($1 AS text[])) AS d ORDER BY d COLLATE "C"
+ON CONFLICT (device_id) DO UPDATE SET last_seq = device_queues.last_seq
+
 -- Reads of one row. Inside a write transaction a change reads the row it
 -- will write with the lock a plain UPDATE takes (the ...ForUpdate
 -- statements; on PostgreSQL FOR NO KEY UPDATE): another instance applying a fact about the same row waits
@@ -45,13 +50,13 @@ FOR NO KEY UPDATE
 -- name: CommandGet
 SELECT command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 FROM commands WHERE command_id = $1
 
 -- name: CommandGetForUpdate
 SELECT command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 FROM commands WHERE command_id = $1
 FOR NO KEY UPDATE
 
@@ -123,13 +128,16 @@ FOR NO KEY UPDATE
 
 -- name: CommandClaimSend
 UPDATE commands SET status = $1, attempt = attempt + 1, version = version + 1, qos = $2,
-	next_check_at = $3, last_sent_at = $4, last_query_id = '', last_answer = '', updated_at = $5
+	next_check_at = $3, last_sent_at = $4, last_query_id = '', last_answer = '', updated_at = $5,
+	reason = CASE WHEN reason = 'queued' THEN '' ELSE reason END
 WHERE command_id = (SELECT command_id FROM commands WHERE command_id = $6 FOR NO KEY UPDATE) AND status = $7 AND attempt = $8
 	AND EXISTS (SELECT 1 FROM operations WHERE operations.operation_id = commands.operation_id
 		AND owner = $9 AND fencing_token = $10 AND lease_expires_at > $11 FOR KEY SHARE)
+	AND (serial_seq IS NULL OR attempt > 0 OR NOT EXISTS (SELECT 1 FROM commands a WHERE a.device_id = commands.device_id
+		AND a.serial_seq < commands.serial_seq AND a.status NOT IN ('succeeded','failed','timeout','cancelled')))
 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- name: CommandClaimQuery
 UPDATE commands SET queries = queries + $1, last_query_id = $2, last_answer = '', next_check_at = $3, updated_at = $4
@@ -138,7 +146,7 @@ WHERE command_id = (SELECT command_id FROM commands WHERE command_id = $5 FOR NO
 		AND owner = $8 AND fencing_token = $9 AND lease_expires_at > $10 FOR KEY SHARE)
 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- name: CommandPostpone
 UPDATE commands SET next_check_at = $1
@@ -155,7 +163,7 @@ WHERE command_id = (SELECT command_id FROM commands WHERE command_id = $7 FOR NO
 		AND owner = $10 AND fencing_token = $11 AND lease_expires_at > $12 FOR KEY SHARE)
 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- Why a fenced decision was refused: does the caller's fence (owner,
 -- token, now) still hold on the row? Fenced if not, stale if so.
@@ -246,8 +254,8 @@ INSERT INTO operations (operation_id, action, target, params, request_hash, stat
 
 -- name: CommandInsert
 INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
-		status, qos, version, next_check_at, created_at, updated_at)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, 1, $9, $10, $11)
+		status, qos, version, next_check_at, created_at, updated_at, serial_seq, reason)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, 1, $9, $10, $11, $12, $13)
 
 -- name: OperationFinish
 UPDATE operations SET status = $1, result = $2, reason = $3, retry_until = NULL, version = version + 1, updated_at = $4
@@ -256,6 +264,36 @@ UPDATE operations SET status = $1, result = $2, reason = $3, retry_until = NULL,
 -- name: CommandSupersede
 UPDATE commands SET status = $1, reason = $2, version = version + 1, updated_at = $3
 	WHERE command_id = $4 AND status = $5 AND version = $6 AND attempt = 0
+
+-- Per-device ordering (queues.go): a serial command's number, the
+-- command ahead of it, the head of a device's queue, what a new
+-- submit supersedes, and a device's commands in flight and queued.
+
+-- name: QueueNext
+INSERT INTO device_queues (device_id, last_seq) VALUES ($1, 1)
+ON CONFLICT (device_id) DO UPDATE SET last_seq = device_queues.last_seq + 1 RETURNING last_seq
+
+-- name: QueueAhead
+SELECT command_id FROM commands WHERE device_id = $1 AND serial_seq < $2
+	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY serial_seq DESC LIMIT 1
+
+-- name: QueueHead
+SELECT command_id, attempt FROM commands WHERE device_id = $1 AND serial_seq IS NOT NULL
+	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY serial_seq LIMIT 1
+
+-- name: QueueSupersedable
+SELECT c.command_id FROM operations o JOIN commands c ON c.command_id = o.command_id
+WHERE o.target = $1 AND o.action = $2 AND o.status = 'started' AND o.operation_id <> $3
+	AND c.attempt = 0 AND c.status IN ('pending','waiting_device')
+ORDER BY c.command_id
+
+-- name: QueueInFlight
+SELECT command_id FROM commands WHERE device_id = $1 AND attempt > 0
+	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY created_at, command_id
+
+-- name: QueueWaiting
+SELECT command_id FROM commands WHERE device_id = $1 AND serial_seq IS NOT NULL AND attempt = 0
+	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY serial_seq
 
 -- retry.go: retries, cancel, resolve
 
@@ -282,7 +320,7 @@ UPDATE operations SET status = $1, reason = $2, retry_until = NULL, version = ve
 UPDATE commands SET status = $1, reason = $2, version = version + 1, updated_at = $3
 	WHERE command_id = $4 AND status = $5 AND version = $6 AND attempt = 0 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- name: CommandLateResolve
 UPDATE commands SET late_outcome = $1, late_conflict = $2, updated_at = $3 WHERE command_id = $4
@@ -292,7 +330,7 @@ UPDATE commands SET status = $1, reason = $2, resolved_by = $3,
 		version = version + 1, updated_at = $4
 	WHERE command_id = $5 AND status = $6 AND version = $7 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- leases.go: instances and leases
 
@@ -551,7 +589,10 @@ SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
 -- name: CommandListDue
 SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_at, c.expires_at, c.status, c.status_rank,
 	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
-	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, o.owner, o.fencing_token, o.lease_expires_at
+	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, c.serial_seq,
+	COALESCE((SELECT a.command_id FROM commands a WHERE a.device_id = c.device_id AND a.serial_seq < c.serial_seq
+		AND a.status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY a.serial_seq DESC LIMIT 1), ''),
+	o.owner, o.fencing_token, o.lease_expires_at
 FROM commands c JOIN operations o ON o.operation_id = c.operation_id
 WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
 	AND o.owner = $1 AND o.lease_expires_at > $2 AND (c.next_check_at <= $3 OR c.expires_at <= $4)
@@ -560,7 +601,10 @@ ORDER BY c.next_check_at LIMIT $5
 -- name: CommandListOpen
 SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_at, c.expires_at, c.status, c.status_rank,
 	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
-	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, o.owner, o.fencing_token, o.lease_expires_at
+	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, c.serial_seq,
+	COALESCE((SELECT a.command_id FROM commands a WHERE a.device_id = c.device_id AND a.serial_seq < c.serial_seq
+		AND a.status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY a.serial_seq DESC LIMIT 1), ''),
+	o.owner, o.fencing_token, o.lease_expires_at
 FROM commands c JOIN operations o ON o.operation_id = c.operation_id
 WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
 	AND o.owner = $1 AND o.lease_expires_at > $2
@@ -569,7 +613,10 @@ ORDER BY c.next_check_at LIMIT $3
 -- name: CommandOpen
 SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_at, c.expires_at, c.status, c.status_rank,
 	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
-	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, o.owner, o.fencing_token, o.lease_expires_at
+	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, c.serial_seq,
+	COALESCE((SELECT a.command_id FROM commands a WHERE a.device_id = c.device_id AND a.serial_seq < c.serial_seq
+		AND a.status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY a.serial_seq DESC LIMIT 1), ''),
+	o.owner, o.fencing_token, o.lease_expires_at
 FROM commands c JOIN operations o ON o.operation_id = c.operation_id
 WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
 	AND c.command_id = $1

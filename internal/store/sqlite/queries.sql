@@ -23,6 +23,9 @@ SELECT NULL WHERE 0
 -- name: PreLockDevices
 SELECT NULL WHERE 0
 
+-- name: PreLockQueues
+SELECT NULL WHERE 0
+
 -- Reads of one row. Inside a write transaction a change reads the row it
 -- will write with the lock a plain UPDATE takes (the ...ForUpdate
 -- statements; on PostgreSQL FOR NO KEY UPDATE): another instance applying a fact about the same row waits
@@ -31,13 +34,13 @@ SELECT NULL WHERE 0
 -- name: CommandGet
 SELECT command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 FROM commands WHERE command_id = ?
 
 -- name: CommandGetForUpdate
 SELECT command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 FROM commands WHERE command_id = ?
 
 -- name: OperationGetRow
@@ -105,13 +108,16 @@ FROM rollouts WHERE rollout_id = ?
 
 -- name: CommandClaimSend
 UPDATE commands SET status = ?, attempt = attempt + 1, version = version + 1, qos = ?,
-	next_check_at = ?, last_sent_at = ?, last_query_id = '', last_answer = '', updated_at = ?
+	next_check_at = ?, last_sent_at = ?, last_query_id = '', last_answer = '', updated_at = ?,
+	reason = CASE WHEN reason = 'queued' THEN '' ELSE reason END
 WHERE command_id = ? AND status = ? AND attempt = ?
 	AND EXISTS (SELECT 1 FROM operations WHERE operations.operation_id = commands.operation_id
 		AND owner = ? AND fencing_token = ? AND lease_expires_at > ?)
+	AND (serial_seq IS NULL OR attempt > 0 OR NOT EXISTS (SELECT 1 FROM commands a WHERE a.device_id = commands.device_id
+		AND a.serial_seq < commands.serial_seq AND a.status NOT IN ('succeeded','failed','timeout','cancelled')))
 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- name: CommandClaimQuery
 UPDATE commands SET queries = queries + ?, last_query_id = ?, last_answer = '', next_check_at = ?, updated_at = ?
@@ -120,7 +126,7 @@ WHERE command_id = ? AND status = ? AND queries = ?
 		AND owner = ? AND fencing_token = ? AND lease_expires_at > ?)
 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- name: CommandPostpone
 UPDATE commands SET next_check_at = ?
@@ -137,7 +143,7 @@ WHERE command_id = ? AND status = ? AND version = ?
 		AND owner = ? AND fencing_token = ? AND lease_expires_at > ?)
 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- Why a fenced decision was refused: does the caller's fence (owner,
 -- token, now) still hold on the row? Fenced if not, stale if so.
@@ -228,8 +234,8 @@ INSERT INTO operations (operation_id, action, target, params, request_hash, stat
 
 -- name: CommandInsert
 INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
-		status, qos, version, next_check_at, created_at, updated_at)
-	VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, 1, ?, ?, ?)
+		status, qos, version, next_check_at, created_at, updated_at, serial_seq, reason)
+	VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, 1, ?, ?, ?, ?, ?)
 
 -- name: OperationFinish
 UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
@@ -238,6 +244,36 @@ UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, ve
 -- name: CommandSupersede
 UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
 	WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0
+
+-- Per-device ordering (queues.go): a serial command's number, the
+-- command ahead of it, the head of a device's queue, what a new
+-- submit supersedes, and a device's commands in flight and queued.
+
+-- name: QueueNext
+INSERT INTO device_queues (device_id, last_seq) VALUES (?, 1)
+ON CONFLICT (device_id) DO UPDATE SET last_seq = last_seq + 1 RETURNING last_seq
+
+-- name: QueueAhead
+SELECT command_id FROM commands WHERE device_id = ? AND serial_seq < ?
+	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY serial_seq DESC LIMIT 1
+
+-- name: QueueHead
+SELECT command_id, attempt FROM commands WHERE device_id = ? AND serial_seq IS NOT NULL
+	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY serial_seq LIMIT 1
+
+-- name: QueueSupersedable
+SELECT c.command_id FROM operations o JOIN commands c ON c.command_id = o.command_id
+WHERE o.target = ? AND o.action = ? AND o.status = 'started' AND o.operation_id <> ?
+	AND c.attempt = 0 AND c.status IN ('pending','waiting_device')
+ORDER BY c.command_id
+
+-- name: QueueInFlight
+SELECT command_id FROM commands WHERE device_id = ? AND attempt > 0
+	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY created_at, command_id
+
+-- name: QueueWaiting
+SELECT command_id FROM commands WHERE device_id = ? AND serial_seq IS NOT NULL AND attempt = 0
+	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY serial_seq
 
 -- retry.go: retries, cancel, resolve
 
@@ -264,7 +300,7 @@ UPDATE operations SET status = ?, reason = ?, retry_until = NULL, version = vers
 UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
 	WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- name: CommandLateResolve
 UPDATE commands SET late_outcome = ?, late_conflict = ?, updated_at = ? WHERE command_id = ?
@@ -274,7 +310,7 @@ UPDATE commands SET status = ?, reason = ?, resolved_by = ?,
 		version = version + 1, updated_at = ?
 	WHERE command_id = ? AND status = ? AND version = ? RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
-	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- leases.go: instances and leases
 
@@ -533,7 +569,10 @@ SELECT id, at, machine, entity_id, from_state, to_state, reason, instance,
 -- name: CommandListDue
 SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_at, c.expires_at, c.status, c.status_rank,
 	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
-	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, o.owner, o.fencing_token, o.lease_expires_at
+	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, c.serial_seq,
+	COALESCE((SELECT a.command_id FROM commands a WHERE a.device_id = c.device_id AND a.serial_seq < c.serial_seq
+		AND a.status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY a.serial_seq DESC LIMIT 1), ''),
+	o.owner, o.fencing_token, o.lease_expires_at
 FROM commands c JOIN operations o ON o.operation_id = c.operation_id
 WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
 	AND o.owner = ? AND o.lease_expires_at > ? AND (c.next_check_at <= ? OR c.expires_at <= ?)
@@ -542,7 +581,10 @@ ORDER BY c.next_check_at LIMIT ?
 -- name: CommandListOpen
 SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_at, c.expires_at, c.status, c.status_rank,
 	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
-	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, o.owner, o.fencing_token, o.lease_expires_at
+	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, c.serial_seq,
+	COALESCE((SELECT a.command_id FROM commands a WHERE a.device_id = c.device_id AND a.serial_seq < c.serial_seq
+		AND a.status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY a.serial_seq DESC LIMIT 1), ''),
+	o.owner, o.fencing_token, o.lease_expires_at
 FROM commands c JOIN operations o ON o.operation_id = c.operation_id
 WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
 	AND o.owner = ? AND o.lease_expires_at > ?
@@ -551,7 +593,10 @@ ORDER BY c.next_check_at LIMIT ?
 -- name: CommandOpen
 SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_at, c.expires_at, c.status, c.status_rank,
 	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
-	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, o.owner, o.fencing_token, o.lease_expires_at
+	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, c.serial_seq,
+	COALESCE((SELECT a.command_id FROM commands a WHERE a.device_id = c.device_id AND a.serial_seq < c.serial_seq
+		AND a.status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY a.serial_seq DESC LIMIT 1), ''),
+	o.owner, o.fencing_token, o.lease_expires_at
 FROM commands c JOIN operations o ON o.operation_id = c.operation_id
 WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
 	AND c.command_id = ?

@@ -1,0 +1,166 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/fleetctl/fleetctl/internal/domain"
+	"github.com/fleetctl/fleetctl/internal/fsm"
+)
+
+// Per-device ordering and supersede.
+//
+// A serial command (its action's policy says "concurrency": "serial")
+// takes its device's next number (commands.serial_seq) in the transaction
+// that inserts it: a submit's, or a retry's new command_id. The number
+// comes from the device's row in device_queues, which that transaction
+// holds until it commits (on PostgreSQL a row lock, taken in device order
+// before the batch's changes run; SQLite has one writer), so on a device
+// the numbers follow the order the submits committed in.
+//
+// The head of a device's queue is its open serial command with the lowest
+// number. Only the head is published: the fenced pending → sent write
+// (CommandClaimSend) also requires that no open serial command of the
+// device has a lower number, so a takeover, a restart or a second
+// instance can neither publish two at once nor reorder them; the
+// database's condition decides, not a lock in memory. A published command
+// stays open, so stays the head, until it is terminal: needs_attention
+// holds the device until a person resolves it.
+//
+// When a serial command ends, the transaction that ends it looks up the
+// new head and, if it was never published, tells the dispatcher through
+// the post-commit feed (wake): it is published at once, not at a poll.
+// Commands behind the head are postponed by the dispatcher, reason
+// "queued"; their ttl still runs.
+
+// ReasonQueued is a serial command's reason while it waits for the
+// commands ahead of it on its device.
+const ReasonQueued = "queued"
+
+// ReasonSuperseded is the reason of a command cancelled unpublished by a
+// newer operation of the same action on its device (supersede); its
+// operation's reason is SupersededBy.
+const ReasonSuperseded = "superseded"
+
+// SupersededBy is the reason of an operation superseded by newer.
+func SupersededBy(newer string) string { return "superseded_by:" + newer }
+
+// enqueueSerial gives a new serial command of device its number, and
+// names the open serial command just ahead of it ("" when it is the head).
+func (t *tx) enqueueSerial(ctx context.Context, device string) (seq int64, ahead string, err error) {
+	if err := t.QueryRowContext(ctx, t.s.q.QueueNext, device).Scan(&seq); err != nil {
+		return 0, "", fmt.Errorf("number a serial command of %s: %w", device, err)
+	}
+	err = t.QueryRowContext(ctx, t.s.q.QueueAhead, device, seq).Scan(&ahead)
+	if errors.Is(err, sql.ErrNoRows) {
+		return seq, "", nil
+	}
+	if err != nil {
+		return 0, "", fmt.Errorf("queue of %s: %w", device, err)
+	}
+	return seq, ahead, nil
+}
+
+// released runs when a command of a device ended in this transaction: if
+// it was serial, the device's new head, if never published, is made due
+// (its holder, here or on another instance, is woken once this commits).
+func (t *tx) released(ctx context.Context, c domain.Command) error {
+	if c.SerialSeq == 0 {
+		return nil
+	}
+	var (
+		head    string
+		attempt int
+	)
+	err := t.QueryRowContext(ctx, t.s.q.QueueHead, c.DeviceID).Scan(&head, &attempt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("head of the queue of %s: %w", c.DeviceID, err)
+	}
+	if attempt == 0 {
+		t.wake(WakeCommand, head)
+	}
+	return nil
+}
+
+// supersedeOlder cancels, for a new operation of n's action on n's target,
+// every older started operation of the same action on that device whose
+// command was never published: the command cancelled (reason superseded),
+// the operation failed_final (superseded_by:<n's id>). Not fenced, like a
+// person's cancel: the same conditional write (attempt = 0) that a
+// publisher's claim races decides, so a command published first runs to
+// its end.
+func (t *tx) supersedeOlder(ctx context.Context, n NewOperation) error {
+	ids, err := queryStrings(ctx, t, t.s.q.QueueSupersedable, n.Target, n.Action, n.OperationID)
+	if err != nil {
+		return fmt.Errorf("operations %s supersedes: %w", n.OperationID, err)
+	}
+	for _, id := range ids {
+		c, err := getCommand(ctx, t, id)
+		if err != nil {
+			return err
+		}
+		if c.Attempt > 0 || !fsm.Command.Can(c.Status, fsm.CmdCancelled) {
+			continue // published meanwhile: it runs to its end
+		}
+		ch := change{machine: "command", id: id, from: string(c.Status), to: string(fsm.CmdCancelled)}
+		err = t.cas(ctx, ch, nil, t.s.q.CommandSupersede, fsm.CmdCancelled, ReasonSuperseded, ms(t.now), id, c.Status, c.Version)
+		if errors.Is(err, ErrRefused) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := t.event("command", id, string(c.Status), string(fsm.CmdCancelled), "superseded by "+n.OperationID, 0); err != nil {
+			return err
+		}
+		c.Status = fsm.CmdCancelled
+		if err := t.finishOperation(ctx, c, fsm.CmdCancelled, SupersededBy(n.OperationID), nil, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DeviceQueue is what GET /v1/devices/{id} shows of a device's commands:
+// InFlight, its published commands not yet terminal (serial or not;
+// needs_attention included), oldest first; Queued, its serial commands not
+// yet published, in the order they will go out.
+type DeviceQueue struct {
+	InFlight []string
+	Queued   []string
+}
+
+// DeviceQueue reads a device's commands in flight and queued.
+func (s *DB) DeviceQueue(ctx context.Context, device string) (DeviceQueue, error) {
+	var q DeviceQueue
+	var err error
+	if q.InFlight, err = queryStrings(ctx, s.rq, s.q.QueueInFlight, device); err != nil {
+		return q, fmt.Errorf("commands in flight on %s: %w", device, err)
+	}
+	if q.Queued, err = queryStrings(ctx, s.rq, s.q.QueueWaiting, device); err != nil {
+		return q, fmt.Errorf("commands queued on %s: %w", device, err)
+	}
+	return q, nil
+}
+
+// QueuedBehind names the open serial command just ahead of c on its
+// device while c waits unpublished, "" otherwise.
+func (s *DB) QueuedBehind(ctx context.Context, c domain.Command) (string, error) {
+	if c.SerialSeq == 0 || c.Attempt > 0 || c.Status.Terminal() {
+		return "", nil
+	}
+	var ahead string
+	err := s.rq.QueryRowContext(ctx, s.q.QueueAhead, c.DeviceID, c.SerialSeq).Scan(&ahead)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("command ahead of %s: %w", c.CommandID, err)
+	}
+	return ahead, nil
+}
