@@ -123,7 +123,7 @@ type Command struct {
 	// /v1/commands/{id} only.
 	QueuedBehind string    `json:"queued_behind,omitempty"`
 	Receipts     []Receipt `json:"receipts"`
-	Events       []Event         `json:"events"`
+	Events       []Event   `json:"events"`
 	// QueryLog lists the queries asked about the command and their
 	// answers: GET /v1/commands/{id} only, not the list.
 	QueryLog []Query `json:"query_log,omitempty"`
