@@ -230,7 +230,9 @@ func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.Command
 			}
 		}
 		now := ms(t.now)
-		err := t.cas(ctx, t.decision(ctx, commandID, expect, to, f), t.decided(ctx, &d), t.s.q.CommandClaimSend,
+		ch := t.decision(ctx, commandID, expect, to, f)
+		ch.explain = t.queueExplainer(ctx, commandID, ch.explain)
+		err := t.cas(ctx, ch, t.decided(ctx, &d), t.s.q.CommandClaimSend,
 			append([]any{to, qos, ms(nextCheck), now, now, commandID, expect, expectAttempt}, fenceArgs(f, t.now)...)...)
 		if err != nil {
 			return err

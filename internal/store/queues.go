@@ -126,6 +126,30 @@ func (t *tx) supersedeOlder(ctx context.Context, n NewOperation) error {
 	return nil
 }
 
+// queueExplainer explains a refused publish claim: queued (ReasonQueued)
+// when the fence held and the command is a serial one with another open
+// ahead of it on its device, else as base does.
+func (t *tx) queueExplainer(ctx context.Context, commandID string, base func() (string, error)) func() (string, error) {
+	return func() (string, error) {
+		why, err := base()
+		if err != nil || why != ReasonStale {
+			return why, err
+		}
+		c, err := getCommand(ctx, t, commandID)
+		if err != nil || c.SerialSeq == 0 || c.Attempt > 0 || c.Status.Terminal() {
+			return why, err
+		}
+		var ahead string
+		switch err := t.QueryRowContext(ctx, t.s.q.QueueAhead, c.DeviceID, c.SerialSeq).Scan(&ahead); {
+		case errors.Is(err, sql.ErrNoRows):
+			return why, nil
+		case err != nil:
+			return "", fmt.Errorf("queue of %s: %w", c.DeviceID, err)
+		}
+		return ReasonQueued, nil
+	}
+}
+
 // DeviceQueue is what GET /v1/devices/{id} shows of a device's commands:
 // InFlight, its published commands not yet terminal (serial or not;
 // needs_attention included), oldest first; Queued, its serial commands not

@@ -73,7 +73,9 @@ func TestSerialCommandsQueueInSubmitOrder(t *testing.T) {
 		}
 
 		_, err = s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
-		require.ErrorIs(t, err, ErrRefused, "not the head: never published")
+		var re *RefusedError
+		require.ErrorAs(t, err, &re, "not the head: never published")
+		require.Equal(t, ReasonQueued, re.Reason)
 		d, err := s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now())
 		require.NoError(t, err)
 		require.Equal(t, fsm.CmdSent, d.Command.Status)

@@ -1,0 +1,334 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/client"
+	"github.com/fleetctl/fleetctl/internal/sim"
+	"github.com/fleetctl/fleetctl/internal/testenv"
+	"github.com/fleetctl/fleetctl/internal/witness"
+)
+
+// policyArgs writes a policy file and returns the --policy flag for it.
+func policyArgs(t *testing.T, policy string) []string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "policy.json")
+	require.NoError(t, os.WriteFile(path, []byte(policy), 0o600))
+	return []string{"--policy", path}
+}
+
+// deviceQueue reads GET /v1/devices/{id} with its commands in flight and queued.
+func (b *bundle) deviceQueue(id string) apiwire.DeviceDetail {
+	b.t.Helper()
+	var d apiwire.DeviceDetail
+	_, err := b.client.Do(b.ctx(), http.MethodGet, "/v1/devices/"+id, nil, nil, &d)
+	require.NoError(b.t, err)
+	return d
+}
+
+// serialOrder checks, from the devices' execution log and the database,
+// that each device executed its serial commands in the order their
+// submits committed (serial_seq), and each after the previous one's final
+// receipt (the device's own clock): never two at once. It returns the
+// devices and executions it checked.
+func (b *bundle) serialOrder() (devices, executions int) {
+	b.t.Helper()
+	seq := map[string]int64{}
+	for _, row := range b.rows(`SELECT command_id, serial_seq FROM commands WHERE serial_seq IS NOT NULL`) {
+		id, n, _ := strings.Cut(row, "|")
+		v, err := strconv.ParseInt(n, 10, 64)
+		require.NoError(b.t, err)
+		seq[id] = v
+	}
+	execs, err := witness.ReadExecutions(b.stateDir)
+	require.NoError(b.t, err)
+	rcpts, err := witness.ReadReceipts(b.stateDir)
+	require.NoError(b.t, err)
+	final := map[string]time.Time{} // a command's first final receipt
+	for _, r := range rcpts {
+		if at, ok := final[r.CommandID]; !ok || r.At.Before(at) {
+			final[r.CommandID] = r.At
+		}
+	}
+	per := map[string][]witness.Execution{}
+	for _, e := range execs {
+		if _, ok := seq[e.CommandID]; ok {
+			per[e.DeviceID] = append(per[e.DeviceID], e)
+		}
+	}
+	for dev, es := range per {
+		sort.SliceStable(es, func(i, j int) bool { return es[i].At.Before(es[j].At) })
+		for i := 1; i < len(es); i++ {
+			prev, cur := es[i-1], es[i]
+			require.Less(b.t, seq[prev.CommandID], seq[cur.CommandID],
+				"%s executed %s (serial %d) after %s (serial %d)", dev, cur.CommandID, seq[cur.CommandID], prev.CommandID, seq[prev.CommandID])
+			end, ok := final[prev.CommandID]
+			require.True(b.t, ok, "%s: %s executed, no final receipt of it", dev, prev.CommandID)
+			require.False(b.t, cur.At.Before(end), "%s: %s started at %s, before %s's final receipt at %s",
+				dev, cur.CommandID, cur.At.Format(time.RFC3339Nano), prev.CommandID, end.Format(time.RFC3339Nano))
+		}
+		executions += len(es)
+	}
+	return len(per), executions
+}
+
+// Serial commands under load from several callers through two instances
+// on one PostgreSQL, with device faults, and an instance killed with
+// SIGKILL (then restarted) again and again: every accepted operation ends
+// succeeded, each runs once, and on every device the serial commands ran
+// one at a time in the order their submits committed (the devices' log),
+// invariant 10 among the checker's verdicts.
+func TestSerialCommandsRunInSubmitOrderThroughKills(t *testing.T) {
+	t.Parallel()
+	const ops, devices, callers, minKills = 400, 20, 8, 4
+	profile := sim.Profile{Seed: 28, Defaults: sim.Faults{
+		DropReceipt:      sim.ReceiptFault{Trigger: sim.Trigger{P: 0.05}, Statuses: []string{sim.ClassFinal}},
+		DuplicateReceipt: sim.ReceiptFault{Trigger: sim.Trigger{P: 0.05}},
+		DropCommand:      sim.Trigger{P: 0.02},
+		SlowExecution:    sim.ActionFault{Trigger: sim.Trigger{P: 0.3}, Delay: sim.Duration(200 * time.Millisecond)},
+	}}
+	args := append([]string{"--lease-ttl", "2s"}, policyArgs(t, `{"defaults":{"concurrency":"serial"}}`)...)
+	b := setup(t, setupOpts{backend: "postgres", devices: devices, faults: profile, args: args})
+	ctls := []*testenv.Controller{b.ctl}
+	clients := []*client.Client{b.client}
+	c2, cl2 := b.peer("i2", nil, args...)
+	ctls, clients = append(ctls, c2), append(clients, cl2)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	var accepted atomic.Int64
+	submit := func(i int) {
+		r := req(fmt.Sprintf("serial-%04d", i), fmt.Sprintf("device-%d", i%devices+1))
+		for try := 0; ctx.Err() == nil; try++ {
+			_, status, err := clients[(i+try)%2].Submit(ctx, r, "")
+			if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
+				accepted.Add(1)
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond): // back off before the other instance
+			}
+		}
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < callers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				submit(i)
+			}
+		}()
+	}
+	submitted := make(chan struct{})
+	go func() {
+		defer close(submitted)
+		defer close(work)
+		for i := 0; i < ops; i++ {
+			select {
+			case work <- i:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	// Kill -9 an instance every 1 to 2 s, once ops/(2*minKills) more
+	// operations were accepted since the kill before, until the submits are
+	// done and minKills were made.
+	rng := rand.New(rand.NewSource(28))
+	kills := 0
+	for last := int64(0); ; {
+		pause := time.After(time.Duration(1000+rng.Intn(1000)) * time.Millisecond)
+		sub := submitted
+		for paused := false; !paused || (sub != nil && accepted.Load() < last+ops/(2*minKills)); {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("timed out during the kills (%d made, %d accepted)", kills, accepted.Load())
+			case <-sub:
+				sub = nil
+			case <-pause:
+				paused = true
+			case <-time.After(50 * time.Millisecond): // poll accepted
+			}
+		}
+		last = accepted.Load()
+		if sub == nil && kills >= minKills {
+			break
+		}
+		victim := rng.Intn(2)
+		ctls[victim].Kill()
+		ctls[victim].Restart()
+		kills++
+	}
+	wg.Wait()
+	require.EqualValues(t, ops, accepted.Load(), "every operation was accepted by some instance")
+
+	final := map[string]int{}
+	for i := 0; i < ops; i++ {
+		final[b.waitFinal(fmt.Sprintf("serial-%04d:restart:device-%d:v1", i, i%devices+1)).Status]++
+	}
+	require.Equal(t, ops, final["succeeded"], "every accepted operation ends succeeded: %v", final)
+	for id, n := range b.executions() {
+		require.Equal(t, 1, n, "%s executed %d times", id, n)
+	}
+	devs, execs := b.serialOrder()
+	t.Logf("%d serial operations over %d devices from %d callers through 2 instances, %d kill -9s: %v; "+
+		"%d executions on %d devices, each in submit order after the one before ended", ops, devices, callers, kills, final, execs, devs)
+	require.Equal(t, devices, devs)
+	require.Equal(t, ops, execs)
+	b.verify()
+}
+
+// Supersede with the device offline: five intents of one action leave one
+// that runs; each of the four older is cancelled unpublished, its
+// operation failed_final superseded_by the next; nothing superseded is
+// ever published; a replay of a superseded POST answers its record.
+func TestSupersedeLeavesTheLatestIntentWhileOffline(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, setupOpts{backend: be,
+			args: policyArgs(t, `{"actions":{"set-config":{"concurrency":"serial","supersede":true}}}`)})
+		sn := sniff(t, b.broker.URL())
+		dev := b.fleet.Device("device-1")
+		dev.DropConnection(0)
+		b.waitDevice("device-1", false)
+		intent := func(v int) apiwire.SubmitRequest {
+			return apiwire.SubmitRequest{TaskID: "tune", Step: "set", Target: "device-1", BusinessVersion: fmt.Sprintf("v%d", v),
+				Action: "set-config", Params: json.RawMessage(fmt.Sprintf(`{"setpoint":%d}`, 20+v))}
+		}
+		var ids []string
+		for v := 1; v <= 5; v++ {
+			op, status, err := b.client.Submit(b.ctx(), intent(v), "")
+			require.NoError(t, err)
+			require.Equal(t, http.StatusCreated, status)
+			ids = append(ids, op.OperationID)
+		}
+		for i := 0; i < 4; i++ {
+			op, err := b.client.Operation(b.ctx(), ids[i], 0)
+			require.NoError(t, err)
+			require.Equal(t, "failed_final", op.Status)
+			require.Equal(t, "superseded_by:"+ids[i+1], op.Reason)
+			c := b.command(op.CommandID)
+			require.Equal(t, "cancelled", c.Status)
+			require.Equal(t, "superseded", c.Reason)
+			require.Zero(t, c.Attempt)
+		}
+		d := b.deviceQueue("device-1")
+		last, err := b.client.Operation(b.ctx(), ids[4], 0)
+		require.NoError(t, err)
+		require.Equal(t, []string{last.CommandID}, d.Queued, "one intent left, waiting for the device")
+
+		replay, status, err := b.client.Submit(b.ctx(), intent(2), "")
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, status)
+		require.Equal(t, "failed_final", replay.Status, "a replay answers the record, never resurrects it")
+
+		dev.Reconnect()
+		require.Equal(t, "succeeded", b.waitFinal(ids[4]).Status)
+		require.Equal(t, map[string]int{ids[4]: 1}, b.executions(), "only the latest intent ran")
+		require.Equal(t, json.RawMessage(`25`), dev.Config()["setpoint"])
+		for i := 0; i < 4; i++ {
+			cmds, _ := sn.of(ids[i])
+			require.Empty(t, cmds, "%s was superseded: never published", ids[i])
+		}
+		cmds, _ := sn.of(ids[4])
+		require.Len(t, cmds, 1)
+		b.verify()
+	})
+}
+
+// The failure windows of the queue, entered on purpose against the real
+// binary: the controller crashes between the head's committed
+// pending → sent (the slot's write) and its publish, with two more queued
+// behind it; after the restart the head is asked about and published
+// again under the same command_id, and the queue goes on in order. Then
+// the device goes offline with a queue, the controller is killed -9, and
+// the queue waits out the restart and the absence, in order.
+func TestSerialQueueThroughCrashesAndAnOfflineDevice(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		args := policyArgs(t, `{"actions":{"restart":{"concurrency":"serial"}}}`)
+		b := setup(t, setupOpts{backend: be, args: args, env: []string{"CONTROLLER_FAILPOINTS=before-publish=1*crash"}})
+		var ids []string
+		crashes := 0
+		submit := func(name string) apiwire.Operation {
+			r := req(name, "device-2")
+			for {
+				op, status, err := b.client.Submit(b.ctx(), r, "")
+				if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
+					return op
+				}
+				// The crash may come before the answer: the controller is
+				// restarted below, and the same POST is safe to send again.
+				require.Equal(t, 137, b.ctl.ExitCode(), "only the failpoint's crash stops it: %v", err)
+				b.ctl.Restart()
+				crashes++
+			}
+		}
+		for _, name := range []string{"fp-1", "fp-2", "fp-3"} {
+			ids = append(ids, submit(name).OperationID)
+		}
+		if crashes == 0 { // it crashed after the last answer: the restart is the test's
+			require.Equal(t, 137, b.ctl.ExitCode(), "crashed after the head's pending → sent commit")
+			b.ctl.Restart()
+			crashes++
+		}
+		require.Equal(t, 1, crashes)
+		for _, id := range ids {
+			require.Equal(t, "succeeded", b.waitFinal(id).Status)
+		}
+		first, err := b.client.Operation(b.ctx(), ids[0], 0)
+		require.NoError(t, err)
+		require.Equal(t, []string{first.CommandID}, first.CommandIDs, "no new command_id after the crash")
+
+		// Offline with a queue, and a kill -9 while it waits.
+		dev := b.fleet.Device("device-2")
+		dev.DropConnection(0)
+		b.waitDevice("device-2", false)
+		var queued []string
+		for _, name := range []string{"off-1", "off-2", "off-3"} {
+			queued = append(queued, submit(name).OperationID)
+		}
+		head, err := b.client.Operation(b.ctx(), queued[0], 0)
+		require.NoError(t, err)
+		b.waitCommand(head.CommandID, "waiting_device")
+		d := b.deviceQueue("device-2")
+		require.Len(t, d.Queued, 3, "the head waits for the device, the others behind it")
+		second, err := b.client.Operation(b.ctx(), queued[1], 0)
+		require.NoError(t, err)
+		c := b.command(second.CommandID)
+		require.Equal(t, "pending", c.Status)
+		require.Equal(t, "queued", c.Reason)
+		require.Equal(t, head.CommandID, c.QueuedBehind)
+
+		b.ctl.Kill()
+		b.ctl.Restart()
+		dev.Reconnect()
+		for _, id := range queued {
+			require.Equal(t, "succeeded", b.waitFinal(id).Status)
+		}
+		devs, execs := b.serialOrder()
+		require.Equal(t, 1, devs)
+		require.Equal(t, 6, execs)
+		b.verify()
+	})
+}
