@@ -332,3 +332,49 @@ func TestSerialQueueThroughCrashesAndAnOfflineDevice(t *testing.T) {
 		b.verify()
 	})
 }
+
+// A takeover by a second instance on PostgreSQL: i1 holds a device's serial
+// queue, one command executing (each takes 700 ms on the device) and three
+// behind it, and is killed -9 for good; i2 takes the operations over
+// within the lease ttl, asks about the one in flight, and publishes the
+// rest one at a time, in submit order.
+func TestSerialQueueTakenOverByASecondInstance(t *testing.T) {
+	t.Parallel()
+	profile := sim.Profile{Seed: 5, Defaults: sim.Faults{
+		SlowExecution: sim.ActionFault{Trigger: sim.Trigger{P: 1}, Delay: sim.Duration(700 * time.Millisecond)}}}
+	args := append([]string{"--lease-ttl", "2s"}, policyArgs(t, `{"actions":{"restart":{"concurrency":"serial"}}}`)...)
+	b := setup(t, setupOpts{backend: "postgres", faults: profile, args: args})
+	_, cl2 := b.peer("i2", nil, args...)
+	var ids []string
+	for i := 1; i <= 4; i++ {
+		op, _, err := b.client.Submit(b.ctx(), req(fmt.Sprintf("take-%d", i), "device-1"), "")
+		require.NoError(t, err)
+		require.Equal(t, "i1", op.Owner)
+		ids = append(ids, op.OperationID)
+	}
+	head, err := b.client.Operation(b.ctx(), ids[0], 0)
+	require.NoError(t, err)
+	eventually(t, "the head executing on the device", 30*time.Second, func() bool {
+		return b.command(head.CommandID).Status == "executing"
+	})
+	q := b.deviceQueue("device-1")
+	require.Equal(t, []string{head.CommandID}, q.InFlight)
+	require.Len(t, q.Queued, 3)
+	b.ctl.Kill()
+
+	for _, id := range ids {
+		op, err := cl2.Operation(b.ctx(), id, 0)
+		require.NoError(t, err)
+		deadline := time.Now().Add(45 * time.Second)
+		for op.Status == "started" && time.Now().Before(deadline) {
+			op, err = cl2.Operation(b.ctx(), id, 10*time.Second)
+			require.NoError(t, err)
+		}
+		require.Equal(t, "succeeded", op.Status, "%s", id)
+		require.Equal(t, "i2", op.Owner, "%s taken over by i2", id)
+	}
+	devs, execs := b.serialOrder()
+	require.Equal(t, 1, devs)
+	require.Equal(t, 4, execs)
+	b.verify()
+}
