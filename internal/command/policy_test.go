@@ -15,11 +15,16 @@ var base = Policy{AckTimeout: 5 * time.Second, MaxAttempts: 5, TTL: 10 * time.Mi
 func TestLoadPolicies(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policy.json")
 	require.NoError(t, os.WriteFile(path, []byte(`{"defaults":{"ack_timeout":"2s"},
-		"actions":{"restart":{"approval":"required","max_attempts":3},"legacy-op":{"on_unknown":"resend","offline":"fail"}}}`), 0o644))
+		"actions":{"restart":{"approval":"required","max_attempts":3},"legacy-op":{"on_unknown":"resend","offline":"fail"},
+		"set-config":{"concurrency":"serial","supersede":true}}}`), 0o644))
 	ps, err := LoadPolicies(path, base)
 	require.NoError(t, err)
 	require.Equal(t, 2*time.Second, ps.For("set-config").AckTimeout)
 	require.Equal(t, ApprovalNone, ps.For("set-config").Approval)
+	require.True(t, ps.For("set-config").Serial())
+	require.True(t, ps.For("set-config").Supersede)
+	require.False(t, ps.For("restart").Serial(), "parallel by default")
+	require.False(t, ps.For("restart").Supersede)
 	r := ps.For("restart")
 	require.Equal(t, ApprovalRequired, r.Approval)
 	require.Equal(t, 3, r.MaxAttempts)
@@ -34,13 +39,15 @@ func TestLoadPolicies(t *testing.T) {
 
 func TestLoadPoliciesRejectsBadFiles(t *testing.T) {
 	for name, body := range map[string]string{
-		"unknown field":  `{"defaults":{"colour":"red"}}`,
-		"bad duration":   `{"defaults":{"ttl":"forever"}}`,
-		"bad offline":    `{"actions":{"restart":{"offline":"maybe"}}}`,
-		"bad on_unknown": `{"actions":{"restart":{"on_unknown":"pray"}}}`,
-		"bad approval":   `{"actions":{"restart":{"approval":"maybe"}}}`,
-		"zero attempts":  `{"defaults":{"max_attempts":0}}`,
-		"not json":       `{`,
+		"unknown field":        `{"defaults":{"colour":"red"}}`,
+		"bad duration":         `{"defaults":{"ttl":"forever"}}`,
+		"bad offline":          `{"actions":{"restart":{"offline":"maybe"}}}`,
+		"bad on_unknown":       `{"actions":{"restart":{"on_unknown":"pray"}}}`,
+		"bad approval":         `{"actions":{"restart":{"approval":"maybe"}}}`,
+		"zero attempts":        `{"defaults":{"max_attempts":0}}`,
+		"bad concurrency":      `{"actions":{"restart":{"concurrency":"sometimes"}}}`,
+		"supersede not a bool": `{"defaults":{"supersede":"yes"}}`,
+		"not json":             `{`,
 	} {
 		path := filepath.Join(t.TempDir(), "p.json")
 		require.NoError(t, os.WriteFile(path, []byte(body), 0o644))

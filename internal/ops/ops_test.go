@@ -52,6 +52,9 @@ func setup(t *testing.T, enforceGrants bool) *testBundle {
 			if action == "wipe" {
 				p.Approval = command.ApprovalRequired
 			}
+			if action == "tune" {
+				p.Concurrency, p.Supersede = command.ConcurrencySerial, true
+			}
 			return p
 		},
 	})
@@ -390,4 +393,40 @@ func TestCompensationShapedIdsAreReserved(t *testing.T) {
 	for _, id := range []string{"orig-1:compensate", "orig-1:compensate:", "compensate:v1", "orig-1:compensated:v1", "orig-1:compensate:v1:x"} {
 		require.False(t, domain.CompensationShaped(id), id)
 	}
+}
+
+// The action's ordering policy reaches every way an operation is made: a
+// submit and a rollout's start (Prepare), a task's step (PrepareStep) and
+// a compensation, whose command takes its place in the device's queue.
+func TestOrderingPolicyOnEveryPath(t *testing.T) {
+	b := setup(t, false)
+	n, err := b.svc.Prepare(b.ctx, "op:tune", Intent{Target: "device-1", Action: "tune"})
+	require.NoError(t, err)
+	require.True(t, n.Serial && n.Supersede)
+	n, err = b.svc.Prepare(b.ctx, "op:restart", Intent{Target: "device-1", Action: "restart"})
+	require.NoError(t, err)
+	require.False(t, n.Serial || n.Supersede, "parallel by default")
+	k := domain.Task{TaskID: "task-1", Approval: &domain.Approval{Version: 2, Approver: "bob", Author: "alice",
+		Steps: []domain.Step{{Step: "s", Action: "tune", Target: "device-1", Params: json.RawMessage(`{}`)}}}}
+	n, err = b.svc.PrepareStep(b.ctx, k, 0)
+	require.NoError(t, err)
+	require.True(t, n.Serial && n.Supersede)
+
+	orig, _, err := b.svc.Submit(b.ctx, Intent{OperationID: "op-1", Target: "device-1", Action: "tune"}, "", "alice")
+	require.NoError(t, err)
+	c, err := b.st.GetCommand(b.ctx, orig.CommandID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, c.SerialSeq)
+	_, err = b.st.ClaimSend(b.ctx, orig.CommandID, fsm.CmdPending, 0, 1, domain.Fence{Owner: orig.Owner, Token: orig.FencingToken},
+		time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	_, err = b.st.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: orig.CommandID, OperationID: orig.OperationID,
+		Status: wire.ReceiptSucceeded, Seq: 3, Result: json.RawMessage(`{}`)}, nil)
+	require.NoError(t, err)
+	comp, created, err := b.svc.Compensate(b.ctx, orig.OperationID, Compensation{Action: "tune", BusinessVersion: "v1"}, "alice")
+	require.NoError(t, err)
+	require.True(t, created)
+	c, err = b.st.GetCommand(b.ctx, comp.CommandID)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, c.SerialSeq, "the compensation queues on the device like any operation")
 }
