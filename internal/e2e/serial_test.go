@@ -88,6 +88,51 @@ func (b *bundle) serialOrder() (devices, executions int) {
 	return len(per), executions
 }
 
+// queueGaps are, on every device, the times from a serial command's end
+// to the first publish of the next one, where the next one was already
+// queued when the one ahead ended (from the events log): how promptly the
+// end's wake-up publishes the next, sorted.
+func (b *bundle) queueGaps() []time.Duration {
+	b.t.Helper()
+	type marks struct{ submitted, published, ended int64 }
+	per := map[string]map[int64]*marks{}
+	for _, row := range b.rows(`SELECT c.device_id, c.serial_seq, e.from_state, e.to_state, e.at FROM events e
+		JOIN commands c ON c.command_id = e.entity_id
+		WHERE e.machine = 'command' AND e.refused = 0 AND c.serial_seq IS NOT NULL ORDER BY e.id`) {
+		f := strings.Split(row, "|")
+		seq, _ := strconv.ParseInt(f[1], 10, 64)
+		at, _ := strconv.ParseInt(f[4], 10, 64)
+		if per[f[0]] == nil {
+			per[f[0]] = map[int64]*marks{}
+		}
+		m := per[f[0]][seq]
+		if m == nil {
+			m = &marks{}
+			per[f[0]][seq] = m
+		}
+		switch to := f[3]; {
+		case f[2] == "":
+			m.submitted = at
+		case to == "sent" && m.published == 0:
+			m.published = at
+		case to == "succeeded" || to == "failed" || to == "timeout" || to == "cancelled":
+			m.ended = at
+		}
+	}
+	var gaps []time.Duration
+	for _, seqs := range per {
+		for seq, m := range seqs {
+			next := seqs[seq+1]
+			if m.ended == 0 || next == nil || next.published == 0 || next.submitted > m.ended {
+				continue
+			}
+			gaps = append(gaps, time.Duration(next.published-m.ended)*time.Millisecond)
+		}
+	}
+	sort.Slice(gaps, func(i, j int) bool { return gaps[i] < gaps[j] })
+	return gaps
+}
+
 // Serial commands under load from several callers through two instances
 // on one PostgreSQL, with device faults, and an instance killed with
 // SIGKILL (then restarted) again and again: every accepted operation ends
@@ -195,6 +240,10 @@ func TestSerialCommandsRunInSubmitOrderThroughKills(t *testing.T) {
 		"%d executions on %d devices, each in submit order after the one before ended", ops, devices, callers, kills, final, execs, devs)
 	require.Equal(t, devices, devs)
 	require.Equal(t, ops, execs)
+	gaps := b.queueGaps()
+	require.NotEmpty(t, gaps)
+	t.Logf("from a serial command's end to the next one's publish (%d already queued): p50 %s, p90 %s, max %s",
+		len(gaps), gaps[len(gaps)/2], gaps[len(gaps)*9/10], gaps[len(gaps)-1])
 	b.verify()
 }
 
