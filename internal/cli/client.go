@@ -198,13 +198,13 @@ func deviceCmd() *cobra.Command {
 	list.Flags().Var(cmdline.NewEnum(&online, "", "true", "false"), "online", "only the devices online (true) or offline (false)")
 	list.Flags().IntVar(&pageSize, "page-size", 0, "devices per API request (0: the server's default)")
 	get := &cobra.Command{
-		Use: "get DEVICE_ID", Short: "Show one device", Args: cobra.ExactArgs(1),
+		Use: "get DEVICE_ID", Short: "Show one device, its commands in flight and its queue", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dev, err := cf.client().Device(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
-			return cf.show(cmd, dev, func(w io.Writer) error { return printDevices(w, []apiwire.Device{dev}) })
+			return cf.show(cmd, dev, func(w io.Writer) error { return printDevice(w, dev) })
 		},
 	}
 	reset := &cobra.Command{

@@ -120,6 +120,12 @@ func printCommand(w io.Writer, c apiwire.Command) error {
 	if c.ResolvedBy != "" {
 		fmt.Fprintf(tw, "resolved_by\t%s\n", c.ResolvedBy)
 	}
+	if c.SerialSeq > 0 {
+		fmt.Fprintf(tw, "serial_seq\t%d\n", c.SerialSeq)
+	}
+	if c.QueuedBehind != "" {
+		fmt.Fprintf(tw, "queued_behind\t%s\n", c.QueuedBehind)
+	}
 	fmt.Fprintln(tw, "\nreceipts:")
 	for _, r := range c.Receipts {
 		fmt.Fprintf(tw, "  %s\tseq %d\t%s\t%s\n", r.ReceivedAt.Format("15:04:05.000"), r.Seq, r.Status, r.Effect)
@@ -147,6 +153,24 @@ func printDevices(w io.Writer, devs []apiwire.Device) error {
 			d.Capabilities.Dedupe, d.Capabilities.Query, d.ClockSkewMS, stale, stampPtr(d.LastSeenAt))
 	}
 	return tw.Flush()
+}
+
+// printDevice is one device's row, then its commands in flight (oldest
+// first) and its serial queue (in the order they will be published).
+func printDevice(w io.Writer, d apiwire.DeviceDetail) error {
+	if err := printDevices(w, []apiwire.Device{d.Device}); err != nil {
+		return err
+	}
+	for _, l := range []struct {
+		name string
+		ids  []string
+	}{{"in_flight", d.InFlight}, {"queued", d.Queued}} {
+		fmt.Fprintf(w, "\n%s: %d\n", l.name, len(l.ids))
+		for i, id := range l.ids {
+			fmt.Fprintf(w, "  %d. %s\n", i+1, id)
+		}
+	}
+	return nil
 }
 
 // window shows a task's maintenance window.

@@ -199,9 +199,10 @@ func (c *Client) DevicesPage(ctx context.Context, path string) ([]apiwire.Device
 	return listPage[apiwire.Device](ctx, c, path)
 }
 
-// Device reads one device.
-func (c *Client) Device(ctx context.Context, id string) (apiwire.Device, error) {
-	var d apiwire.Device
+// Device reads one device: its presence, and its commands in flight and
+// queued.
+func (c *Client) Device(ctx context.Context, id string) (apiwire.DeviceDetail, error) {
+	var d apiwire.DeviceDetail
 	_, err := c.Do(ctx, http.MethodGet, "/v1/devices/"+url.PathEscape(id), nil, nil, &d)
 	return d, err
 }

@@ -218,7 +218,7 @@ func TestFlappingDeviceIsShownAtItsLatestSession(t *testing.T) {
 	}
 	publish(t, raw, "fleet/flap-1/presence", birth(21))
 	sent := time.Now()
-	var d apiwire.Device
+	var d apiwire.DeviceDetail
 	eventually(t, "flap-1 online at session 21", 10*time.Second, func() bool {
 		d, _ = b.client.Device(b.ctx(), "flap-1")
 		return d.Online && d.Session == 21

@@ -305,6 +305,12 @@ func TestDevices(t *testing.T) {
 	d := ok[mcpserver.DeviceOutput](t, cs, "get_device", map[string]any{"device_id": "device-1"})
 	require.True(t, d.Device.Online)
 	require.True(t, d.Device.Seen)
+	// Its commands: the API's in_flight and queued, passed on as arrays
+	// (empty here: nothing is in flight), never left out.
+	require.NotNil(t, d.Device.InFlight, "in_flight carried")
+	require.NotNil(t, d.Device.Queued, "queued carried")
+	require.Empty(t, d.Device.InFlight)
+	require.Empty(t, d.Device.Queued)
 	unseen := ok[mcpserver.DeviceOutput](t, cs, "get_device", map[string]any{"device_id": "device-77"})
 	require.False(t, unseen.Device.Seen)
 }

@@ -115,7 +115,8 @@ func New(cfg Config) *mcp.Server {
 		Annotations: read("List devices"),
 	}, listDevices)
 	add(s, cfg, &mcp.Tool{Name: ToolGetDevice,
-		Description: `Read one device's presence (GET /v1/devices/{id}); a device never seen reads as offline.`,
+		Description: `Read one device's presence (GET /v1/devices/{id}); a device never seen reads as offline. ` +
+			`Also its commands in flight and its queue of serial commands waiting their turn (in_flight, queued).`,
 		Annotations: read("Read a device"),
 	}, getDevice)
 	add(s, cfg, &mcp.Tool{Name: ToolCreateTask,
@@ -382,7 +383,7 @@ func listDevices(ctx context.Context, k call, in ListDevicesInput) (DevicesOutpu
 }
 
 func getDevice(ctx context.Context, k call, in DeviceInput) (DeviceOutput, string, error) {
-	var d Device
+	var d DeviceDetail
 	if _, err := k.c.Do(ctx, http.MethodGet, "/v1/devices/"+url.PathEscape(in.DeviceID), nil, nil, &d); err != nil {
 		return DeviceOutput{}, "", err
 	}
@@ -393,7 +394,8 @@ func getDevice(ctx context.Context, k call, in DeviceInput) (DeviceOutput, strin
 	if !d.Seen {
 		state = "never seen"
 	}
-	return DeviceOutput{Device: &d}, fmt.Sprintf("Device %s is %s (session %d).", d.DeviceID, state, d.Session), nil
+	return DeviceOutput{Device: &d}, fmt.Sprintf("Device %s is %s (session %d), %d commands in flight, %d queued.",
+		d.DeviceID, state, d.Session, len(d.InFlight), len(d.Queued)), nil
 }
 
 func createTask(ctx context.Context, k call, _ CreateTaskInput) (TaskOutput, string, error) {

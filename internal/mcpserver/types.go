@@ -209,6 +209,8 @@ type Command struct {
 	LateConflict bool            `json:"late_conflict" jsonschema:"a late receipt contradicts the recorded outcome: tell a person"`
 	ExecutedAs   string          `json:"executed_as,omitempty"`
 	ResolvedBy   string          `json:"resolved_by,omitempty"`
+	SerialSeq    int64           `json:"serial_seq,omitempty" jsonschema:"a serial command's place in its device's queue; absent for a parallel one"`
+	QueuedBehind string          `json:"queued_behind,omitempty" jsonschema:"the serial command just ahead of this one on its device, while this one waits unpublished (reason queued)"`
 	Receipts     []Receipt       `json:"receipts"`
 	Events       []Event         `json:"events"`
 }
@@ -235,9 +237,16 @@ type Device struct {
 	LastSeenAt  *time.Time `json:"last_seen_at"`
 }
 
+// DeviceDetail is get_device's device: its presence and its commands.
+type DeviceDetail struct {
+	Device
+	InFlight []string `json:"in_flight" jsonschema:"its commands published and not yet final (needs_attention included), oldest first"`
+	Queued   []string `json:"queued" jsonschema:"its serial commands not yet published, in the order they will be published: the first one goes out when nothing serial is in flight"`
+}
+
 // DeviceOutput is get_device's output.
 type DeviceOutput struct {
-	Device *Device `json:"device,omitempty"`
+	Device *DeviceDetail `json:"device,omitempty"`
 	Failure
 }
 

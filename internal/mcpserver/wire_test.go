@@ -54,6 +54,7 @@ func TestToolTypesUseTheAPIsNames(t *testing.T) {
 		{mcpserver.Event{}, apiwire.Event{}, nil},
 		{mcpserver.Command{}, apiwire.Command{}, nil},
 		{mcpserver.Device{}, apiwire.Device{}, nil},
+		{mcpserver.DeviceDetail{}, apiwire.DeviceDetail{}, nil},
 		{mcpserver.Device{}.Capabilities, apiwire.Caps{}, nil},
 		{mcpserver.TaskStep{}, apiwire.TaskStep{}, nil},
 		{mcpserver.Approval{}, apiwire.ApprovalV{}, nil},

@@ -1,11 +1,12 @@
 // The dashboard: sign-in when the API has --tokens, the live feed, and the
-// five views behind the hash routes #/fleet, #/commands[?filters|/<id>],
-// #/attention, #/approvals, #/rollouts.
+// views behind the hash routes #/fleet, #/devices/<id>,
+// #/commands[?filters|/<id>], #/attention, #/approvals, #/rollouts.
 
 import { get, token, setToken, APIError } from './api.js';
 import { clear, debounce, throttle, errorText } from './dom.js';
 import { Live } from './live.js';
 import { FleetView } from './fleet.js';
+import { DeviceView } from './devices.js';
 import { CommandsView, CommandView } from './commands.js';
 import { AttentionView, attentionCount } from './attention.js';
 import { ApprovalsView, waitingCount } from './tasks.js';
@@ -86,12 +87,16 @@ class App {
       case 'commands':
         this.view = parts[1] ? new CommandView(this, decodeURIComponent(parts.slice(1).join('/'))) : new CommandsView(this, query);
         break;
+      case 'devices':
+        this.view = parts[1] ? new DeviceView(this, decodeURIComponent(parts.slice(1).join('/'))) : new FleetView(this);
+        break;
       case 'attention': this.view = new AttentionView(this); break;
       case 'approvals': this.view = new ApprovalsView(this); break;
       case 'rollouts': this.view = new RolloutsView(this); break;
       default: this.view = new FleetView(this);
     }
-    for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.view === (name || 'fleet'));
+    const tab = name === 'devices' ? 'fleet' : name || 'fleet';
+    for (const a of document.querySelectorAll('#nav a')) a.classList.toggle('active', a.dataset.view === tab);
     document.body.dataset.view = name;
     this.view.mount(root);
   }

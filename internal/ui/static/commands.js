@@ -171,7 +171,8 @@ export class CommandView {
   unmount() {}
 
   onEvent(ev) {
-    if (ev.kind === 'reset' || (ev.kind === 'command' && ev.id === this.id) ||
+    // The command ahead of it ending moves it up its device's queue.
+    if (ev.kind === 'reset' || (ev.kind === 'command' && (ev.id === this.id || ev.id === this.behind)) ||
         (ev.kind === 'operation' && this.op && ev.id === this.op.operation_id)) this.reload();
   }
 
@@ -181,6 +182,7 @@ export class CommandView {
       let op = null;
       try { op = (await get('/v1/operations/' + enc(c.operation_id))).data; } catch { op = null; }
       this.op = op;
+      this.behind = c.queued_behind || '';
       this.err.textContent = '';
       this.render(c, op);
     } catch (e) {
@@ -193,7 +195,7 @@ export class CommandView {
       ['Status', pill(c.status)], ['Reason', c.reason || '—'],
       ['Operation', h('span', { class: 'mono' }, c.operation_id)],
       ['Operation status', op ? pill(op.status) : '—'],
-      ['Device', h('a', { class: 'mono', href: '#/fleet' }, c.device_id)], ['Action', c.action],
+      ['Device', h('a', { class: 'mono', href: '#/devices/' + enc(c.device_id) }, c.device_id)], ['Action', c.action],
       ['Params', h('code', {}, json(c.params))], ['Attempt', c.attempt], ['Queries', c.queries], ['QoS', c.qos],
       ['Issued', time(c.issued_at)], ['Expires', time(c.expires_at)], ['Last sent', time(c.last_sent_at)],
       ['Result', h('code', {}, json(c.result))],
@@ -202,6 +204,10 @@ export class CommandView {
     if (c.late_conflict) facts.push(['Late conflict', 'yes: a later receipt contradicts the recorded outcome']);
     if (c.executed_as) facts.push(['Executed as', c.executed_as]);
     if (c.resolved_by) facts.push(['Resolved by', c.resolved_by]);
+    if (c.serial_seq) facts.push(['Serial', h('span', { id: 'serial-seq' }, 'number ' + c.serial_seq + ' in its device\'s queue')]);
+    if (c.queued_behind) {
+      facts.push(['Queued behind', h('a', { class: 'mono', id: 'queued-behind', href: '#/commands/' + enc(c.queued_behind) }, c.queued_behind)]);
+    }
     if (op && op.command_ids && op.command_ids.length > 1) facts.push(['Commands of the operation', op.command_ids.join(', ')]);
 
     clear(this.body).append(

@@ -89,7 +89,7 @@ export class FleetView {
   put(d) {
     const caps = [d.capabilities.dedupe ? 'dedupe' : '', d.capabilities.query ? 'query' : ''].filter(Boolean).join(', ');
     const row = h('tr', { dataset: { id: d.device_id, online: String(d.online) } },
-      h('td', { class: 'mono' }, d.device_id),
+      h('td', { class: 'mono' }, h('a', { href: '#/devices/' + enc(d.device_id) }, d.device_id)),
       h('td', {}, pill(d.online ? 'online' : 'offline')),
       h('td', {}, d.confirmed ? 'yes' : 'not yet'),
       h('td', { class: 'num' }, d.session),
