@@ -36,8 +36,7 @@ func policyArgs(t *testing.T, policy string) []string {
 // deviceQueue reads GET /v1/devices/{id} with its commands in flight and queued.
 func (b *bundle) deviceQueue(id string) apiwire.DeviceDetail {
 	b.t.Helper()
-	var d apiwire.DeviceDetail
-	_, err := b.client.Do(b.ctx(), http.MethodGet, "/v1/devices/"+id, nil, nil, &d)
+	d, err := b.client.Device(b.ctx(), id)
 	require.NoError(b.t, err)
 	return d
 }
