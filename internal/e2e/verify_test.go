@@ -20,8 +20,9 @@ func (b *bundle) verify() string {
 		b.t.Log(line)
 	}
 	require.NoError(b.t, err, "invariants:\n%s", out)
-	// Seven invariants, and the eighth for a run with rollouts.
-	require.Contains(b.t, []int{7, 8}, strings.Count(string(out), " PASS: "), "%s", out)
+	// Invariants 1-7 and 10, and the eighth for a run with rollouts.
+	require.Contains(b.t, []int{8, 9}, strings.Count(string(out), " PASS: "), "%s", out)
+	require.Contains(b.t, string(out), "invariant 10 PASS")
 	return string(out)
 }
 
