@@ -61,6 +61,7 @@ func (r *run) serial(cmds []store.AuditSerialCommand, execs []witness.Execution,
 	ended := map[string]bool{}
 	resolved := map[string]bool{} // ended by a person's resolve, not the device's receipt
 	lastSubmit := map[string]int64{}
+	queued := 0 // submitted behind an open serial command of the device
 	for _, e := range r.events {
 		if e.Refused || e.Machine != fsm.Command.Name() {
 			continue
@@ -76,6 +77,9 @@ func (r *run) serial(cmds []store.AuditSerialCommand, execs []witness.Execution,
 				flag(false, "%s: %s (serial_seq %d) submitted after serial_seq %d", dev, c.CommandID, c.SerialSeq, lastSubmit[dev])
 			}
 			lastSubmit[dev] = max(lastSubmit[dev], c.SerialSeq)
+			if strings.HasPrefix(e.Reason, "submitted, queued behind ") {
+				queued++
+			}
 		case e.To == string(fsm.CmdSent) && e.Reason == firstPublish &&
 			(e.From == string(fsm.CmdPending) || e.From == string(fsm.CmdWaitingDevice)) && !published[c.CommandID]:
 			published[c.CommandID] = true
@@ -150,8 +154,8 @@ func (r *run) serial(cmds []store.AuditSerialCommand, execs []witness.Execution,
 		}
 	}
 
-	detail := fmt.Sprintf("%d serial commands on %d devices, %d published, %d overlaps, %d out of order; witness: %d executions checked, %d skipped (the one before ended timeout, cancelled or resolved, or without a final receipt)",
-		len(cmds), len(order), len(published), overlaps, outOfOrder, checked, skipped)
+	detail := fmt.Sprintf("%d serial commands on %d devices (%d submitted behind another), %d published, %d overlaps, %d out of order; witness: %d executions checked, %d skipped (the one before ended timeout, cancelled or resolved, or without a final receipt)",
+		len(cmds), len(order), queued, len(published), overlaps, outOfOrder, checked, skipped)
 	if len(bad) > 0 {
 		detail += "; the first: " + bad[0]
 	}

@@ -71,7 +71,7 @@ func TestInvariant10(t *testing.T) {
 
 	v = cleanSerial(3).verdict()
 	require.True(t, v.OK, v.Detail)
-	require.Contains(t, v.Detail, "3 serial commands on 1 devices, 3 published, 0 overlaps, 0 out of order; witness: 3 executions checked, 0 skipped")
+	require.Contains(t, v.Detail, "3 serial commands on 1 devices (0 submitted behind another), 3 published, 0 overlaps, 0 out of order; witness: 3 executions checked, 0 skipped")
 
 	t.Run("overlap", func(t *testing.T) {
 		s := &serialRun{at: t0}
@@ -147,7 +147,7 @@ func TestInvariant10(t *testing.T) {
 		s.run("s-2")
 		v := s.verdict()
 		require.True(t, v.OK, v.Detail)
-		require.Contains(t, v.Detail, "2 serial commands on 1 devices, 1 published")
+		require.Contains(t, v.Detail, "2 serial commands on 1 devices (1 submitted behind another), 1 published")
 	})
 
 	t.Run("executed before the previous final receipt", func(t *testing.T) {
