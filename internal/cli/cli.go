@@ -160,7 +160,7 @@ func verifyCmd() *cobra.Command {
 	var cfg verify.Config
 	cmd := &cobra.Command{
 		Use:   "verify --db FILE [--state-dir DIR]",
-		Short: "Check the contract's invariants on a run (the eighth with rollouts): the database and the devices' witness files",
+		Short: "Check the contract's invariants on a run (the eighth with rollouts, the tenth always): the database and the devices' witness files",
 		Long: `Reads the controller's database (read-only) and, with --state-dir, the simulator's
 executions.jsonl and receipts.jsonl, and prints one verdict line per invariant
 with its numbers. Exits 1 if any invariant fails.`,

@@ -111,7 +111,7 @@ func TestReportRendersInChromium(t *testing.T) {
 	require.Contains(t, string(body), "<svg")
 	require.Contains(t, string(body), "query")
 	require.Contains(t, string(body), "re-send")
-	require.Equal(t, 7, strings.Count(string(body), `class="pass"`), "seven invariants, all passing")
+	require.Equal(t, 8, strings.Count(string(body), `class="pass"`), "invariants 1-7 and 10, all passing")
 
 	shot := filepath.Join(dir, "report.png")
 	cmd := exec.Command(chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -1,5 +1,6 @@
 // Package verify checks the contract's invariants on any run (the eighth,
-// about rollouts, when the run has any), from the
+// about rollouts, when the run has any; the tenth, about serial commands,
+// always), from the
 // controller's database (read-only, one snapshot, through store.Audit) and
 // the devices' witness files (executions.jsonl and receipts.jsonl, through
 // package witness), independently of the code that made the run: the store
@@ -73,6 +74,11 @@ func Run(ctx context.Context, cfg Config) ([]Verdict, error) {
 	if v, ok := r.rollouts(rs); ok {
 		vs = append(vs, v)
 	}
+	serial, err := a.SerialCommands(ctx)
+	if err != nil {
+		return nil, err
+	}
+	vs = append(vs, r.serial(serial, execs, rcpts))
 	return vs, nil
 }
 

@@ -81,6 +81,9 @@ type Statements struct {
 	// audit_rollouts.go: the audit's reads of rollouts
 	AuditRollouts, AuditRolloutStarts string
 
+	// audit_serial.go: the audit's read of serial commands (issue 28: invariant 10)
+	AuditSerialCommands string
+
 	// Lists with a variant each: the events log, open commands, heartbeats.
 	EventList, EventListOf, EventListPresence    string
 	CommandListDue, CommandListOpen, CommandOpen string

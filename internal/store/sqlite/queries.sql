@@ -548,6 +548,12 @@ SELECT s.rollout_id, s.device_id, d.operation_id, s.attempt, s.started_at
 	FROM rollout_starts s JOIN rollout_devices d ON d.rollout_id = s.rollout_id AND d.device_id = s.device_id
 	ORDER BY s.rollout_id, s.started_at, s.device_id, s.attempt
 
+-- audit_serial.go: the audit's read of serial commands (issue 28: invariant 10 in verify)
+
+-- name: AuditSerialCommands
+SELECT command_id, device_id, serial_seq, status FROM commands
+	WHERE serial_seq IS NOT NULL ORDER BY device_id, serial_seq
+
 -- The events log: all of it, one entity's, one device's presence changes in a window.
 
 -- name: EventList
