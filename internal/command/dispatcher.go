@@ -55,6 +55,8 @@ type Dispatcher struct {
 	wg       sync.WaitGroup
 	// connected carries one pending reconcile after a broker (re)connect.
 	connected chan struct{}
+	// queues carries devices whose serial queue moved (QueueMoved).
+	queues chan string
 }
 
 // DefaultWorkers is how many commands a dispatcher steps at once: enough
@@ -76,7 +78,7 @@ func New(cfg Config) *Dispatcher {
 		cfg.Logger = slog.Default()
 	}
 	return &Dispatcher{cfg: cfg, work: make(chan string, 4096), inFlight: map[string]bool{}, again: map[string]bool{},
-		inserted: map[string]store.OpenCommand{}, connected: make(chan struct{}, 1)}
+		inserted: map[string]store.OpenCommand{}, connected: make(chan struct{}, 1), queues: make(chan string, 4096)}
 }
 
 // Kick asks for a command to be looked at soon (a new submit, an answer that
@@ -104,12 +106,47 @@ func (d *Dispatcher) Kick(commandID string) {
 // then (a cancel, another kick's step); the decision's conditional write
 // refuses it if so, as it would a read one.
 func (d *Dispatcher) Submitted(commandID string, inserted *store.OpenCommand) {
-	if inserted != nil {
+	// A serial command queued behind another is read after the commit
+	// instead: the one ahead may have ended meanwhile in a transaction
+	// that could not see this one (see store.DB.QueueHead).
+	if inserted != nil && inserted.QueuedBehind == "" {
 		d.mu.Lock()
 		d.inserted[commandID] = *inserted
 		d.mu.Unlock()
 	}
 	d.Kick(commandID)
+}
+
+// QueueMoved is told that a serial command of device ended (here or on
+// another instance): the head of its queue, read now that the end is
+// committed, is kicked if it was never published. It never blocks; a
+// dropped one is found by the queued commands' own later checks.
+func (d *Dispatcher) QueueMoved(device string) {
+	select {
+	case d.queues <- device:
+	default:
+	}
+}
+
+// runQueues reads the head of each device whose queue moved and kicks it.
+func (d *Dispatcher) runQueues(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case device := <-d.queues:
+			head, unpublished, ok, err := d.cfg.Store.QueueHead(ctx, device)
+			if err != nil {
+				if ctx.Err() == nil {
+					d.cfg.Logger.Error("read the head of a queue", "device_id", device, "err", err)
+				}
+				continue
+			}
+			if ok && unpublished {
+				d.Kick(head) // another holder's is dropped at its step
+			}
+		}
+	}
 }
 
 func (d *Dispatcher) done(commandID string) (again bool) {
@@ -160,6 +197,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.runQueues(ctx)
+	}()
 	defer d.wg.Wait()
 	t := time.NewTicker(d.cfg.SweepInterval)
 	defer t.Stop()

@@ -426,3 +426,59 @@ func TestSerialQueueTakenOverByASecondInstance(t *testing.T) {
 	require.Equal(t, 4, execs)
 	b.verify()
 }
+
+// A device's queue moves from one instance to the other without waiting
+// for a poll: two instances on one PostgreSQL take turns submitting serial
+// commands to a few devices, so a command often ends on one instance
+// while the next is being submitted on the other, neither transaction
+// seeing the other's. With --ack-timeout 30s a queued command's own
+// fallback check comes only after 4 minutes: every operation must end
+// long before, and no gap from an end to the next publish is near it.
+func TestSerialQueueMovesAcrossInstancesAtOnce(t *testing.T) {
+	t.Parallel()
+	const ops, devices, callers = 240, 4, 16
+	args := append([]string{"--ack-timeout", "30s"}, policyArgs(t, `{"defaults":{"concurrency":"serial"}}`)...)
+	b := setup(t, setupOpts{backend: "postgres", devices: devices, args: args})
+	_, cl2 := b.peer("i2", nil, args...)
+	clients := []*client.Client{b.client, cl2}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < callers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				r := req(fmt.Sprintf("turns-%04d", i), fmt.Sprintf("device-%d", i%devices+1))
+				op, _, err := clients[i%2].Submit(ctx, r, "")
+				if err != nil {
+					t.Errorf("submit %d: %v", i, err)
+					return
+				}
+				for op.Status == "started" && ctx.Err() == nil {
+					if op, err = clients[i%2].Operation(ctx, op.OperationID, 10*time.Second); err != nil {
+						t.Errorf("wait %d: %v", i, err)
+						return
+					}
+				}
+				if op.Status != "succeeded" {
+					t.Errorf("%s ended %s", op.OperationID, op.Status)
+				}
+			}
+		}()
+	}
+	start := time.Now()
+	for i := 0; i < ops && ctx.Err() == nil; i++ {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	require.NoError(t, ctx.Err(), "every operation ended within 90 s")
+	gaps := b.queueGaps()
+	require.NotEmpty(t, gaps)
+	t.Logf("%d serial operations on %d devices through 2 instances in %s; from an end to the next publish (%d queued): p50 %s, p99 %s, max %s",
+		ops, devices, time.Since(start).Round(time.Millisecond), len(gaps), gaps[len(gaps)/2], gaps[len(gaps)*99/100], gaps[len(gaps)-1])
+	require.Less(t, gaps[len(gaps)-1], 10*time.Second, "no queue waited for a poll")
+	b.verify()
+}

@@ -9,12 +9,14 @@
 //     committed change (FactChanged, one line of the events log), every
 //     command made due (FactDue: a submit or a retry, with the new command
 //     as inserted; a receipt that asks for a decision; the open commands of
-//     a device whose presence changed), and a person's action on a rollout
-//     (FactRollout, with the lease token when this instance created it);
+//     a device whose presence changed), a device whose serial queue moved
+//     (FactQueue: one of its serial commands ended), and a person's action
+//     on a rollout (FactRollout, with the lease token when this instance
+//     created it);
 //   - as they arrive, on the goroutine that listens for them: other
 //     instances' wake-ups (PostgreSQL NOTIFY), as remote facts (Remote set):
-//     an operation that left started, a command made due, and FactReset
-//     when wake-ups may have been missed.
+//     an operation that left started, a command made due, a device whose
+//     serial queue moved, and FactReset when wake-ups may have been missed.
 //
 // # How it is routed
 //
@@ -32,6 +34,7 @@
 //	              ├─ Feed.Publish ─ Route ┼─ FactChanged (every machine)            → events.Bus (the stream)
 //	NOTIFY listen ┘   (inline)            ├─ remote operation → ?wait= callers, remoteEvents (read back → stream)
 //	                                      ├─ FactDue (new: as inserted / other)     → Dispatcher.Submitted / Kick
+//	                                      ├─ FactQueue (a device's serial queue)    → Dispatcher.QueueMoved (reads its head)
 //	                                      ├─ FactRollout (created here / a person)  → Scheduler.Adopt / Wake
 //	                                      └─ FactReset                              → the stream's reset event
 //

@@ -20,6 +20,7 @@ type Consumers struct {
 	Dispatcher interface {
 		Submitted(commandID string, inserted *store.OpenCommand)
 		Kick(commandID string)
+		QueueMoved(device string)
 	}
 	// Scheduler drives rollouts (rollout.Scheduler).
 	Scheduler interface {
@@ -48,6 +49,7 @@ type Consumers struct {
 //	remote operation                 → Waiters, Remote (read back for the Stream), Tasks (a step's)
 //	due command, new (as inserted)   → Dispatcher.Submitted (its first step reads nothing)
 //	due command, other (remote too)  → Dispatcher.Kick (another holder's is dropped there)
+//	queue moved (remote too)         → Dispatcher.QueueMoved (its head, read after the commit)
 //	rollout, created here (Token)    → Scheduler.Adopt
 //	rollout, a person's action       → Scheduler.Wake
 //	reset                            → Stream (a reset event), logged
@@ -78,6 +80,8 @@ func (c *Consumers) Route(f store.Fact) {
 		} else {
 			c.Dispatcher.Kick(f.ID)
 		}
+	case store.FactQueue:
+		c.Dispatcher.QueueMoved(f.ID)
 	case store.FactRollout:
 		if f.Token > 0 {
 			c.Scheduler.Adopt(f.ID, f.Token)

@@ -29,7 +29,8 @@ type dispatcher struct{ *calls }
 func (d dispatcher) Submitted(id string, ins *store.OpenCommand) {
 	d.add("submitted %s %s", id, ins.CommandID)
 }
-func (d dispatcher) Kick(id string) { d.add("kick %s", id) }
+func (d dispatcher) Kick(id string)           { d.add("kick %s", id) }
+func (d dispatcher) QueueMoved(device string) { d.add("queue %s", device) }
 
 type scheduler struct{ *calls }
 
@@ -88,6 +89,8 @@ func TestRouteSendsEachKindToItsConsumers(t *testing.T) {
 			Inserted: &store.OpenCommand{Command: domain.Command{CommandID: "c-1"}}}, []string{"submitted c-1 c-1"}},
 		{"a command made due", store.Fact{Kind: store.FactDue, ID: "c-2"}, []string{"kick c-2"}},
 		{"a command made due elsewhere", store.Fact{Kind: store.FactDue, ID: "c-3", Remote: true}, []string{"kick c-3"}},
+		{"a device's serial queue moved", store.Fact{Kind: store.FactQueue, ID: "device-1"}, []string{"queue device-1"}},
+		{"a device's serial queue moved elsewhere", store.Fact{Kind: store.FactQueue, ID: "device-2", Remote: true}, []string{"queue device-2"}},
 		{"a rollout created here", store.Fact{Kind: store.FactRollout, ID: "r-1", Token: 1}, []string{"adopt r-1 1"}},
 		{"a person's action on a rollout", store.Fact{Kind: store.FactRollout, ID: "r-1"}, []string{"wake r-1"}},
 		{"wake-ups missed", store.Fact{Kind: store.FactReset, Remote: true}, []string{"stream " + events.KindReset}},

@@ -23,6 +23,9 @@ const (
 	// WakeAll: wake-ups may have been missed (the channel was down): look
 	// at everything.
 	WakeAll = "all"
+	// WakeQueue: a serial command of the device ended: its queue's new
+	// head, read after the commit, is due (queues.go).
+	WakeQueue = "queue"
 )
 
 // Wake is one wake-up from another instance.
@@ -59,6 +62,8 @@ func (i *Instance) deliver(w Wake) {
 		i.feed.Publish(Fact{Kind: FactChanged, ID: w.ID, Change: Change{Machine: "operation", ID: w.ID}, Remote: true})
 	case WakeCommand:
 		i.feed.Publish(Fact{Kind: FactDue, ID: w.ID, Remote: true})
+	case WakeQueue:
+		i.feed.Publish(Fact{Kind: FactQueue, ID: w.ID, Remote: true})
 	case WakeAll:
 		i.feed.Publish(Fact{Kind: FactReset, Remote: true})
 	}

@@ -337,9 +337,7 @@ func (s *DB) GetOperation(ctx context.Context, id string) (domain.Operation, err
 // a device failure), never to make it retryable again.
 func (t *tx) finishOperation(ctx context.Context, cmd domain.Command, state fsm.CommandState, reason string, result json.RawMessage, late bool) error {
 	if !late && state.Terminal() {
-		if err := t.released(ctx, cmd); err != nil {
-			return err
-		}
+		t.released(cmd)
 	}
 	to, ok := fsm.OperationOutcome(state, reason)
 	if !ok || (late && to == fsm.OpFailedRetryable) {
@@ -408,5 +406,6 @@ func (t *tx) supersede(ctx context.Context, newer, ran string) error {
 	if err := t.event("command", newer, string(c.Status), string(fsm.CmdCancelled), "superseded: "+ran+" ran", 0); err != nil {
 		return err
 	}
-	return t.released(ctx, c)
+	t.released(c)
+	return nil
 }

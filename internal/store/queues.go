@@ -29,9 +29,10 @@ import (
 // stays open, so stays the head, until it is terminal: needs_attention
 // holds the device until a person resolves it.
 //
-// When a serial command ends, the transaction that ends it looks up the
-// new head and, if it was never published, tells the dispatcher through
-// the post-commit feed (wake): it is published at once, not at a poll.
+// When a serial command ends, the transaction that ends it tells every
+// instance through the post-commit feed (FactQueue, a NOTIFY on
+// PostgreSQL); each reads the device's new head after the commit and its
+// lease holder publishes it at once, not at a poll (see released).
 // Commands behind the head are postponed by the dispatcher, reason
 // "queued"; their ttl still runs.
 
@@ -63,28 +64,32 @@ func (t *tx) enqueueSerial(ctx context.Context, device string) (seq int64, ahead
 	return seq, ahead, nil
 }
 
-// released runs when a command of a device ended in this transaction: if
-// it was serial, the device's new head, if never published, is made due
-// (its holder, here or on another instance, is woken once this commits).
-func (t *tx) released(ctx context.Context, c domain.Command) error {
-	if c.SerialSeq == 0 {
-		return nil
+// released runs when a command ended in this transaction: if it was
+// serial, its device's queue moves. The new head is read after the
+// commit, not here: a submit committing at the same time on another
+// instance may queue a command this transaction cannot see yet, and that
+// submit, in turn, may not see this end. Each side reads after its own
+// commit (the dispatcher a queued command's state, QueueMoved the head),
+// so one of the two reads sees both.
+func (t *tx) released(c domain.Command) {
+	if c.SerialSeq != 0 {
+		t.wake(WakeQueue, c.DeviceID)
 	}
-	var (
-		head    string
-		attempt int
-	)
-	err := t.QueryRowContext(ctx, t.s.q.QueueHead, c.DeviceID).Scan(&head, &attempt)
+}
+
+// QueueHead reads the head of a device's serial queue: its open serial
+// command with the lowest number, and whether it was never published;
+// ok false when the queue is empty.
+func (s *DB) QueueHead(ctx context.Context, device string) (head string, unpublished, ok bool, err error) {
+	var attempt int
+	err = s.rq.QueryRowContext(ctx, s.q.QueueHead, device).Scan(&head, &attempt)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil
+		return "", false, false, nil
 	}
 	if err != nil {
-		return fmt.Errorf("head of the queue of %s: %w", c.DeviceID, err)
+		return "", false, false, fmt.Errorf("head of the queue of %s: %w", device, err)
 	}
-	if attempt == 0 {
-		t.wake(WakeCommand, head)
-	}
-	return nil
+	return head, attempt == 0, true, nil
 }
 
 // supersedeOlder cancels, for a new operation of n's action on n's target,

@@ -17,14 +17,14 @@ func serialOp(id, cmd string) NewOperation {
 	return n
 }
 
-// dueFacts are the command ids the feed was told are due, after the first
-// skip facts.
-func (c *changeLog) dueSince(skip int) []string {
+// queuesSince are the devices the feed was told their serial queue moved
+// (FactQueue), after the first skip facts.
+func (c *changeLog) queuesSince(skip int) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := []string{}
 	for _, f := range c.facts[skip:] {
-		if f.Kind == FactDue {
+		if f.Kind == FactQueue {
 			out = append(out, f.ID)
 		}
 	}
@@ -39,9 +39,9 @@ func (c *changeLog) len() int {
 
 // TestSerialCommandsQueueInSubmitOrder: serial commands of one device take
 // their places in submit order; only the head may be published, whatever
-// the caller claims; a parallel command goes by; the head's end makes the
-// next one due through the feed, and it alone; a cancel in the middle
-// closes the gap.
+// the caller claims; a parallel command goes by; a serial command's end
+// tells the feed its device's queue moved, and the head read after it is
+// the next one; a cancel in the middle closes the gap.
 func TestSerialCommandsQueueInSubmitOrder(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
@@ -89,12 +89,17 @@ func TestSerialCommandsQueueInSubmitOrder(t *testing.T) {
 		require.Equal(t, []string{"c-1", "c-p"}, q.InFlight)
 		require.Equal(t, []string{"c-2", "c-3", "c-4"}, q.Queued)
 
-		// c-3 cancelled in the middle: c-4 is now behind c-2, and nothing
-		// is woken (the head did not change).
+		// c-3 cancelled in the middle: c-4 is now behind c-2; the head
+		// read after it is still c-1, published.
 		mark := log.len()
 		_, err = s.Cancel(b.ctx, "c-3", "bob")
 		require.NoError(t, err)
-		require.Empty(t, log.dueSince(mark))
+		require.Equal(t, []string{"device-1"}, log.queuesSince(mark))
+		head, unpublished, ok, err := s.QueueHead(b.ctx, "device-1")
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, "c-1", head)
+		require.False(t, unpublished)
 		c4, err := s.OpenCommand(b.ctx, "c-4")
 		require.NoError(t, err)
 		require.Equal(t, "c-2", c4.QueuedBehind)
@@ -102,18 +107,22 @@ func TestSerialCommandsQueueInSubmitOrder(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "c-2", behind)
 
-		// needs_attention holds the device; a person's resolve frees it
-		// and wakes the next one, only it.
+		// needs_attention holds the device (nothing moves); a person's
+		// resolve frees it, and the head is the next one, unpublished.
 		mark = log.len()
 		_, err = s.Move(b.ctx, "c-1", fsm.CmdSent, d.Command.Version, fsm.CmdNeedsAttention, "unproven", fence, b.clk.Now().Add(time.Minute))
 		require.NoError(t, err)
-		require.Empty(t, log.dueSince(mark))
+		require.Empty(t, log.queuesSince(mark))
 		_, err = s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now())
 		require.ErrorIs(t, err, ErrRefused, "needs_attention is in flight")
 		mark = log.len()
 		_, err = s.Resolve(b.ctx, "c-1", fsm.CmdSucceeded, "checked on site", "alice")
 		require.NoError(t, err)
-		require.Equal(t, []string{"c-2"}, log.dueSince(mark))
+		require.Equal(t, []string{"device-1"}, log.queuesSince(mark))
+		head, unpublished, ok, err = s.QueueHead(b.ctx, "device-1")
+		require.NoError(t, err)
+		require.True(t, ok && unpublished)
+		require.Equal(t, "c-2", head)
 		c2, err := s.OpenCommand(b.ctx, "c-2")
 		require.NoError(t, err)
 		require.Equal(t, "", c2.QueuedBehind)

@@ -115,6 +115,10 @@ const (
 	FactRollout
 	// FactReset: wake-ups from other instances may have been missed.
 	FactReset
+	// FactQueue: a serial command of device ID ended: the device's queue
+	// moves, and its new head is read after the commit (QueueHead) and
+	// decided about by its lease holder.
+	FactQueue
 )
 
 // Feed receives the store's facts: those of each commit after it, in
@@ -311,8 +315,11 @@ type tx struct {
 // changed under them; a command made due is this instance's fact too.
 func (t *tx) wake(kind, id string) {
 	t.wakes = append(t.wakes, wakePayload(t.instance, kind, id))
-	if kind == WakeCommand {
+	switch kind {
+	case WakeCommand:
 		t.publish(Fact{Kind: FactDue, ID: id})
+	case WakeQueue:
+		t.publish(Fact{Kind: FactQueue, ID: id})
 	}
 }
 
@@ -612,6 +619,7 @@ type Store interface {
 	ApplyPresence(ctx context.Context, device string, p wire.Presence) (PresenceOutcome, error)
 	GetDevice(ctx context.Context, id string) (domain.Device, error)
 	DeviceQueue(ctx context.Context, device string) (DeviceQueue, error)
+	QueueHead(ctx context.Context, device string) (head string, unpublished, ok bool, err error)
 	QueuedBehind(ctx context.Context, c domain.Command) (string, error)
 	ListDevices(ctx context.Context, f DeviceFilter, p Page) (Listed[domain.Device], error)
 	UnconfirmAll(ctx context.Context) error
