@@ -18,7 +18,14 @@ import (
 
 // TestMain: the tests run in a scratch directory; whatever a test leaves
 // behind (files, processes, goroutines) fails the run (testenv.Main).
-func TestMain(m *testing.M) { testenv.Main(m) }
+// Started as "TEST_BINARY passthrough ...", the test binary is the
+// pass-through process a run starts (Config.Self, by default this program).
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "passthrough" {
+		os.Exit(bench.PassthroughMain(os.Args[2:], os.Stderr))
+	}
+	testenv.Main(m)
+}
 
 // A whole run, small and short, against a real Mosquitto: every phase
 // runs without errors and latest.json carries sane figures.
