@@ -264,11 +264,18 @@ func (r *Result) cpuSplit() string {
 		}
 	}
 	for _, c := range cpuRoles {
+		var sum float64
+		for _, p := range phases {
+			sum += cell(p, c.role, c.process)
+		}
+		if sum == 0 {
+			continue // no such process in this run (a PostgreSQL server, the bench's own broker)
+		}
 		name := c.role
 		if c.process != "" {
 			name += " (" + c.process + ")"
 		} else {
-			name += " (pass-through or controller)"
+			name += " (pass-through / controller)"
 		}
 		fmt.Fprintf(&b, "<tr><td>%s</td>", template.HTMLEscapeString(name))
 		for i, p := range phases {
@@ -277,7 +284,7 @@ func (r *Result) cpuSplit() string {
 			if totals[i] > 0 {
 				w = v / totals[i] * 100
 			}
-			fmt.Fprintf(&b, `<td>%.3f <svg width="60" height="8" style="border:0"><rect width="%.1f" height="8" fill="#1f77b4"/></svg></td>`, v, w*0.6)
+			fmt.Fprintf(&b, `<td style="white-space:nowrap">%.3f <svg width="60" height="8" style="border:0"><rect width="%.1f" height="8" fill="#1f77b4"/></svg></td>`, v, w*0.6)
 		}
 		b.WriteString("</tr>")
 	}
