@@ -64,8 +64,10 @@ test: deps vet
 fuzz:
 	exec .ci/fuzz
 
-# The controller against the protocol's own ceiling, in one run on one broker
-# (internal/bench): a table, bench/out/latest.json and bench/out/latest.html.
+# The controller beside the pass-through (the same job with no database, in
+# bin/bench itself), in one run on one broker and devicesim's devices, then
+# every action serial (internal/bench): a table, bench/out/latest.json and
+# bench/out/latest.html.
 # BENCH_DEVICES (100), BENCH_SECONDS (10, each measured phase), BENCH_DB (an
 # SQLite file or a postgres:// URL; default a temporary file),
 # BENCH_INSTANCES (1; more controller instances need PostgreSQL).

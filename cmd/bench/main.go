@@ -1,6 +1,8 @@
-// Command bench is `make bench`: it measures the controller against the
-// wire protocol's own ceiling in one run on one broker and writes
-// bench/out/latest.json and latest.html (see internal/bench).
+// Command bench is `make bench`: it measures the controller beside the
+// pass-through (the same job with no database) in one run on one broker
+// and one fleet, and writes bench/out/latest.json and latest.html (see
+// internal/bench). `bench passthrough` is the pass-through itself, which
+// the run starts as a process of its own.
 package main
 
 import (
@@ -18,13 +20,20 @@ import (
 
 const usage = `Usage: bench [flags]
 
+       bench passthrough --mqtt URL [--http ADDR] [--topic-root R] [--client-id ID]
+
 Starts its own Mosquitto (from mosquitto/anonymous-loopback.conf.tmpl, on a free
 loopback port, in a temporary directory removed at the end) and measures,
-one phase after another: the protocol's ceiling (a plain MQTT client and an
-in-memory fleet), the controller through its HTTP API (saturated, then at
-half that rate), the ceiling at the same half rate, and devicesim's own
-devices under the ceiling's traffic. It prints a table and writes
-latest.json and latest.html in --out. Run it from the repository's root.
+one phase after another: the MQTT-only ceiling (a plain client and an
+in-memory fleet, a reference), then devicesim's N devices, the fleet of
+every phase that follows (the plain client on them first, a reference); the
+pass-through (this program's "passthrough" mode, its own process: the two
+routes of the load client, one QoS 1 command per operation, no database)
+saturated; the controller saturated and at half that rate R; the
+pass-through at R; the controller on a fresh database with every action
+serial, saturated. One HTTP load client drives every target. It prints a
+table and writes latest.json and latest.html in --out. Run it from the
+repository's root.
 
 Environment (the flags win): BENCH_DEVICES (default 100), BENCH_SECONDS (each
 measured phase, default 10; seconds or a Go duration), BENCH_DB (an SQLite
@@ -39,6 +48,9 @@ Flags:
 `
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "passthrough" {
+		os.Exit(bench.PassthroughMain(os.Args[2:], os.Stderr))
+	}
 	cfg := bench.Config{Out: os.Stdout, Log: os.Stderr}
 	devices, err := envInt("BENCH_DEVICES", bench.DefaultDevices)
 	exitOn(err)

@@ -1,33 +1,37 @@
-// Package bench is `make bench`: it measures the controller against the
-// wire protocol's own ceiling, in one run on one broker.
+// Package bench is `make bench`: in one run, on one broker and one
+// simulated fleet, the controller beside the pass-through (passthrough.go:
+// the same job with no database, the physical baseline), both through the
+// same HTTP load client.
 //
 // Phases, in this order (each a warm-up, then the measured window of
 // Config.Window, then a drain of what is still in flight):
 //
-//  1. ceiling: a plain MQTT client (benchwire.Commander: no database, no
-//     controller logic) sends commands (QoS 1) to an in-memory fleet
-//     (benchwire.MemoryFleet), C in flight, each timed from publish to the
-//     succeeded receipt: ceiling_per_s.
-//  2. controller: `controller serve` on a fresh database, with the same
-//     in-memory fleet as its devices (so the ratio compares like with
-//     like), loaded only through the HTTP API: C callers each POST
-//     /v1/operations and long-poll GET /v1/operations/{id}?wait= until the
-//     final state: controller_per_s and the latencies. A 503 is honoured
+//  1. ceiling (a reference, the MQTT-only ceiling of earlier versions): a
+//     plain MQTT client (benchwire.Commander) sends commands (QoS 1) to an
+//     in-memory fleet (benchwire.MemoryFleet), C in flight, each timed
+//     from publish to the succeeded receipt: ceiling_per_s.
+//  2. fleet_ceiling (a reference): `devicesim run` starts the same N
+//     device ids, the fleet of every phase that follows; the plain
+//     client's closed loop on it.
+//  3. passthrough: `bench passthrough` (its own process), C callers each
+//     POST /v1/operations and long-poll GET /v1/operations/{id}?wait=
+//     until the final state: passthrough_per_s.
+//  4. controller: `controller serve` on a fresh database, the same load
+//     client: controller_per_s and the latencies. A 503 is honoured
 //     (Retry-After) and the same request sent again, counted.
-//  3. controller half load: an open loop at R = controller_per_s / 2
+//  5. controller_half_load: an open loop at R = controller_per_s / 2
 //     (arrivals at a fixed rate, latency from each arrival's due time):
-//     half_load_p99_ms. The controller is then stopped and its broker
-//     session discarded, so it adds no load to what follows.
-//  4. ceiling half load: the plain client's open loop at the same R:
-//     ceiling_half_load_p99_ms. It runs after phase 2 because R is only
-//     known then.
-//  5. fleet ceiling: the in-memory fleet is stopped and `devicesim run`
-//     starts the same N device ids (durable state on disk, as devices
-//     keep it); the plain client's closed loop again: fleet_ceiling_per_s.
+//     half_load_p99_ms.
+//  6. passthrough_half_load: the pass-through at the same R.
+//  7. controller_serial: the controller on another fresh database with
+//     every action serial (--policy {"defaults":{"concurrency":"serial"}}),
+//     closed loop: serial_per_s.
 //
-// Everything runs on this host: the bench process (its in-memory devices
-// and its callers), the broker, and the controller or devicesim share the
-// same cores, and each phase's CPU time per process is reported with it.
+// Only one target is connected at a time (each is stopped, and a
+// controller's broker session discarded, before the next starts). The
+// bench process (the load client), the broker, devicesim and the target
+// share this host's cores; each phase's CPU time per process is read from
+// /proc around its window.
 package bench
 
 import (
@@ -49,6 +53,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fleetctl/fleetctl/internal/benchwire"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -71,6 +76,9 @@ func instanceID(i int) string { return fmt.Sprintf("bench-%d", i) }
 type Config struct {
 	// Bin holds the controller and devicesim binaries.
 	Bin string
+	// Self is the program that runs the pass-through as its own process
+	// (Self passthrough --mqtt ...: PassthroughMain); default this one.
+	Self string
 	// Mosquitto is the broker binary; BrokerTemplate its config template
 	// (mosquitto/anonymous-loopback.conf.tmpl).
 	Mosquitto      string
@@ -138,6 +146,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Instances == 0 {
 		c.Instances = 1
+	}
+	if c.Self == "" {
+		c.Self, _ = os.Executable()
 	}
 	if c.Out == nil {
 		c.Out = io.Discard
@@ -273,6 +284,8 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 		}
 		r.procs["mosquitto"] = r.broker.pid()
 	}
+
+	// 1. The reference ceiling: the plain client and the in-memory fleet.
 	r.logf("broker %s; connecting %d in-memory devices", r.url, cfg.Devices)
 	t0 := time.Now()
 	var err error
@@ -283,8 +296,6 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	if r.cm, err = benchwire.DialCommander(ctx, r.url, cfg.TopicRoot, "bench-"+r.runID); err != nil {
 		return nil, err
 	}
-
-	// 1. The ceiling: the plain client and the in-memory fleet.
 	ceiling := &Phase{Name: "ceiling", Target: "ceiling"}
 	r.logf("phase ceiling: closed loop, %d in flight, %s", cfg.Concurrency, cfg.Window)
 	closedLoop(ctx, ceiling, cfg.Concurrency, r.opts(), ceilingOp(r.cm, r.runID, "ceil", cfg.Devices))
@@ -292,51 +303,126 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-
-	// 2 and 3. The controller, through its HTTP API. The plain client
-	// leaves meanwhile: on the broker it would be a second subscriber to
-	// every receipt the controller gets.
 	cs := r.cm.Stats()
 	r.cm.Close()
 	r.cm = nil
+	r.fleet.Stop()
+	fs := r.fleet.Stats()
+	res.MemoryFleet = &fs
+	r.fleet = nil
+
+	// 2. devicesim's devices, the fleet of every phase that follows; the
+	// plain client's closed loop on them first (a reference too). The
+	// plain client then leaves: on the broker it would be a second
+	// subscriber to every receipt the targets get.
+	if err := r.startFleet(ctx); err != nil {
+		return nil, err
+	}
+	fleetPhase := &Phase{Name: "fleet_ceiling", Target: "fleet"}
+	r.logf("phase fleet_ceiling: closed loop, %d in flight, %s", cfg.Concurrency, cfg.Window)
+	closedLoop(ctx, fleetPhase, cfg.Concurrency, r.opts(), ceilingOp(r.cm, r.runID, "fleet", cfg.Devices))
+	res.add(fleetPhase)
+	if err := r.alive(ctx, r.sim); err != nil {
+		return nil, err
+	}
+	cs2 := r.cm.Stats()
+	cs.Receipts, cs.Unmatched, cs.Malformed = cs.Receipts+cs2.Receipts, cs.Unmatched+cs2.Unmatched, cs.Malformed+cs2.Malformed
+	res.Commander = &cs
+	r.cm.Close()
+	r.cm = nil
+
+	// 3. The pass-through saturated.
+	pt, err := r.passthroughPhase(ctx, "passthrough", 0)
+	if err != nil {
+		return nil, err
+	}
+	res.add(pt)
+
+	// 4 and 5. The controller saturated, then at half its rate R.
 	sat, half, err := r.controllerPhases(ctx)
 	if err != nil {
 		return nil, err
 	}
 	res.add(sat)
 	res.add(half)
-	if r.cm, err = benchwire.DialCommander(ctx, r.url, cfg.TopicRoot, "bench-"+r.runID); err != nil {
-		return nil, err
-	}
 
-	// 4. The ceiling at the controller's half-load rate.
-	ceilHalf := &Phase{Name: "ceiling_half_load", Target: "ceiling"}
-	r.logf("phase ceiling_half_load: open loop at %.1f/s, %s", half.TargetRate, cfg.Window)
-	openLoop(ctx, ceilHalf, half.TargetRate, cfg.MaxOutstanding, r.opts(), ceilingOp(r.cm, r.runID, "ceilhalf", cfg.Devices))
-	res.add(ceilHalf)
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-
-	// 5. The fleet ceiling: devicesim's own devices.
-	r.fleet.Stop()
-	fs := r.fleet.Stats()
-	res.MemoryFleet = &fs
-	r.fleet = nil
-	fleetPhase, err := r.fleetPhase(ctx)
+	// 6. The pass-through at the same R.
+	ptHalf, err := r.passthroughPhase(ctx, "passthrough_half_load", half.TargetRate)
 	if err != nil {
 		return nil, err
 	}
-	res.add(fleetPhase)
-	cs2 := r.cm.Stats()
-	cs.Receipts, cs.Unmatched, cs.Malformed = cs.Receipts+cs2.Receipts, cs.Unmatched+cs2.Unmatched, cs.Malformed+cs2.Malformed
-	res.Commander = &cs
+	res.add(ptHalf)
+
+	// 7. The controller with every action serial, on a fresh database.
+	serial, err := r.serialPhase(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res.add(serial)
+
+	r.logf("stopping devicesim")
+	delete(r.procs, "devicesim")
+	r.sim.stop(60 * time.Second)
+	r.sim = nil
 	res.finish()
 	return res, nil
 }
 
-// controllerPhases starts Config.Instances controllers on the in-memory
-// fleet, runs the saturation and half-load phases, reads their peak RSS
+// passthroughPhase starts the pass-through, runs the load client against
+// it (closed loop, or open at rate when rate > 0) and stops it: it is not
+// subscribed while another target runs.
+func (r *run) passthroughPhase(ctx context.Context, name string, rate float64) (*Phase, error) {
+	cfg := r.cfg
+	listening := make(chan string, 1)
+	args := []string{cfg.Self, "passthrough", "--mqtt", r.url, "--http", "127.0.0.1:0", "--topic-root", cfg.TopicRoot,
+		"--client-id", "bench-passthrough-" + r.runID}
+	p, err := startProcess("passthrough", filepath.Join(r.dir, name+".log"), args, func(line string) {
+		if addr, ok := strings.CutPrefix(line, "passthrough: listening on "); ok {
+			select {
+			case listening <- addr:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer p.stop(10 * time.Second)
+	var base string
+	select {
+	case addr := <-listening:
+		base = "http://" + addr
+	case <-p.done:
+		return nil, p.failure()
+	case <-time.After(30 * time.Second):
+		return nil, fmt.Errorf("the pass-through did not listen in 30s:\n%s", tail(p.log, 20))
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	r.procs["passthrough"] = p.pid()
+	defer delete(r.procs, "passthrough")
+	load := newControllerLoad([]string{base}, r.runID, cfg.Devices, cfg.Concurrency)
+	defer load.http.CloseIdleConnections()
+	ph := &Phase{Name: name, Target: "passthrough"}
+	if rate > 0 {
+		r.logf("phase %s: open loop at %.1f/s, %s", name, rate, cfg.Window)
+		openLoop(ctx, ph, rate, cfg.MaxOutstanding, r.opts(), load.op(name))
+	} else {
+		r.logf("phase %s: closed loop, %d in flight, %s", name, cfg.Concurrency, cfg.Window)
+		closedLoop(ctx, ph, cfg.Concurrency, r.opts(), load.op(name))
+	}
+	ph.Overloaded = load.overloaded.Swap(0)
+	if err := r.alive(ctx, p); err != nil {
+		return nil, err
+	}
+	if err := r.alive(ctx, r.sim); err != nil {
+		return nil, err
+	}
+	return ph, nil
+}
+
+// controllerPhases starts Config.Instances controllers on a fresh
+// database, runs the saturation and half-load phases, reads their peak RSS
 // and stops them.
 func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 	cfg := r.cfg
@@ -344,89 +430,10 @@ func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 	if db == "" {
 		db = filepath.Join(r.dir, "controller.db")
 	}
-	bin := filepath.Join(cfg.Bin, "controller")
-	// The ceiling throttles nobody; a controller with a per-device receipt
-	// limit gets one that the bench's traffic never reaches.
-	help, _ := exec.CommandContext(ctx, bin, "serve", "--help").CombinedOutput()
-	receiptRate := strings.Contains(string(help), "--receipt-rate")
-	var bases []string
-	for i := 1; i <= cfg.Instances; i++ {
-		port, err := freePort()
-		if err != nil {
-			return nil, nil, err
-		}
-		args := []string{"serve", "--db", db, "--mqtt", r.url, "--http", fmt.Sprintf("127.0.0.1:%d", port),
-			"--instance-id", instanceID(i), "--topic-root", cfg.TopicRoot}
-		if receiptRate {
-			args = append(args, "--receipt-rate", "1000000")
-		}
-		if i == 1 {
-			r.res.ControllerArgs = redactArgs(args[1:])
-		}
-		name := r.controllerName(i)
-		r.logf("starting %s (--instance-id %s, %s backend, http 127.0.0.1:%d)", name, instanceID(i), Backend(db), port)
-		p, err := startProcess(name, filepath.Join(r.dir, name+".log"), append([]string{bin}, args...), nil)
-		if err != nil {
-			return nil, nil, err
-		}
-		r.ctls = append(r.ctls, p)
-		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", port))
+	load, err := r.startControllers(ctx, db, "")
+	if err != nil {
+		return nil, nil, err
 	}
-	load := newControllerLoad(bases, r.runID, cfg.Devices, cfg.Concurrency)
-	for i, p := range r.ctls {
-		base := bases[i]
-		err := waitUntil(ctx, p, 30*time.Second, p.name+"'s /healthz", func() bool {
-			resp, err := load.http.Get(base + "/healthz")
-			if err == nil {
-				resp.Body.Close()
-			}
-			return err == nil && resp.StatusCode == 200
-		})
-		if err != nil {
-			return nil, nil, err
-		}
-	}
-	// The births are retained: each controller reads them all at subscribe.
-	t0 := time.Now()
-	for i, p := range r.ctls {
-		last, lastLog := 0, time.Now()
-		err := waitUntil(ctx, p, 60*time.Second+time.Duration(cfg.Devices)*20*time.Millisecond,
-			fmt.Sprintf("%s to see %d devices online", p.name, cfg.Devices), func() bool {
-				n, err := load.onlineDevices(ctx, i)
-				if err == nil {
-					last = n
-				}
-				if time.Since(lastLog) > 5*time.Second {
-					r.logf("%s sees %d of %d devices online", p.name, last, cfg.Devices)
-					lastLog = time.Now()
-				}
-				return last >= cfg.Devices
-			})
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w (it saw %d)", err, last)
-		}
-	}
-	r.res.ControllerDevicesOnlineSeconds = time.Since(t0).Seconds()
-	r.logf("the controller%s see%s all %d devices online after %s", plural(len(r.ctls), "s", ""), plural(len(r.ctls), "", "s"),
-		cfg.Devices, time.Since(t0).Round(time.Millisecond))
-	for i, p := range r.ctls {
-		r.procs[r.controllerName(i+1)] = p.pid()
-	}
-	// A PostgreSQL server on this host does part of the controller's work:
-	// its CPU (the postmaster and every backend) is taken too.
-	if pid, err := localPostgres(db); err != nil {
-		r.logf("the PostgreSQL server's CPU is not counted: %v", err)
-	} else if pid > 0 {
-		r.logf("counting the CPU of the PostgreSQL server on this host (postmaster pid %d) as \"postgres\"", pid)
-		r.trees["postgres"] = pid
-	}
-	defer func() {
-		for i := range r.ctls {
-			delete(r.procs, r.controllerName(i+1))
-		}
-		delete(r.trees, "postgres")
-	}()
-
 	sat := &Phase{Name: "controller", Target: "controller"}
 	r.logf("phase controller: closed loop, %d in flight over %d instance(s), %s", cfg.Concurrency, cfg.Instances, cfg.Window)
 	trips := r.roundTrips(ctx, load)
@@ -452,16 +459,218 @@ func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 			r.res.ControllerPeakRSSMBEach = append(r.res.ControllerPeakRSSMBEach, round(rss, 1))
 		}
 	}
-	r.stopControllers()
-	load.http.CloseIdleConnections()
-	// A persistent session (SQLite's) would queue the ceiling's receipts
-	// for a controller that is gone: a clean-session connect discards it.
-	for i := 1; i <= cfg.Instances; i++ {
-		if err := discardSession(ctx, r.url, "controller-"+instanceID(i)); err != nil {
-			return nil, nil, err
-		}
+	if err := r.endControllers(ctx, load); err != nil {
+		return nil, nil, err
 	}
 	return sat, half, nil
+}
+
+// serialPolicy makes every action serial (one command in flight per
+// device, in submit order).
+const serialPolicy = `{"defaults":{"concurrency":"serial"}}`
+
+// serialPhase starts the controllers on a fresh database with every action
+// serial and runs the saturated closed loop across the same devices.
+func (r *run) serialPhase(ctx context.Context) (*Phase, error) {
+	cfg := r.cfg
+	db, drop, err := r.freshSerialDB(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	policy := filepath.Join(r.dir, "serial-policy.json")
+	if err := os.WriteFile(policy, []byte(serialPolicy), 0o644); err != nil {
+		return nil, err
+	}
+	load, err := r.startControllers(ctx, db, policy)
+	if err != nil {
+		return nil, err
+	}
+	p := &Phase{Name: "controller_serial", Target: "controller"}
+	r.logf("phase controller_serial: every action serial, closed loop, %d in flight, %s", cfg.Concurrency, cfg.Window)
+	trips := r.roundTrips(ctx, load)
+	closedLoop(ctx, p, cfg.Concurrency, r.opts(), load.op("serial"))
+	r.countRoundTrips(ctx, load, p, trips)
+	p.Overloaded = load.overloaded.Swap(0)
+	if err := r.controllersAlive(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.endControllers(ctx, load); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// startControllers starts Config.Instances controllers on db (with the
+// policy file, if set), waits until each serves and sees every device
+// online, and counts their CPU (and a local PostgreSQL server's) from
+// then on; endControllers stops them.
+func (r *run) startControllers(ctx context.Context, db, policy string) (*controllerLoad, error) {
+	cfg := r.cfg
+	bin := filepath.Join(cfg.Bin, "controller")
+	// A controller with a per-device receipt limit gets one that the
+	// bench's traffic never reaches.
+	help, _ := exec.CommandContext(ctx, bin, "serve", "--help").CombinedOutput()
+	receiptRate := strings.Contains(string(help), "--receipt-rate")
+	var bases []string
+	for i := 1; i <= cfg.Instances; i++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		args := []string{"serve", "--db", db, "--mqtt", r.url, "--http", fmt.Sprintf("127.0.0.1:%d", port),
+			"--instance-id", instanceID(i), "--topic-root", cfg.TopicRoot}
+		if receiptRate {
+			args = append(args, "--receipt-rate", "1000000")
+		}
+		if policy != "" {
+			args = append(args, "--policy", policy)
+		}
+		if i == 1 && policy == "" {
+			r.res.ControllerArgs = redactArgs(args[1:])
+		}
+		name := r.controllerName(i)
+		r.logf("starting %s (--instance-id %s, %s backend, http 127.0.0.1:%d%s)", name, instanceID(i), Backend(db), port,
+			map[bool]string{true: ", every action serial", false: ""}[policy != ""])
+		logName := name
+		if policy != "" {
+			logName += "-serial"
+		}
+		p, err := startProcess(name, filepath.Join(r.dir, logName+".log"), append([]string{bin}, args...), nil)
+		if err != nil {
+			return nil, err
+		}
+		r.ctls = append(r.ctls, p)
+		bases = append(bases, fmt.Sprintf("http://127.0.0.1:%d", port))
+	}
+	load := newControllerLoad(bases, r.runID, cfg.Devices, cfg.Concurrency)
+	for i, p := range r.ctls {
+		base := bases[i]
+		err := waitUntil(ctx, p, 30*time.Second, p.name+"'s /healthz", func() bool {
+			resp, err := load.http.Get(base + "/healthz")
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err == nil && resp.StatusCode == 200
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	// The births are retained: each controller reads them all at subscribe.
+	t0 := time.Now()
+	for i, p := range r.ctls {
+		last, lastLog := 0, time.Now()
+		err := waitUntil(ctx, p, 60*time.Second+time.Duration(cfg.Devices)*20*time.Millisecond,
+			fmt.Sprintf("%s to see %d devices online", p.name, cfg.Devices), func() bool {
+				n, err := load.onlineDevices(ctx, i)
+				if err == nil {
+					last = n
+				}
+				if time.Since(lastLog) > 5*time.Second {
+					r.logf("%s sees %d of %d devices online", p.name, last, cfg.Devices)
+					lastLog = time.Now()
+				}
+				return last >= cfg.Devices
+			})
+		if err != nil {
+			return nil, fmt.Errorf("%w (it saw %d)", err, last)
+		}
+	}
+	if policy == "" {
+		r.res.ControllerDevicesOnlineSeconds = time.Since(t0).Seconds()
+	}
+	r.logf("the controller%s see%s all %d devices online after %s", plural(len(r.ctls), "s", ""), plural(len(r.ctls), "", "s"),
+		cfg.Devices, time.Since(t0).Round(time.Millisecond))
+	for i, p := range r.ctls {
+		r.procs[r.controllerName(i+1)] = p.pid()
+	}
+	// A PostgreSQL server on this host does part of the controller's work:
+	// its CPU (the postmaster and every backend) is taken too.
+	if pid, err := localPostgres(db); err != nil {
+		r.logf("the PostgreSQL server's CPU is not counted: %v", err)
+	} else if pid > 0 {
+		r.logf("counting the CPU of the PostgreSQL server on this host (postmaster pid %d) as \"postgres\"", pid)
+		r.trees["postgres"] = pid
+	}
+	return load, nil
+}
+
+// endControllers stops the controllers and discards their broker
+// sessions: a persistent one (SQLite's) would queue the next target's
+// receipts for a controller that is gone.
+func (r *run) endControllers(ctx context.Context, load *controllerLoad) error {
+	for i := range r.ctls {
+		delete(r.procs, r.controllerName(i+1))
+	}
+	delete(r.trees, "postgres")
+	r.stopControllers()
+	load.http.CloseIdleConnections()
+	for i := 1; i <= r.cfg.Instances; i++ {
+		if err := discardSession(ctx, r.url, "controller-"+instanceID(i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// freshSerialDB returns a fresh database for the serial phase and what
+// removes it at the end. Without BENCH_DB: a file in the run's directory.
+// An SQLite BENCH_DB: a file beside it, -serial before its extension (an
+// old one removed first; kept, as BENCH_DB is). A postgres:// BENCH_DB: a
+// database of its own on the same server, <name>_serial, created here
+// (dropped first if a run left it) and dropped at the end.
+func (r *run) freshSerialDB(ctx context.Context) (string, func(), error) {
+	db := r.cfg.DB
+	if db == "" {
+		return filepath.Join(r.dir, "controller-serial.db"), func() {}, nil
+	}
+	if Backend(db) != "postgres" {
+		ext := filepath.Ext(db)
+		path := strings.TrimSuffix(db, ext) + "-serial" + ext
+		for _, suffix := range []string{"", "-wal", "-shm"} {
+			if err := os.Remove(path + suffix); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return "", nil, err
+			}
+		}
+		return path, func() {}, nil
+	}
+	u, err := url.Parse(db)
+	if err != nil {
+		return "", nil, fmt.Errorf("BENCH_DB: %w", err)
+	}
+	name := strings.TrimPrefix(u.Path, "/")
+	if name == "" {
+		name = "postgres"
+	}
+	ident := pgx.Identifier{name + "_serial"}.Sanitize()
+	exec := func(ctx context.Context, stmts ...string) error {
+		conn, err := pgx.Connect(ctx, db)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.Background())
+		for _, s := range stmts {
+			if _, err := conn.Exec(ctx, s); err != nil {
+				return fmt.Errorf("%s: %w", s, err)
+			}
+		}
+		return nil
+	}
+	if err := exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)", "CREATE DATABASE "+ident); err != nil {
+		return "", nil, fmt.Errorf("the serial phase's database: %w", err)
+	}
+	su := *u
+	su.Path = "/" + name + "_serial"
+	su.RawPath = ""
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+			r.logf("could not drop the serial phase's database: %v", err)
+		}
+	}
+	return su.String(), drop, nil
 }
 
 // controllerName is the i-th controller's name among the processes (its
@@ -551,9 +760,9 @@ func plural(n int, many, one string) string {
 	return many
 }
 
-// fleetPhase starts devicesim with the same N device ids, runs the plain
-// client's closed loop against it, and stops it.
-func (r *run) fleetPhase(ctx context.Context) (*Phase, error) {
+// startFleet starts devicesim with the same N device ids and the plain
+// client, and returns once every device is online.
+func (r *run) startFleet(ctx context.Context) error {
 	cfg := r.cfg
 	online := make(chan struct{})
 	var once sync.Once
@@ -569,32 +778,23 @@ func (r *run) fleetPhase(ctx context.Context) (*Phase, error) {
 		}
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	timeout := time.NewTimer(60*time.Second + time.Duration(cfg.Devices)*20*time.Millisecond)
 	defer timeout.Stop()
 	select {
 	case <-online:
 	case <-r.sim.done:
-		return nil, r.sim.failure()
+		return r.sim.failure()
 	case <-timeout.C:
-		return nil, fmt.Errorf("devicesim: not all %d devices online in time:\n%s", cfg.Devices, tail(r.sim.log, 20))
+		return fmt.Errorf("devicesim: not all %d devices online in time:\n%s", cfg.Devices, tail(r.sim.log, 20))
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
 	r.logf("devicesim: %d devices online after %s", cfg.Devices, time.Since(t0).Round(time.Millisecond))
 	r.procs["devicesim"] = r.sim.pid()
-	defer delete(r.procs, "devicesim")
-	p := &Phase{Name: "fleet_ceiling", Target: "fleet"}
-	r.logf("phase fleet_ceiling: closed loop, %d in flight, %s", cfg.Concurrency, cfg.Window)
-	closedLoop(ctx, p, cfg.Concurrency, r.opts(), ceilingOp(r.cm, r.runID, "fleet", cfg.Devices))
-	if err := r.alive(ctx, r.sim); err != nil {
-		return nil, err
-	}
-	r.logf("stopping devicesim")
-	r.sim.stop(60 * time.Second)
-	r.sim = nil
-	return p, nil
+	r.cm, err = benchwire.DialCommander(ctx, r.url, cfg.TopicRoot, "bench-"+r.runID)
+	return err
 }
 
 // alive fails if ctx ended or p exited during a phase.

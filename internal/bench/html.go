@@ -37,13 +37,23 @@ ul{color:#555}
 <h1>fleetctl bench</h1>
 <div class="meta">{{.R.Date}} · {{.R.GoVersion}}{{if .R.Commit}} · {{.R.Commit}}{{end}} · {{.R.Backend}} backend · {{.R.Instances}} instance{{if ne .R.Instances 1}}s{{end}} · {{.R.Devices}} devices · {{.R.Concurrency}} in flight · {{.R.Seconds}} s per phase · {{.R.CPUs}} CPUs</div>
 <div class="big">
+<div class="card"><span>pass-through</span><b>{{printf "%.1f" .R.PassthroughPerS}}/s</b></div>
 <div class="card"><span>controller</span><b>{{printf "%.1f" .R.ControllerPerS}}/s</b></div>
-<div class="card"><span>ceiling</span><b>{{printf "%.1f" .R.CeilingPerS}}/s</b></div>
-<div class="card"><span>ratio</span><b>{{printf "%.4f" .R.Ratio}}</b></div>
-<div class="card"><span>fleet ceiling (devicesim)</span><b>{{printf "%.1f" .R.FleetCeilingPerS}}/s</b></div>
-<div class="card"><span>database round trips per operation</span><b>{{printf "%.2f" .R.DBRoundTripsPerOp}}</b></div>
-<div class="card"><span>p99 at half load (controller / ceiling)</span><b>{{printf "%.1f" .R.HalfLoadP99MS}} / {{printf "%.1f" .R.CeilingHalfLoadP99MS}} ms</b></div>
+<div class="card"><span>ratio (controller / pass-through)</span><b>{{printf "%.3f" .R.Ratio}}</b></div>
+<div class="card"><span>cpu_ratio (pass-through / controller)</span><b>{{printf "%.3f" .R.CPURatio}}</b></div>
+<div class="card"><span>p99 at R = {{printf "%.1f" .R.HalfLoadRate}}/s (controller / pass-through)</span><b>{{printf "%.1f" .R.HalfLoadP99MS}} / {{printf "%.1f" .R.PassthroughHalfLoadP99MS}} ms</b></div>
+<div class="card"><span>every action serial</span><b>{{printf "%.1f" .R.SerialPerS}}/s</b></div>
 </div>
+<h2>The targets side by side</h2>
+<table><tr><th></th><th>pass-through</th><th>controller</th><th>controller, every action serial</th></tr>
+<tr><td>saturated, operations/s</td><td>{{printf "%.1f" .R.PassthroughPerS}}</td><td>{{printf "%.1f" .R.ControllerPerS}} (ratio {{printf "%.3f" .R.Ratio}})</td><td>{{printf "%.1f" .R.SerialPerS}} (ratio {{printf "%.3f" .R.SerialRatio}})</td></tr>
+<tr><td>saturated, p50 / p99 ms</td><td>{{printf "%.1f" .R.PassthroughP50MS}} / {{printf "%.1f" .R.PassthroughP99MS}}</td><td>{{printf "%.1f" .R.P50MS}} / {{printf "%.1f" .R.P99MS}}</td><td>{{printf "%.1f" .R.SerialP50MS}} / {{printf "%.1f" .R.SerialP99MS}}</td></tr>
+<tr><td>target CPU per operation, ms</td><td>{{printf "%.3f" .R.PassthroughCPUMSPerOp}}</td><td>{{printf "%.3f" .R.ControllerCPUMSPerOp}}</td><td>{{printf "%.3f" .R.SerialCPUMSPerOp}}</td></tr>
+<tr><td>at R = {{printf "%.1f" .R.HalfLoadRate}}/s, p50 / p99 ms</td><td>{{printf "%.1f" .R.PassthroughHalfLoadP50MS}} / {{printf "%.1f" .R.PassthroughHalfLoadP99MS}}</td><td>{{printf "%.1f" .R.HalfLoadP50MS}} / {{printf "%.1f" .R.HalfLoadP99MS}}</td><td></td></tr>
+<tr><td>database statements per operation</td><td>0</td><td>{{printf "%.2f" .R.StatementsPerOp}}</td><td>{{printf "%.2f" .R.SerialStatementsPerOp}}</td></tr>
+</table>
+<h2>CPU per operation, by process (ms)</h2>
+{{.Split}}
 <h2>Figures</h2>
 <table>{{range .Figures}}<tr><td>{{index . 0}}</td><td>{{index . 1}}</td></tr>{{end}}</table>
 <h2>Phases</h2>
@@ -76,7 +86,8 @@ func (r *Result) html() ([]byte, error) {
 		R         *Result
 		Figures   [][2]string
 		CDF, Hist template.HTML
-	}{r, r.figures(), template.HTML(r.cdfSVG()), template.HTML(histSVG(r.byName["controller"]))})
+		Split     template.HTML
+	}{r, r.figures(), template.HTML(r.cdfSVG()), template.HTML(histSVG(r.byName["controller"])), template.HTML(r.cpuSplit())})
 	return b.Bytes(), err
 }
 
@@ -211,5 +222,76 @@ func histSVG(p *Phase) string {
 			x, padT, x, chartH-padB, x+3, padT+10+i*14, m.name, m.v)
 	}
 	b.WriteString(`</svg>`)
+	return b.String()
+}
+
+// cpuRoles orders a CPU split's rows: each process named by its role.
+var cpuRoles = []struct{ role, process string }{
+	{"target", ""}, {"database server", "postgres"}, {"broker", "mosquitto"}, {"fleet", "devicesim"}, {"load client", "bench"},
+}
+
+// cpuSplit is a table of the target phases (columns) by process (rows,
+// CPU ms per operation), each bar's width its share of the column's total.
+func (r *Result) cpuSplit() string {
+	var phases []*Phase
+	for _, p := range r.Phases {
+		if p.Target == "passthrough" || p.Target == "controller" {
+			phases = append(phases, p)
+		}
+	}
+	if len(phases) == 0 {
+		return "<p>no target phases</p>"
+	}
+	cell := func(p *Phase, role, process string) float64 {
+		var v float64
+		for _, u := range p.CPU {
+			if (role == "target" && isTarget(u.Process)) || (role != "target" && u.Process == process) {
+				v += u.MSPerOp
+			}
+		}
+		return v
+	}
+	var b strings.Builder
+	b.WriteString("<table><tr><th>process</th>")
+	for _, p := range phases {
+		fmt.Fprintf(&b, "<th>%s</th>", template.HTMLEscapeString(p.Name))
+	}
+	b.WriteString("</tr>")
+	totals := make([]float64, len(phases))
+	for i, p := range phases {
+		for _, c := range cpuRoles {
+			totals[i] += cell(p, c.role, c.process)
+		}
+	}
+	for _, c := range cpuRoles {
+		var sum float64
+		for _, p := range phases {
+			sum += cell(p, c.role, c.process)
+		}
+		if sum == 0 {
+			continue // no such process in this run (a PostgreSQL server, the bench's own broker)
+		}
+		name := c.role
+		if c.process != "" {
+			name += " (" + c.process + ")"
+		} else {
+			name += " (pass-through / controller)"
+		}
+		fmt.Fprintf(&b, "<tr><td>%s</td>", template.HTMLEscapeString(name))
+		for i, p := range phases {
+			v := cell(p, c.role, c.process)
+			w := 0.0
+			if totals[i] > 0 {
+				w = v / totals[i] * 100
+			}
+			fmt.Fprintf(&b, `<td style="white-space:nowrap">%.3f <svg width="60" height="8" style="border:0"><rect width="%.1f" height="8" fill="#1f77b4"/></svg></td>`, v, w*0.6)
+		}
+		b.WriteString("</tr>")
+	}
+	b.WriteString("<tr><td><b>all</b></td>")
+	for _, t := range totals {
+		fmt.Fprintf(&b, "<td><b>%.3f</b></td>", t)
+	}
+	b.WriteString("</tr></table>")
 	return b.String()
 }

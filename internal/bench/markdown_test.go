@@ -12,7 +12,7 @@ import (
 func TestMarkdownCarriesTheFigures(t *testing.T) {
 	t.Parallel()
 	r := &Result{Date: "2026-12-05T19:00:00Z", GoVersion: "go1.26.8", Commit: "abc123", CPUs: 2, Devices: 100,
-		Seconds: 10, Concurrency: 256, Backend: "sqlite", Instances: 1, CeilingPerS: 4624.5, ControllerPerS: 849.2,
+		Seconds: 10, Concurrency: 256, Backend: "sqlite", Instances: 1, CeilingPerS: 4624.5, PassthroughPerS: 1680.1, ControllerPerS: 849.2,
 		Ratio: 0.1836, CPUMSPerOp: 1.37, DBRoundTripsPerOp: 27.3,
 		Phases: []*Phase{{Name: "controller", Mode: "closed", Concurrency: 256, PerS: 849.2,
 			Latency: Summary{P50: 250.5, P99: 410.25}, Errors: 1, Unfinished: 2, DBRoundTripsPerOp: 27.3,
@@ -21,7 +21,8 @@ func TestMarkdownCarriesTheFigures(t *testing.T) {
 	for _, want := range []string{
 		"# Latest `make bench` (sqlite, 100 devices)",
 		"2026-12-05T19:00:00Z", "commit abc123", "2 CPUs",
-		"| controller_per_s | 849.2 |", "| ceiling_per_s | 4624.5 |", "| ratio (controller / ceiling) | 0.1836 |",
+		"| controller_per_s | 849.2 |", "| passthrough_per_s | 1680.1 |", "| ratio (controller / pass-through) | 0.1836 |",
+		"| ceiling_per_s (reference: MQTT only, in-memory fleet) | 4624.5 |",
 		"| controller | closed, 256 in flight | 849.2 | 250.50 | 410.25 | 3 | 27.30 | controller 1.370, broker 0.260 |",
 		"[benchmarks.md](benchmarks.md)",
 	} {

@@ -31,28 +31,67 @@ type Result struct {
 	// Instances: the controller processes of the controller phases.
 	Instances int `json:"instances"`
 
-	CeilingPerS  float64 `json:"ceiling_per_s"`
-	CeilingP50MS float64 `json:"ceiling_p50_ms"`
-	CeilingP90MS float64 `json:"ceiling_p90_ms"`
-	CeilingP99MS float64 `json:"ceiling_p99_ms"`
+	// Fleet names the devices of the target phases: devicesim.
+	Fleet string `json:"fleet"`
 
+	// The pass-through saturated.
+	PassthroughPerS  float64 `json:"passthrough_per_s"`
+	PassthroughP50MS float64 `json:"passthrough_p50_ms"`
+	PassthroughP99MS float64 `json:"passthrough_p99_ms"`
+	// PassthroughCPUMSPerOp: the pass-through process's CPU per operation,
+	// saturated.
+	PassthroughCPUMSPerOp float64 `json:"passthrough_cpu_ms_per_op"`
+
+	// The controller saturated; Ratio is controller_per_s /
+	// passthrough_per_s.
 	ControllerPerS float64 `json:"controller_per_s"`
 	Ratio          float64 `json:"ratio"`
 	P50MS          float64 `json:"p50_ms"`
 	P90MS          float64 `json:"p90_ms"`
 	P99MS          float64 `json:"p99_ms"`
+	// ControllerCPUMSPerOp: the controllers' CPU per operation, saturated,
+	// with a PostgreSQL server's on this host (it does the controller's
+	// work); CPURatio is passthrough_cpu_ms_per_op / controller_cpu_ms_per_op.
+	ControllerCPUMSPerOp float64 `json:"controller_cpu_ms_per_op"`
+	CPURatio             float64 `json:"cpu_ratio"`
+	// StatementsPerOp: the statements the controllers sent to their
+	// database per completed operation, saturated
+	// (controller_store_round_trips_total; db_round_trips_per_op).
+	StatementsPerOp float64 `json:"statements_per_op"`
 
 	// HalfLoadRate is R, half of controller_per_s: the arrival rate of
-	// both half-load phases.
-	HalfLoadRate         float64 `json:"half_load_rate_per_s"`
-	HalfLoadP50MS        float64 `json:"half_load_p50_ms"`
-	HalfLoadP99MS        float64 `json:"half_load_p99_ms"`
-	CeilingHalfLoadP50MS float64 `json:"ceiling_half_load_p50_ms"`
-	CeilingHalfLoadP99MS float64 `json:"ceiling_half_load_p99_ms"`
-	FleetCeilingPerS     float64 `json:"fleet_ceiling_per_s"`
-	FleetCeilingP50MS    float64 `json:"fleet_ceiling_p50_ms"`
-	FleetCeilingP99MS    float64 `json:"fleet_ceiling_p99_ms"`
-	FleetRatio           float64 `json:"fleet_ratio"`
+	// both half-load phases (HalfLoadRatePerS: the same, its earlier name).
+	HalfLoadRate                float64 `json:"half_load_rate"`
+	HalfLoadRatePerS            float64 `json:"half_load_rate_per_s"`
+	HalfLoadP50MS               float64 `json:"half_load_p50_ms"`
+	HalfLoadP99MS               float64 `json:"half_load_p99_ms"`
+	PassthroughHalfLoadP50MS    float64 `json:"passthrough_half_load_p50_ms"`
+	PassthroughHalfLoadP99MS    float64 `json:"passthrough_half_load_p99_ms"`
+	HalfLoadP99Ratio            float64 `json:"half_load_p99_ratio"`
+	PassthroughHalfLoadCPUMSPer float64 `json:"passthrough_half_load_cpu_ms_per_op"`
+	HalfLoadCPUMSPerOp          float64 `json:"half_load_cpu_ms_per_op"`
+
+	// The controller with every action serial, saturated: SerialRatio is
+	// serial / pass-through, SerialVsParallel serial / controller.
+	SerialPerS            float64 `json:"serial_per_s"`
+	SerialRatio           float64 `json:"serial_ratio"`
+	SerialVsParallel      float64 `json:"serial_vs_parallel"`
+	SerialCPUMSPerOp      float64 `json:"serial_cpu_ms_per_op"`
+	SerialP50MS           float64 `json:"serial_p50_ms"`
+	SerialP99MS           float64 `json:"serial_p99_ms"`
+	SerialStatementsPerOp float64 `json:"serial_statements_per_op"`
+
+	// The references: the MQTT-only ceiling (plain client, in-memory
+	// fleet) and the plain client on devicesim.
+	CeilingPerS       float64 `json:"ceiling_per_s"`
+	CeilingP50MS      float64 `json:"ceiling_p50_ms"`
+	CeilingP90MS      float64 `json:"ceiling_p90_ms"`
+	CeilingP99MS      float64 `json:"ceiling_p99_ms"`
+	CeilingRatio      float64 `json:"ceiling_ratio"`
+	FleetCeilingPerS  float64 `json:"fleet_ceiling_per_s"`
+	FleetCeilingP50MS float64 `json:"fleet_ceiling_p50_ms"`
+	FleetCeilingP99MS float64 `json:"fleet_ceiling_p99_ms"`
+	FleetRatio        float64 `json:"fleet_ratio"`
 	// ControllerPeakRSSMB is the largest instance's; Each has them all.
 	ControllerPeakRSSMB     float64   `json:"controller_peak_rss_mb"`
 	ControllerPeakRSSMBEach []float64 `json:"controller_peak_rss_mb_each,omitempty"`
@@ -61,7 +100,8 @@ type Result struct {
 	// at half load.
 	DBRoundTripsPerOp         float64 `json:"db_round_trips_per_op"`
 	HalfLoadDBRoundTripsPerOp float64 `json:"half_load_db_round_trips_per_op"`
-	CPUMSPerOp                float64 `json:"cpu_ms_per_op"`
+	// CPUMSPerOp: the controller processes' alone, saturated.
+	CPUMSPerOp float64 `json:"cpu_ms_per_op"`
 	// PostgresCPUMSPerOp: a PostgreSQL server's on this host, saturated.
 	PostgresCPUMSPerOp    float64 `json:"postgres_cpu_ms_per_op,omitempty"`
 	BrokerCPUMSPerOp      float64 `json:"broker_cpu_ms_per_op,omitempty"`
@@ -95,15 +135,17 @@ func newResult(cfg Config) *Result {
 		Date: time.Now().UTC().Format(time.RFC3339), GoVersion: goVersion, Commit: commit, CPUs: runtime.NumCPU(),
 		Devices: cfg.Devices, Seconds: cfg.Window.Seconds(), Warmup: cfg.Warmup.Seconds(), Concurrency: cfg.Concurrency,
 		Backend: Backend(cfg.DB), DB: redactURL(db), Instances: cfg.Instances, Errors: map[string]int64{}, byName: map[string]*Phase{},
+		Fleet: "devicesim",
 		Notes: []string{
-			"ceiling: plain MQTT client -> in-memory devices (QoS 1 command, three QoS 1 receipts), no database, no controller",
-			"controller: HTTP submit -> GET ?wait= until final, with the same in-memory devices; latency submit -> succeeded",
-			"half load: open loop at R = controller_per_s / 2, latency from each arrival's due time; the ceiling's half load runs after the controller's, at the same R",
-			"fleet ceiling: the ceiling's traffic to devicesim's own devices (durable state on disk)",
+			"passthrough: bench passthrough, its own process: the load client's two routes, one QoS 1 command per operation, answered at the device's final receipt; no database, no retries, no leases",
+			"controller: HTTP submit -> GET ?wait= until final, on a fresh database; latency submit -> succeeded; the same load client, broker and devicesim devices as the pass-through",
+			"half load: open loop at R = controller_per_s / 2, latency from each arrival's due time; the pass-through's half load runs after the controller's, at the same R",
+			"controller_serial: another fresh database, --policy {\"defaults\":{\"concurrency\":\"serial\"}}: one command in flight per device, in submit order",
+			"ceiling (reference): plain MQTT client -> in-memory devices (QoS 1 command, three QoS 1 receipts), no HTTP, no database; fleet_ceiling: the same client -> devicesim's devices (durable state on disk)",
 			"only operations finishing inside each window count (closed loop) or due inside it (open loop); a warm-up precedes each window",
-			"every process shares this host's CPUs; cpu per phase and process is in phases[].cpu; a PostgreSQL server on this host (found by its port) is \"postgres\": its postmaster and every backend",
-			"instances > 1: operation k is submitted to instance k % instances and waited for there; cpu_ms_per_op sums the instances",
-			"db_round_trips_per_op: controller_store_round_trips_total of every instance (GET /metrics) after the phase's drain less before its start, over the operations it completed (warm-up and drain included)",
+			"every process shares this host's CPUs; cpu per phase and process is in phases[].cpu (bench: the load client, and in the ceiling phase the in-memory fleet too); a PostgreSQL server on this host (found by its port) is \"postgres\": its postmaster and every backend, counted in controller_cpu_ms_per_op",
+			"instances > 1: operation k is submitted to instance k % instances and waited for there; cpu figures sum the instances",
+			"statements_per_op = db_round_trips_per_op: controller_store_round_trips_total of every instance (GET /metrics) after the phase's drain less before its start, over the operations it completed (warm-up and drain included)",
 		},
 	}
 }
@@ -129,29 +171,41 @@ func (r *Result) finish() {
 		}
 		return &Phase{}
 	}
-	ceil, ctl, half, ceilHalf, fleet := get("ceiling"), get("controller"), get("controller_half_load"),
-		get("ceiling_half_load"), get("fleet_ceiling")
-	r.CeilingPerS, r.CeilingP50MS, r.CeilingP90MS, r.CeilingP99MS = round(ceil.PerS, 1), ceil.Latency.P50, ceil.Latency.P90, ceil.Latency.P99
+	ceil, fleet, pt, ctl, half, ptHalf, serial := get("ceiling"), get("fleet_ceiling"), get("passthrough"),
+		get("controller"), get("controller_half_load"), get("passthrough_half_load"), get("controller_serial")
+
+	r.PassthroughPerS, r.PassthroughP50MS, r.PassthroughP99MS = round(pt.PerS, 1), pt.Latency.P50, pt.Latency.P99
+	r.PassthroughCPUMSPerOp = targetCPU(pt, false)
 	r.ControllerPerS, r.P50MS, r.P90MS, r.P99MS = round(ctl.PerS, 1), ctl.Latency.P50, ctl.Latency.P90, ctl.Latency.P99
-	r.Ratio = ratio(ctl.PerS, ceil.PerS)
+	r.Ratio = ratio(ctl.PerS, pt.PerS)
+	r.ControllerCPUMSPerOp = targetCPU(ctl, true)
+	r.CPUMSPerOp = targetCPU(ctl, false)
+	r.CPURatio = ratio(r.PassthroughCPUMSPerOp, r.ControllerCPUMSPerOp)
+	r.StatementsPerOp = ctl.DBRoundTripsPerOp
+
 	r.HalfLoadRate = round(half.TargetRate, 1)
+	r.HalfLoadRatePerS = r.HalfLoadRate
 	r.HalfLoadP50MS, r.HalfLoadP99MS = half.Latency.P50, half.Latency.P99
-	r.CeilingHalfLoadP50MS, r.CeilingHalfLoadP99MS = ceilHalf.Latency.P50, ceilHalf.Latency.P99
+	r.PassthroughHalfLoadP50MS, r.PassthroughHalfLoadP99MS = ptHalf.Latency.P50, ptHalf.Latency.P99
+	r.HalfLoadP99Ratio = ratio(half.Latency.P99, ptHalf.Latency.P99)
+	r.HalfLoadCPUMSPerOp, r.PassthroughHalfLoadCPUMSPer = targetCPU(half, true), targetCPU(ptHalf, false)
+
+	r.SerialPerS, r.SerialP50MS, r.SerialP99MS = round(serial.PerS, 1), serial.Latency.P50, serial.Latency.P99
+	r.SerialRatio, r.SerialVsParallel = ratio(serial.PerS, pt.PerS), ratio(serial.PerS, ctl.PerS)
+	r.SerialCPUMSPerOp = targetCPU(serial, true)
+	r.SerialStatementsPerOp = serial.DBRoundTripsPerOp
+
+	r.CeilingPerS, r.CeilingP50MS, r.CeilingP90MS, r.CeilingP99MS = round(ceil.PerS, 1), ceil.Latency.P50, ceil.Latency.P90, ceil.Latency.P99
+	r.CeilingRatio = ratio(ctl.PerS, ceil.PerS)
 	r.FleetCeilingPerS, r.FleetCeilingP50MS, r.FleetCeilingP99MS = round(fleet.PerS, 1), fleet.Latency.P50, fleet.Latency.P99
 	r.FleetRatio = ratio(ctl.PerS, fleet.PerS)
-	var ctlMS float64
 	for _, u := range ctl.CPU {
-		switch {
-		case u.Process == "controller" || strings.HasPrefix(u.Process, "controller-"):
-			ctlMS += u.MS
-		case u.Process == "mosquitto":
+		switch u.Process {
+		case "mosquitto":
 			r.BrokerCPUMSPerOp = round(u.MSPerOp, 3)
-		case u.Process == "postgres":
+		case "postgres":
 			r.PostgresCPUMSPerOp = round(u.MSPerOp, 3)
 		}
-	}
-	if ctl.Ops > 0 {
-		r.CPUMSPerOp = round(ctlMS/float64(ctl.Ops), 3)
 	}
 	r.DBRoundTripsPerOp, r.HalfLoadDBRoundTripsPerOp = ctl.DBRoundTripsPerOp, half.DBRoundTripsPerOp
 	for _, u := range ceil.CPU {
@@ -162,6 +216,28 @@ func (r *Result) finish() {
 	for _, n := range r.Errors {
 		r.TotalErrors += n
 	}
+}
+
+// targetCPU is the CPU per operation of a phase's target: the
+// pass-through, or every controller instance, with a local PostgreSQL
+// server's when withServer.
+func targetCPU(p *Phase, withServer bool) float64 {
+	if p.Ops == 0 {
+		return 0
+	}
+	var sum float64
+	for _, u := range p.CPU {
+		if isTarget(u.Process) || (withServer && u.Process == "postgres") {
+			sum += u.MS
+		}
+	}
+	return round(sum/float64(p.Ops), 3)
+}
+
+// isTarget says whether a CPU row is a target's: the pass-through or a
+// controller instance.
+func isTarget(process string) bool {
+	return process == "passthrough" || process == "controller" || strings.HasPrefix(process, "controller-")
 }
 
 func ratio(a, b float64) float64 {
@@ -250,21 +326,32 @@ func (r *Result) figures() [][2]string {
 		pgCPU = fmt.Sprintf("%.3f", r.PostgresCPUMSPerOp)
 	}
 	return [][2]string{
-		{"backend / instances", fmt.Sprintf("%s / %d", r.Backend, r.Instances)},
-		{"ceiling_per_s", f(r.CeilingPerS)},
+		{"backend / instances / fleet", fmt.Sprintf("%s / %d / %s", r.Backend, r.Instances, r.Fleet)},
+		{"passthrough_per_s", f(r.PassthroughPerS)},
 		{"controller_per_s", f(r.ControllerPerS)},
-		{"ratio (controller / ceiling)", fmt.Sprintf("%.4f", r.Ratio)},
-		{"fleet_ceiling_per_s (devicesim)", f(r.FleetCeilingPerS)},
-		{"fleet_ratio (controller / fleet ceiling)", fmt.Sprintf("%.4f", r.FleetRatio)},
+		{"ratio (controller / pass-through)", fmt.Sprintf("%.4f", r.Ratio)},
+		{"passthrough_cpu_ms_per_op", fmt.Sprintf("%.3f", r.PassthroughCPUMSPerOp)},
+		{"controller_cpu_ms_per_op (with a local server's)", fmt.Sprintf("%.3f", r.ControllerCPUMSPerOp)},
+		{"cpu_ratio (pass-through / controller)", fmt.Sprintf("%.4f", r.CPURatio)},
 		{"p50 / p90 / p99 (controller, saturated)", fmt.Sprintf("%.2f / %.2f / %.2f ms", r.P50MS, r.P90MS, r.P99MS)},
-		{"half-load rate R", f(r.HalfLoadRate) + "/s"},
+		{"p50 / p99 (pass-through, saturated)", fmt.Sprintf("%.2f / %.2f ms", r.PassthroughP50MS, r.PassthroughP99MS)},
+		{"half_load_rate R", f(r.HalfLoadRate) + "/s"},
 		{"half_load_p99 (controller at R)", msf(r.HalfLoadP99MS)},
-		{"ceiling_half_load_p99 (ceiling at R)", msf(r.CeilingHalfLoadP99MS)},
-		{"controller_peak_rss (largest instance)", fmt.Sprintf("%.1f MiB", r.ControllerPeakRSSMB)},
-		{"cpu_ms_per_op (controller, saturated)", fmt.Sprintf("%.3f", r.CPUMSPerOp)},
-		{"postgres_cpu_ms_per_op (server, saturated)", pgCPU},
-		{"db_round_trips_per_op (controller, saturated)", fmt.Sprintf("%.2f", r.DBRoundTripsPerOp)},
+		{"passthrough_half_load_p99 (pass-through at R)", msf(r.PassthroughHalfLoadP99MS)},
+		{"half_load_p99_ratio (controller / pass-through)", fmt.Sprintf("%.2f", r.HalfLoadP99Ratio)},
+		{"serial_per_s (every action serial)", f(r.SerialPerS)},
+		{"serial_ratio (serial / pass-through)", fmt.Sprintf("%.4f", r.SerialRatio)},
+		{"serial_vs_parallel (serial / controller)", fmt.Sprintf("%.4f", r.SerialVsParallel)},
+		{"serial_cpu_ms_per_op", fmt.Sprintf("%.3f", r.SerialCPUMSPerOp)},
+		{"serial p50 / p99", fmt.Sprintf("%.2f / %.2f ms", r.SerialP50MS, r.SerialP99MS)},
+		{"statements_per_op (controller, saturated)", fmt.Sprintf("%.2f", r.StatementsPerOp)},
+		{"serial_statements_per_op", fmt.Sprintf("%.2f", r.SerialStatementsPerOp)},
 		{"half_load_db_round_trips_per_op", fmt.Sprintf("%.2f", r.HalfLoadDBRoundTripsPerOp)},
+		{"controller_peak_rss (largest instance)", fmt.Sprintf("%.1f MiB", r.ControllerPeakRSSMB)},
+		{"cpu_ms_per_op (controller processes alone)", fmt.Sprintf("%.3f", r.CPUMSPerOp)},
+		{"postgres_cpu_ms_per_op (server, saturated)", pgCPU},
+		{"ceiling_per_s (reference: MQTT only, in-memory fleet)", f(r.CeilingPerS)},
+		{"fleet_ceiling_per_s (reference: MQTT only, devicesim)", f(r.FleetCeilingPerS)},
 		{"overloaded_503 (honoured, retried)", fmt.Sprint(r.Overloaded503)},
 		{"errors (all phases)", fmt.Sprint(r.TotalErrors)},
 	}
