@@ -87,16 +87,23 @@ func RunPassthrough(ctx context.Context, cfg PassthroughConfig) error {
 		SetCleanSession(true).SetAutoReconnect(true).SetConnectTimeout(30 * time.Second).
 		SetDefaultPublishHandler(p.onReceipt).
 		SetOnConnectHandler(func(c mqtt.Client) {
+			// Subscribed in OnConnect (again after a reconnect); its
+			// answer is awaited off the handler's goroutine.
 			tok := c.Subscribe(wire.Wildcard(cfg.TopicRoot, wire.KindReceipts), 1, nil)
-			tok.Wait()
-			select {
-			case subscribed <- tok.Error():
-			default:
-			}
+			go func() {
+				err := errors.New("no SUBACK within 30s")
+				if tok.WaitTimeout(30 * time.Second) {
+					err = tok.Error()
+				}
+				select {
+				case subscribed <- err:
+				default:
+				}
+			}()
 		})
 	p.client = mqtt.NewClient(o)
-	if tok := p.client.Connect(); tok.Wait() && tok.Error() != nil {
-		return fmt.Errorf("passthrough: connect: %w", tok.Error())
+	if tok := p.client.Connect(); !tok.WaitTimeout(40*time.Second) || tok.Error() != nil {
+		return fmt.Errorf("passthrough: connect: %v", tok.Error())
 	}
 	defer p.client.Disconnect(250)
 	if err := <-subscribed; err != nil {
@@ -133,11 +140,11 @@ func (p *passthrough) handler() http.Handler {
 func (p *passthrough) submit(w http.ResponseWriter, r *http.Request) {
 	var b submitBody
 	if err := json.NewDecoder(r.Body).Decode(&b); err != nil {
-		ptError(w, http.StatusBadRequest, "invalid_argument", "body: "+err.Error())
+		ptError(w, http.StatusBadRequest, "invalid_request", "body: "+err.Error())
 		return
 	}
 	if b.TaskID == "" || b.Step == "" || b.Target == "" || b.BusinessVersion == "" || b.Action == "" {
-		ptError(w, http.StatusBadRequest, "invalid_argument", "task_id, step, target, business_version and action are required")
+		ptError(w, http.StatusBadRequest, "invalid_request", "task_id, step, target, business_version and action are required")
 		return
 	}
 	id := b.TaskID + ":" + b.Step + ":" + b.Target + ":" + b.BusinessVersion
@@ -146,7 +153,7 @@ func (p *passthrough) submit(w http.ResponseWriter, r *http.Request) {
 		Action: b.Action, Params: b.Params, IssuedAt: now, ExpiresAt: now.Add(benchwire.CommandTTL), Attempt: 1}
 	payload, err := wire.Encode(cmd)
 	if err != nil {
-		ptError(w, http.StatusBadRequest, "invalid_argument", err.Error())
+		ptError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return
 	}
 	o := &ptOp{id: id, done: make(chan struct{}), status: ptStarted}
@@ -177,7 +184,7 @@ func (p *passthrough) get(w http.ResponseWriter, r *http.Request) {
 	if v := r.URL.Query().Get("wait"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
-			ptError(w, http.StatusBadRequest, "invalid_argument", "wait: a Go duration such as 30s")
+			ptError(w, http.StatusBadRequest, "invalid_request", "wait: a Go duration such as 30s")
 			return
 		}
 		wait = min(d, ptMaxWait)

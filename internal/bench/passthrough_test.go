@@ -91,7 +91,7 @@ func TestPassthroughRoutes(t *testing.T) {
 	} {
 		status, got := call(bad.method, bad.path, bad.body)
 		require.Equal(t, http.StatusBadRequest, status, "%v: %v", bad, got)
-		require.Equal(t, "invalid_argument", got["error"])
+		require.Equal(t, "invalid_request", got["error"])
 	}
 	status, got = call("GET", "/v1/operations/nobody?wait=1ms", "")
 	require.Equal(t, http.StatusNotFound, status)
