@@ -47,88 +47,17 @@ func TestThreeInstancesOnPostgresDivideTheWorkThroughKills(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	// Submit round-robin; a caller whose instance is down (or answers 503)
-	// asks the next one with the same operation_id.
-	var accepted atomic.Int64
-	submit := func(i int) {
-		r := req(fmt.Sprintf("scale-%04d", i), fmt.Sprintf("device-%d", i%devices+1))
-		for try := 0; ctx.Err() == nil; try++ {
-			_, status, err := clients[(i+try)%3].Submit(ctx, r, "")
-			if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
-				accepted.Add(1)
-				return
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(20 * time.Millisecond): // back off before the next instance
-			}
-		}
-	}
-	work := make(chan int)
-	var wg sync.WaitGroup
-	for w := 0; w < 24; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				submit(i)
-			}
-		}()
-	}
-	submitted := make(chan struct{})
-	go func() {
-		defer close(submitted)
-		defer close(work)
-		for i := 0; i < ops; i++ {
-			select {
-			case work <- i:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-
-	// The chaos: kill -9 a random instance every 1 to 2 s, restart it, until
-	// the submissions are done and at least minKills kills were made. A kill
-	// also waits until progress operations more were accepted since the one
-	// before: on a loaded machine, where a restart and a takeover take
-	// seconds, kills at a fixed pace would leave no time to make any.
-	const progress = ops / (3 * minKills)
-	rng := rand.New(rand.NewSource(11))
-	kills := map[int]int{}
+	// Submit round-robin, and kill -9 a random instance every 1 to 2 s
+	// (then restart it) until the submissions are done and at least
+	// minKills kills were made.
+	rr := submitRoundRobin(ctx, clients, ops, 24, func(i int) apiwire.SubmitRequest {
+		return req(fmt.Sprintf("scale-%04d", i), fmt.Sprintf("device-%d", i%devices+1))
+	})
 	start := time.Now()
-	for k, last := 0, int64(0); ; k++ {
-		pause := time.After(time.Duration(1000+rng.Intn(1000)) * time.Millisecond)
-		sub := submitted // nil once closed: no progress to wait for then
-		for paused := false; !paused || (sub != nil && accepted.Load() < last+progress); {
-			select {
-			case <-ctx.Done():
-				t.Fatalf("timed out during the kills (%d made, %d accepted)", k, accepted.Load())
-			case <-sub:
-				sub = nil
-			case <-pause:
-				paused = true
-			case <-time.After(50 * time.Millisecond): // poll accepted
-			}
-		}
-		last = accepted.Load()
-		done := false
-		select {
-		case <-submitted:
-			done = true
-		default:
-		}
-		if done && k >= minKills {
-			break
-		}
-		victim := rng.Intn(3)
-		ctls[victim].Kill()
-		ctls[victim].Restart()
-		kills[victim]++
-	}
+	kills := killUntil(t, ctx, rand.New(rand.NewSource(11)), ctls, rr, ops/(3*minKills), minKills)
 	chaos := time.Since(start)
-	wg.Wait()
-	require.EqualValues(t, ops, accepted.Load(), "every operation was accepted by some instance")
+	rr.wg.Wait()
+	require.EqualValues(t, ops, rr.accepted.Load(), "every operation was accepted by some instance")
 
 	final := map[string]int{}
 	for i := 0; i < ops; i++ {
@@ -302,4 +231,94 @@ func TestPostgresRestartUnderLoad(t *testing.T) {
 	default:
 	}
 	b.verify()
+}
+
+// roundRobin is a load of submits from several callers through several
+// instances (submitRoundRobin).
+type roundRobin struct {
+	accepted  atomic.Int64  // operations some instance took (201 or 200)
+	handedOut chan struct{} // closed once every operation went to a caller
+	wg        sync.WaitGroup
+}
+
+// submitRoundRobin submits ops operations (reqOf(i)) from callers
+// goroutines, operation i first through clients[i%len], a caller whose
+// instance is down (or answers 503) asking the next one with the same
+// operation_id, until ctx ends.
+func submitRoundRobin(ctx context.Context, clients []*client.Client, ops, callers int, reqOf func(int) apiwire.SubmitRequest) *roundRobin {
+	rr := &roundRobin{handedOut: make(chan struct{})}
+	submit := func(i int) {
+		r := reqOf(i)
+		for try := 0; ctx.Err() == nil; try++ {
+			_, status, err := clients[(i+try)%len(clients)].Submit(ctx, r, "")
+			if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
+				rr.accepted.Add(1)
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond): // back off before the next instance
+			}
+		}
+	}
+	work := make(chan int)
+	for w := 0; w < callers; w++ {
+		rr.wg.Add(1)
+		go func() {
+			defer rr.wg.Done()
+			for i := range work {
+				submit(i)
+			}
+		}()
+	}
+	go func() {
+		defer close(rr.handedOut)
+		defer close(work)
+		for i := 0; i < ops; i++ {
+			select {
+			case work <- i:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return rr
+}
+
+// killUntil kills -9 a random one of ctls (and restarts it) every 1 to 2 s
+// until rr's operations are handed out and at least minKills kills were
+// made. A kill also waits until progress operations more were accepted
+// since the one before: on a loaded machine, where a restart and a
+// takeover take seconds, kills at a fixed pace would leave no time to make
+// any. It returns the kills by instance.
+func killUntil(t *testing.T, ctx context.Context, rng *rand.Rand, ctls []*testenv.Controller, rr *roundRobin, progress int64, minKills int) map[int]int {
+	t.Helper()
+	kills := map[int]int{}
+	for k, last := 0, int64(0); ; k++ {
+		pause := time.After(time.Duration(1000+rng.Intn(1000)) * time.Millisecond)
+		sub := rr.handedOut // nil once closed: no progress to wait for then
+		for paused := false; !paused || (sub != nil && rr.accepted.Load() < last+progress); {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("timed out during the kills (%d made, %d accepted)", k, rr.accepted.Load())
+			case <-sub:
+				sub = nil
+			case <-pause:
+				paused = true
+			case <-time.After(50 * time.Millisecond): // poll accepted
+			}
+		}
+		last = rr.accepted.Load()
+		select {
+		case <-rr.handedOut:
+			if k >= minKills {
+				return kills
+			}
+		default:
+		}
+		victim := rng.Intn(len(ctls))
+		ctls[victim].Kill()
+		ctls[victim].Restart()
+		kills[victim]++
+	}
 }

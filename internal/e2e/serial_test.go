@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -156,75 +155,19 @@ func TestSerialCommandsRunInSubmitOrderThroughKills(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	var accepted atomic.Int64
-	submit := func(i int) {
-		r := req(fmt.Sprintf("serial-%04d", i), fmt.Sprintf("device-%d", i%devices+1))
-		for try := 0; ctx.Err() == nil; try++ {
-			_, status, err := clients[(i+try)%2].Submit(ctx, r, "")
-			if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
-				accepted.Add(1)
-				return
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(20 * time.Millisecond): // back off before the other instance
-			}
-		}
-	}
-	work := make(chan int)
-	var wg sync.WaitGroup
-	for w := 0; w < callers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				submit(i)
-			}
-		}()
-	}
-	submitted := make(chan struct{})
-	go func() {
-		defer close(submitted)
-		defer close(work)
-		for i := 0; i < ops; i++ {
-			select {
-			case work <- i:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-
-	// Kill -9 an instance every 1 to 2 s, once ops/(2*minKills) more
-	// operations were accepted since the kill before, until the submits are
-	// done and minKills were made.
-	rng := rand.New(rand.NewSource(28))
+	// Submit from several callers through both instances, and kill -9 an
+	// instance every 1 to 2 s (then restart it) until the submits are done
+	// and minKills were made.
+	rr := submitRoundRobin(ctx, clients, ops, callers, func(i int) apiwire.SubmitRequest {
+		return req(fmt.Sprintf("serial-%04d", i), fmt.Sprintf("device-%d", i%devices+1))
+	})
+	byInstance := killUntil(t, ctx, rand.New(rand.NewSource(28)), ctls, rr, ops/(2*minKills), minKills)
 	kills := 0
-	for last := int64(0); ; {
-		pause := time.After(time.Duration(1000+rng.Intn(1000)) * time.Millisecond)
-		sub := submitted
-		for paused := false; !paused || (sub != nil && accepted.Load() < last+ops/(2*minKills)); {
-			select {
-			case <-ctx.Done():
-				t.Fatalf("timed out during the kills (%d made, %d accepted)", kills, accepted.Load())
-			case <-sub:
-				sub = nil
-			case <-pause:
-				paused = true
-			case <-time.After(50 * time.Millisecond): // poll accepted
-			}
-		}
-		last = accepted.Load()
-		if sub == nil && kills >= minKills {
-			break
-		}
-		victim := rng.Intn(2)
-		ctls[victim].Kill()
-		ctls[victim].Restart()
-		kills++
+	for _, n := range byInstance {
+		kills += n
 	}
-	wg.Wait()
-	require.EqualValues(t, ops, accepted.Load(), "every operation was accepted by some instance")
+	rr.wg.Wait()
+	require.EqualValues(t, ops, rr.accepted.Load(), "every operation was accepted by some instance")
 
 	final := map[string]int{}
 	for i := 0; i < ops; i++ {
