@@ -425,3 +425,43 @@ func TestSerialQueueMovesAcrossInstancesAtOnce(t *testing.T) {
 	require.Less(t, gaps[len(gaps)-1], 10*time.Second, "no queue waited for a poll")
 	b.verify()
 }
+
+// The slot's write and the publish, with the holder stalled between them
+// on purpose: i1 commits the head's pending → sent, then stalls (and its
+// heartbeat with it) longer than its lease; i2 takes the device's three
+// serial operations over, asks about the head, re-sends it under the same
+// command_id and publishes the other two one at a time, in order; i1
+// wakes and its publish is dropped (fenced). Nothing ran twice, nothing
+// overlapped.
+func TestSerialHeadStalledBetweenItsSlotAndItsPublish(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		args := append([]string{"--lease-ttl", "2s"}, policyArgs(t, `{"actions":{"restart":{"concurrency":"serial"}}}`)...)
+		b := setup(t, setupOpts{backend: be, args: args,
+			env: []string{"CONTROLLER_FAILPOINTS=before-publish=1*sleep(6s);before-lease-renew=1*sleep(6s)"}})
+		sn := sniff(t, b.broker.URL())
+		b.peer("i2", nil, args...)
+		var ids []string
+		for i := 1; i <= 3; i++ {
+			op, _, err := b.client.Submit(b.ctx(), req(fmt.Sprintf("stall-%d", i), "device-1"), "")
+			require.NoError(t, err)
+			ids = append(ids, op.OperationID)
+		}
+		for _, id := range ids {
+			final := b.waitFinal(id)
+			require.Equal(t, "succeeded", final.Status, id)
+			require.Equal(t, "i2", final.Owner, "%s: the survivor finished it", id)
+		}
+		eventually(t, "i1 wakes and drops its publish", 15*time.Second, func() bool {
+			return b.metric("controller_fencing_refused_total") >= 1
+		})
+		require.Zero(t, b.metric(`controller_publishes_total{kind="command"}`), "nothing i1 did reached a device")
+		cmds, _ := sn.of(ids[0])
+		require.Len(t, cmds, 1, "the head on the wire once: i2's re-send")
+		require.Equal(t, 2, cmds[0].cmd.Attempt)
+		devs, execs := b.serialOrder()
+		require.Equal(t, 1, devs)
+		require.Equal(t, 3, execs)
+		b.verify()
+	})
+}
