@@ -273,6 +273,11 @@ func (d *Dispatcher) step(ctx context.Context, commandID string) {
 	if oc.Fence.Owner != d.cfg.Instance {
 		return // another instance's work
 	}
+	if oc.Claimed {
+		// Its submit committed the publish decision: publish it.
+		d.publishClaimed(ctx, store.Decision{Command: oc.Command, LeaseExpiresAt: oc.LeaseExpiresAt}, oc.Fence)
+		return
+	}
 	dev := d.device(ctx, oc.DeviceID)
 	pol := d.cfg.Policy(oc.Action)
 	switch dec := Decide(oc.Command, dev, pol, d.cfg.Now()); dec.Kind {
@@ -467,16 +472,23 @@ func (d *Dispatcher) send(ctx context.Context, oc store.OpenCommand, dev domain.
 		}
 		return
 	}
+	d.publishClaimed(ctx, dec, oc.Fence)
+}
+
+// publishClaimed publishes a command whose publish decision dec committed
+// (by ClaimSend, or with its submit), unchanged but for attempt, after the
+// before-publish failpoint and the trust-window check.
+func (d *Dispatcher) publishClaimed(ctx context.Context, dec store.Decision, f domain.Fence) {
+	c := dec.Command
 	if err := d.cfg.Failpoints.HitContext(ctx, failpoint.BeforePublish); err != nil {
 		d.cfg.Logger.Warn("publish skipped by failpoint", "command_id", c.CommandID, "err", err)
 		return
 	}
 	if !d.trusted(dec.LeaseExpiresAt) {
 		d.cfg.Logger.Warn("publish dropped: lease outside its trust window", "command_id", c.CommandID)
-		d.recheckSoon(ctx, dec, oc.Fence)
+		d.recheckSoon(ctx, dec, f)
 		return
 	}
-	c = dec.Command
 	msg := wire.Command{CommandID: c.CommandID, OperationID: c.OperationID, Action: c.Action,
 		Params: json.RawMessage(c.Params), IssuedAt: c.IssuedAt, ExpiresAt: c.ExpiresAt, Attempt: c.Attempt}
 	payload, err := wire.Encode(msg)

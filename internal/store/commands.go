@@ -335,6 +335,10 @@ type OpenCommand struct {
 	domain.Command
 	Fence          domain.Fence
 	LeaseExpiresAt time.Time
+	// Claimed: its publish decision committed with its submit
+	// (NewOperation.SendAtSubmit) and the publish is still to be made.
+	// Only a submit's copy as inserted has it; a read never does.
+	Claimed bool
 }
 
 // DueCommands lists up to limit non-terminal commands whose operation owner

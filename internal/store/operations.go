@@ -37,6 +37,14 @@ type NewOperation struct {
 	Via             string
 	ApprovedBy      string
 	ApprovedVersion int
+	// SendAtSubmit: the device was online when the submit was prepared, so
+	// the command's first publish decision (pending → sent, attempt 1,
+	// under this operation's new lease and token) commits in the submit's
+	// own transaction, unless the device's queue holds it back; the
+	// publish follows the commit (OpenCommand.Claimed). FirstCheck is then
+	// when the sweeper looks again if no final receipt came.
+	SendAtSubmit bool
+	FirstCheck   time.Time
 	// Serial and Supersede are the action's ordering policy (queues.go):
 	// its command takes its place in the device's queue; older unpublished
 	// operations of the same action on the device are superseded.
@@ -142,8 +150,32 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 		return SubmitResult{}, err
 	}
 	op := n.inserted(now, ms(t.now.Add(n.LeaseTTL)))
-	return SubmitResult{Operation: op, Created: true,
-		Inserted: OpenCommand{Command: c, Fence: domain.Fence{Owner: op.Owner, Token: op.FencingToken}, LeaseExpiresAt: op.LeaseExpiresAt}}, nil
+	res := SubmitResult{Operation: op, Created: true,
+		Inserted: OpenCommand{Command: c, Fence: domain.Fence{Owner: op.Owner, Token: op.FencingToken}, LeaseExpiresAt: op.LeaseExpiresAt}}
+	if n.SendAtSubmit && c.QueuedBehind == "" {
+		if err := t.claimAtSubmit(ctx, &res.Inserted, n); err != nil {
+			return SubmitResult{}, err
+		}
+	}
+	return res, nil
+}
+
+// claimAtSubmit commits a new command's first publish decision in its
+// submit's transaction: the same fenced, conditional pending → sent as
+// ClaimSend's (a serial command only as the head of its device's queue),
+// under the lease and token the submit just took. The publish follows the
+// commit; from then on a cancel gets already_published, as for any
+// command published.
+func (t *tx) claimAtSubmit(ctx context.Context, oc *OpenCommand, n NewOperation) error {
+	now := ms(t.now)
+	ch := t.decision(ctx, oc.CommandID, fsm.CmdPending, fsm.CmdSent, oc.Fence)
+	err := t.cas(ctx, ch, scanInto(&oc.Command), t.s.q.CommandClaimSend,
+		append([]any{fsm.CmdSent, n.QoS, ms(n.FirstCheck), now, now, oc.CommandID, fsm.CmdPending, 0}, fenceArgs(oc.Fence, t.now)...)...)
+	if err != nil {
+		return err
+	}
+	oc.Claimed = true
+	return t.event("command", oc.CommandID, string(fsm.CmdPending), string(fsm.CmdSent), "publish attempt 1", oc.Fence.Token)
 }
 
 // inserted is the operation as submit inserted it, as getOperation would
