@@ -377,8 +377,13 @@ func TestOpenAPILiveAnswersValidate(t *testing.T) {
 	do(oaCall{method: "GET", path: "/v1/commands/c-none", token: alice, want: 404})
 	do(oaCall{method: "POST", path: "/v1/commands/" + op.CommandID + "/resolve", token: alice,
 		body: `{"outcome":"succeeded","note":"checked"}`, want: 409})
-	do(oaCall{method: "POST", path: "/v1/commands/" + op.CommandID + "/cancel", token: alice, want: 200})
-	do(oaCall{method: "POST", path: "/v1/commands/" + op.CommandID + "/cancel", token: alice, body: `{}`, want: 200}) // again: the same
+	// op-1's device is online: its submit committed the publish decision.
+	do(oaCall{method: "POST", path: "/v1/commands/" + op.CommandID + "/cancel", token: alice, want: 409})
+	var offline apiwire.Operation // a device never seen: its command waits, cancellable
+	require.NoError(t, json.Unmarshal(do(oaCall{method: "POST", path: "/v1/operations", token: alice,
+		body: `{"operation_id":"op-3","target":"device-9","action":"restart"}`, want: 201}), &offline))
+	do(oaCall{method: "POST", path: "/v1/commands/" + offline.CommandID + "/cancel", token: alice, want: 200})
+	do(oaCall{method: "POST", path: "/v1/commands/" + offline.CommandID + "/cancel", token: alice, body: `{}`, want: 200}) // again: the same
 
 	// Devices.
 	got = do(oaCall{method: "GET", path: "/v1/devices?limit=1", token: alice, want: 200})

@@ -26,7 +26,7 @@ import (
 )
 
 // routesBundle serves every route (rollouts, events, metrics, a dashboard)
-// on a real SQLite store where device-1 has been seen, auth off.
+// on a real SQLite store where device-1 has been seen and is offline, auth off.
 type routesBundle struct {
 	srv *Server
 	st  *store.DB
@@ -40,6 +40,10 @@ func setupRoutes(t *testing.T) *routesBundle {
 	t.Cleanup(func() { st.Close() })
 	caps := wire.Capabilities{}
 	_, err = st.ApplyPresence(ctx, "device-1", wire.Presence{Online: true, Session: 1, Capabilities: &caps})
+	require.NoError(t, err)
+	// Then offline (its will): a submit leaves its command pending, so a
+	// cancel of it is not already_published.
+	_, err = st.ApplyPresence(ctx, "device-1", wire.Presence{Online: false, Session: 1})
 	require.NoError(t, err)
 	policy := func(string) command.Policy { return command.Policy{TTL: time.Minute, MaxAttempts: 3} }
 	svc := ops.New(ops.Config{Store: st, Instance: "i1", LeaseTTL: 10 * time.Second, Policy: policy})

@@ -126,10 +126,17 @@ func cpuTime() time.Duration {
 
 // BenchmarkOperationBatched is one operation's writes as the controller
 // makes them at saturation, 256 callers at once so that batches form: the
-// submit, the fenced pending → sent decision, then the device's three
-// receipts applied together (ApplyReceipts). It reports the CPU time of the
-// whole process and the database statements per operation.
+// submit, the fenced pending → sent decision (in a transaction of its own,
+// as the dispatcher makes it; or in the submit's, as for a device online
+// at submit), then the device's three receipts applied together
+// (ApplyReceipts). It reports the CPU time of the whole process, the
+// database statements and the commits an operation waits for.
 func BenchmarkOperationBatched(b *testing.B) {
+	b.Run("claim=dispatcher", func(b *testing.B) { benchOperationBatched(b, false) })
+	b.Run("claim=submit", func(b *testing.B) { benchOperationBatched(b, true) })
+}
+
+func benchOperationBatched(b *testing.B, atSubmit bool) {
 	ctx, s := context.Background(), benchStore(b)
 	const callers = 256
 	next := make(chan int)
@@ -150,14 +157,16 @@ func BenchmarkOperationBatched(b *testing.B) {
 			for i := range next {
 				op, id, dev := fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i), fmt.Sprintf("device-%d", i%100)
 				n := newOp(op, id)
-				n.Target = dev
-				if _, err := s.Submit(ctx, n, nil); err != nil {
-					b.Error(err)
+				n.Target, n.SendAtSubmit, n.FirstCheck = dev, atSubmit, time.Now().Add(time.Second)
+				if res, err := s.Submit(ctx, n, nil); err != nil || res.Inserted.Claimed != atSubmit {
+					b.Errorf("submit %s: claimed %v, want %v: %v", op, res.Inserted.Claimed, atSubmit, err)
 					return
 				}
-				if _, err := s.ClaimSend(ctx, id, fsm.CmdPending, 0, 1, fence, time.Now()); err != nil {
-					b.Error(err)
-					return
+				if !atSubmit {
+					if _, err := s.ClaimSend(ctx, id, fsm.CmdPending, 0, 1, fence, time.Now()); err != nil {
+						b.Error(err)
+						return
+					}
 				}
 				rs := make([]wire.Receipt, len(statuses))
 				for k, st := range statuses {
