@@ -41,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -76,6 +77,12 @@ func instanceID(i int) string { return fmt.Sprintf("bench-%d", i) }
 type Config struct {
 	// Bin holds the controller and devicesim binaries.
 	Bin string
+	// Profile: the first controller serves Go's profiler (--pprof) and a
+	// CPU profile of each saturated controller phase is written to OutDir
+	// (controller-cpu.pprof, controller-serial-cpu.pprof). The profiler
+	// costs a few per cent: figures of a profiled run are not compared
+	// with others.
+	Profile bool
 	// Self is the program that runs the pass-through as its own process
 	// (Self passthrough --mqtt ...: PassthroughMain); default this one.
 	Self string
@@ -249,6 +256,7 @@ type run struct {
 	procs  map[string]int
 	trees  map[string]int
 	res    *Result
+	pprof  string // the first controller's --pprof address (Config.Profile)
 }
 
 func (r *run) logf(format string, args ...any) {
@@ -437,7 +445,9 @@ func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 	sat := &Phase{Name: "controller", Target: "controller"}
 	r.logf("phase controller: closed loop, %d in flight over %d instance(s), %s", cfg.Concurrency, cfg.Instances, cfg.Window)
 	trips := r.roundTrips(ctx, load)
+	profiled := r.profile(ctx, "controller-cpu.pprof")
 	closedLoop(ctx, sat, cfg.Concurrency, r.opts(), load.op("sat"))
+	profiled()
 	r.countRoundTrips(ctx, load, sat, trips)
 	sat.Overloaded = load.overloaded.Swap(0)
 	if err := r.controllersAlive(ctx); err != nil {
@@ -465,6 +475,57 @@ func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 	return sat, half, nil
 }
 
+// profile, with Config.Profile, takes a CPU profile of the first
+// controller over the measured window of the phase about to start (after
+// its warm-up) and writes it to OutDir/name; the function it returns waits
+// for it. Without Config.Profile it does nothing. A failed profile is
+// logged, never fatal: it is not a figure of the run.
+func (r *run) profile(ctx context.Context, name string) (wait func()) {
+	if !r.cfg.Profile || r.pprof == "" || r.cfg.OutDir == "" {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(r.cfg.Warmup):
+		}
+		secs := max(1, int(r.cfg.Window/time.Second))
+		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", r.pprof, secs)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			r.logf("profile %s: %v", name, err)
+			return
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			r.logf("profile %s: %v", name, err)
+			return
+		}
+		defer resp.Body.Close()
+		path := filepath.Join(r.cfg.OutDir, name)
+		err = os.MkdirAll(r.cfg.OutDir, 0o755)
+		var f *os.File
+		if err == nil {
+			f, err = os.Create(path)
+		}
+		if err == nil {
+			_, err = io.Copy(f, resp.Body)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil || resp.StatusCode != http.StatusOK {
+			r.logf("profile %s: status %d, %v", name, resp.StatusCode, err)
+			return
+		}
+		r.logf("CPU profile of the controller over %ds: %s (go tool pprof -top bin/controller %s)", secs, path, path)
+	}()
+	return func() { <-done }
+}
+
 // serialPolicy makes every action serial (one command in flight per
 // device, in submit order).
 const serialPolicy = `{"defaults":{"concurrency":"serial"}}`
@@ -489,7 +550,9 @@ func (r *run) serialPhase(ctx context.Context) (*Phase, error) {
 	p := &Phase{Name: "controller_serial", Target: "controller"}
 	r.logf("phase controller_serial: every action serial, closed loop, %d in flight, %s", cfg.Concurrency, cfg.Window)
 	trips := r.roundTrips(ctx, load)
+	profiled := r.profile(ctx, "controller-serial-cpu.pprof")
 	closedLoop(ctx, p, cfg.Concurrency, r.opts(), load.op("serial"))
+	profiled()
 	r.countRoundTrips(ctx, load, p, trips)
 	p.Overloaded = load.overloaded.Swap(0)
 	if err := r.controllersAlive(ctx); err != nil {
@@ -525,6 +588,14 @@ func (r *run) startControllers(ctx context.Context, db, policy string) (*control
 		}
 		if policy != "" {
 			args = append(args, "--policy", policy)
+		}
+		if r.cfg.Profile && i == 1 {
+			pport, err := freePort()
+			if err != nil {
+				return nil, err
+			}
+			r.pprof = fmt.Sprintf("127.0.0.1:%d", pport)
+			args = append(args, "--pprof", r.pprof)
 		}
 		if i == 1 && policy == "" {
 			r.res.ControllerArgs = redactArgs(args[1:])

@@ -39,11 +39,17 @@ func TestRunWritesSaneFigures(t *testing.T) {
 	defer cancel()
 	res, err := bench.Run(ctx, bench.Config{
 		Bin: bin, BrokerURL: broker.URL(), Devices: 4, Window: time.Second, Warmup: 200 * time.Millisecond,
-		Drain: 10 * time.Second, Concurrency: 8, OutDir: out, Out: &table, Log: &log,
+		Drain: 10 * time.Second, Concurrency: 8, OutDir: out, Out: &table, Log: &log, Profile: true,
 	})
 	require.NoError(t, err, log.String())
 	require.NotNil(t, res)
 
+	// The controller's CPU profiles of its two saturated phases.
+	for _, name := range []string{"controller-cpu.pprof", "controller-serial-cpu.pprof"} {
+		st, err := os.Stat(filepath.Join(out, name))
+		require.NoError(t, err, "%s\n%s", name, log.String())
+		require.Positive(t, st.Size(), name)
+	}
 	raw, err := os.ReadFile(filepath.Join(out, "latest.json"))
 	require.NoError(t, err)
 	var got map[string]any
