@@ -444,19 +444,13 @@ func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 	}
 	sat := &Phase{Name: "controller", Target: "controller"}
 	r.logf("phase controller: closed loop, %d in flight over %d instance(s), %s", cfg.Concurrency, cfg.Instances, cfg.Window)
-	trips := r.roundTrips(ctx, load)
-	profiled := r.profile(ctx, "controller-cpu.pprof")
-	closedLoop(ctx, sat, cfg.Concurrency, r.opts(), load.op("sat"))
-	profiled()
-	r.countRoundTrips(ctx, load, sat, trips)
-	sat.Overloaded = load.overloaded.Swap(0)
-	if err := r.controllersAlive(ctx); err != nil {
+	if err := r.saturate(ctx, load, sat, "sat", "controller-cpu.pprof"); err != nil {
 		return nil, nil, err
 	}
 	rate := max(1, sat.PerS/2)
 	half := &Phase{Name: "controller_half_load", Target: "controller"}
 	r.logf("phase controller_half_load: open loop at %.1f/s, %s", rate, cfg.Window)
-	trips = r.roundTrips(ctx, load)
+	trips := r.roundTrips(ctx, load)
 	openLoop(ctx, half, rate, cfg.MaxOutstanding, r.opts(), load.op("half"))
 	r.countRoundTrips(ctx, load, half, trips)
 	half.Overloaded = load.overloaded.Swap(0)
@@ -473,6 +467,20 @@ func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 		return nil, nil, err
 	}
 	return sat, half, nil
+}
+
+// saturate runs a controller phase's closed loop (operation ids tagged
+// tag), with its statements per operation, its 503s and, with
+// Config.Profile, a CPU profile written to OutDir/profile; the controllers
+// must still be alive after it.
+func (r *run) saturate(ctx context.Context, load *controllerLoad, p *Phase, tag, profile string) error {
+	trips := r.roundTrips(ctx, load)
+	profiled := r.profile(ctx, profile)
+	closedLoop(ctx, p, r.cfg.Concurrency, r.opts(), load.op(tag))
+	profiled()
+	r.countRoundTrips(ctx, load, p, trips)
+	p.Overloaded = load.overloaded.Swap(0)
+	return r.controllersAlive(ctx)
 }
 
 // profile, with Config.Profile, takes a CPU profile of the first
@@ -549,13 +557,7 @@ func (r *run) serialPhase(ctx context.Context) (*Phase, error) {
 	}
 	p := &Phase{Name: "controller_serial", Target: "controller"}
 	r.logf("phase controller_serial: every action serial, closed loop, %d in flight, %s", cfg.Concurrency, cfg.Window)
-	trips := r.roundTrips(ctx, load)
-	profiled := r.profile(ctx, "controller-serial-cpu.pprof")
-	closedLoop(ctx, p, cfg.Concurrency, r.opts(), load.op("serial"))
-	profiled()
-	r.countRoundTrips(ctx, load, p, trips)
-	p.Overloaded = load.overloaded.Swap(0)
-	if err := r.controllersAlive(ctx); err != nil {
+	if err := r.saturate(ctx, load, p, "serial", "controller-serial-cpu.pprof"); err != nil {
 		return nil, err
 	}
 	if err := r.endControllers(ctx, load); err != nil {

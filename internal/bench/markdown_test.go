@@ -13,7 +13,7 @@ func TestMarkdownCarriesTheFigures(t *testing.T) {
 	t.Parallel()
 	r := &Result{Date: "2026-12-05T19:00:00Z", GoVersion: "go1.26.8", Commit: "abc123", CPUs: 2, Devices: 100,
 		Seconds: 10, Concurrency: 256, Backend: "sqlite", Instances: 1, CeilingPerS: 4624.5, PassthroughPerS: 1680.1, ControllerPerS: 849.2,
-		Ratio: 0.1836, CPUMSPerOp: 1.37, DBRoundTripsPerOp: 27.3,
+		Ratio: 0.1836, CPUMSPerOp: 1.37, StatementsPerOp: 27.3,
 		Phases: []*Phase{{Name: "controller", Mode: "closed", Concurrency: 256, PerS: 849.2,
 			Latency: Summary{P50: 250.5, P99: 410.25}, Errors: 1, Unfinished: 2, DBRoundTripsPerOp: 27.3,
 			CPU: []CPUUse{{Process: "controller", MSPerOp: 1.37}, {Process: "broker", MSPerOp: 0.26}}}}}

@@ -56,13 +56,12 @@ type Result struct {
 	CPURatio             float64 `json:"cpu_ratio"`
 	// StatementsPerOp: the statements the controllers sent to their
 	// database per completed operation, saturated
-	// (controller_store_round_trips_total; db_round_trips_per_op).
+	// (controller_store_round_trips_total; each phase's db_round_trips_per_op).
 	StatementsPerOp float64 `json:"statements_per_op"`
 
 	// HalfLoadRate is R, half of controller_per_s: the arrival rate of
-	// both half-load phases (HalfLoadRatePerS: the same, its earlier name).
+	// both half-load phases.
 	HalfLoadRate                float64 `json:"half_load_rate"`
-	HalfLoadRatePerS            float64 `json:"half_load_rate_per_s"`
 	HalfLoadP50MS               float64 `json:"half_load_p50_ms"`
 	HalfLoadP99MS               float64 `json:"half_load_p99_ms"`
 	PassthroughHalfLoadP50MS    float64 `json:"passthrough_half_load_p50_ms"`
@@ -95,10 +94,7 @@ type Result struct {
 	// ControllerPeakRSSMB is the largest instance's; Each has them all.
 	ControllerPeakRSSMB     float64   `json:"controller_peak_rss_mb"`
 	ControllerPeakRSSMBEach []float64 `json:"controller_peak_rss_mb_each,omitempty"`
-	// DBRoundTripsPerOp: the statements the controllers sent to their
-	// database per completed operation, saturated (controller phase) and
-	// at half load.
-	DBRoundTripsPerOp         float64 `json:"db_round_trips_per_op"`
+	// HalfLoadDBRoundTripsPerOp: StatementsPerOp at half load.
 	HalfLoadDBRoundTripsPerOp float64 `json:"half_load_db_round_trips_per_op"`
 	// CPUMSPerOp: the controller processes' alone, saturated.
 	CPUMSPerOp float64 `json:"cpu_ms_per_op"`
@@ -145,7 +141,7 @@ func newResult(cfg Config) *Result {
 			"only operations finishing inside each window count (closed loop) or due inside it (open loop); a warm-up precedes each window",
 			"every process shares this host's CPUs; cpu per phase and process is in phases[].cpu (bench: the load client, and in the ceiling phase the in-memory fleet too); a PostgreSQL server on this host (found by its port) is \"postgres\": its postmaster and every backend, counted in controller_cpu_ms_per_op",
 			"instances > 1: operation k is submitted to instance k % instances and waited for there; cpu figures sum the instances",
-			"statements_per_op = db_round_trips_per_op: controller_store_round_trips_total of every instance (GET /metrics) after the phase's drain less before its start, over the operations it completed (warm-up and drain included)",
+			"statements_per_op (a phase's db_round_trips_per_op): controller_store_round_trips_total of every instance (GET /metrics) after the phase's drain less before its start, over the operations it completed (warm-up and drain included)",
 		},
 	}
 }
@@ -184,7 +180,6 @@ func (r *Result) finish() {
 	r.StatementsPerOp = ctl.DBRoundTripsPerOp
 
 	r.HalfLoadRate = round(half.TargetRate, 1)
-	r.HalfLoadRatePerS = r.HalfLoadRate
 	r.HalfLoadP50MS, r.HalfLoadP99MS = half.Latency.P50, half.Latency.P99
 	r.PassthroughHalfLoadP50MS, r.PassthroughHalfLoadP99MS = ptHalf.Latency.P50, ptHalf.Latency.P99
 	r.HalfLoadP99Ratio = ratio(half.Latency.P99, ptHalf.Latency.P99)
@@ -207,7 +202,7 @@ func (r *Result) finish() {
 			r.PostgresCPUMSPerOp = round(u.MSPerOp, 3)
 		}
 	}
-	r.DBRoundTripsPerOp, r.HalfLoadDBRoundTripsPerOp = ctl.DBRoundTripsPerOp, half.DBRoundTripsPerOp
+	r.HalfLoadDBRoundTripsPerOp = half.DBRoundTripsPerOp
 	for _, u := range ceil.CPU {
 		if u.Process == "mosquitto" {
 			r.CeilingBrokerCPUMSPer = round(u.MSPerOp, 3)

@@ -106,10 +106,7 @@ func (d *Dispatcher) Kick(commandID string) {
 // then (a cancel, another kick's step); the decision's conditional write
 // refuses it if so, as it would a read one.
 func (d *Dispatcher) Submitted(commandID string, inserted *store.OpenCommand) {
-	// A serial command queued behind another is read after the commit
-	// instead: the one ahead may have ended meanwhile in a transaction
-	// that could not see this one (see store.DB.QueueHead).
-	if inserted != nil && inserted.QueuedBehind == "" {
+	if inserted != nil {
 		d.mu.Lock()
 		d.inserted[commandID] = *inserted
 		d.mu.Unlock()

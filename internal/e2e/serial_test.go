@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math/rand"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,16 +19,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/client"
 	"github.com/fleetctl/fleetctl/internal/sim"
 	"github.com/fleetctl/fleetctl/internal/testenv"
-	"github.com/fleetctl/fleetctl/internal/witness"
 )
-
-// policyArgs writes a policy file and returns the --policy flag for it.
-func policyArgs(t *testing.T, policy string) []string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "policy.json")
-	require.NoError(t, os.WriteFile(path, []byte(policy), 0o600))
-	return []string{"--policy", path}
-}
 
 // deviceQueue reads GET /v1/devices/{id} with its commands in flight and queued.
 func (b *bundle) deviceQueue(id string) apiwire.DeviceDetail {
@@ -40,50 +29,20 @@ func (b *bundle) deviceQueue(id string) apiwire.DeviceDetail {
 	return d
 }
 
-// serialOrder checks, from the devices' execution log and the database,
-// that each device executed its serial commands in the order their
-// submits committed (serial_seq), and each after the previous one's final
-// receipt (the device's own clock): never two at once. It returns the
-// devices and executions it checked.
-func (b *bundle) serialOrder() (devices, executions int) {
+// verifySerial runs the invariant checker (b.verify) and requires its
+// tenth verdict to have judged n serial commands on devs devices, every one
+// published, none overlapping or out of order in the events log, and every
+// execution in the devices' log checked against the final receipt of the
+// serial command before it, none skipped: each device ran them one at a
+// time, in the order their submits committed.
+func (b *bundle) verifySerial(n, devs int) {
 	b.t.Helper()
-	seq := map[string]int64{}
-	for _, row := range b.rows(`SELECT command_id, serial_seq FROM commands WHERE serial_seq IS NOT NULL`) {
-		id, n, _ := strings.Cut(row, "|")
-		v, err := strconv.ParseInt(n, 10, 64)
-		require.NoError(b.t, err)
-		seq[id] = v
-	}
-	execs, err := witness.ReadExecutions(b.stateDir)
-	require.NoError(b.t, err)
-	rcpts, err := witness.ReadReceipts(b.stateDir)
-	require.NoError(b.t, err)
-	final := map[string]time.Time{} // a command's first final receipt
-	for _, r := range rcpts {
-		if at, ok := final[r.CommandID]; !ok || r.At.Before(at) {
-			final[r.CommandID] = r.At
-		}
-	}
-	per := map[string][]witness.Execution{}
-	for _, e := range execs {
-		if _, ok := seq[e.CommandID]; ok {
-			per[e.DeviceID] = append(per[e.DeviceID], e)
-		}
-	}
-	for dev, es := range per {
-		sort.SliceStable(es, func(i, j int) bool { return es[i].At.Before(es[j].At) })
-		for i := 1; i < len(es); i++ {
-			prev, cur := es[i-1], es[i]
-			require.Less(b.t, seq[prev.CommandID], seq[cur.CommandID],
-				"%s executed %s (serial %d) after %s (serial %d)", dev, cur.CommandID, seq[cur.CommandID], prev.CommandID, seq[prev.CommandID])
-			end, ok := final[prev.CommandID]
-			require.True(b.t, ok, "%s: %s executed, no final receipt of it", dev, prev.CommandID)
-			require.False(b.t, cur.At.Before(end), "%s: %s started at %s, before %s's final receipt at %s",
-				dev, cur.CommandID, cur.At.Format(time.RFC3339Nano), prev.CommandID, end.Format(time.RFC3339Nano))
-		}
-		executions += len(es)
-	}
-	return len(per), executions
+	out := b.verify()
+	i := strings.Index(out, "invariant 10 PASS: ")
+	require.GreaterOrEqual(b.t, i, 0, out)
+	line, _, _ := strings.Cut(out[i:], "\n")
+	require.Contains(b.t, line, fmt.Sprintf(": %d serial commands on %d devices (", n, devs))
+	require.Contains(b.t, line, fmt.Sprintf("), %d published, 0 overlaps, 0 out of order; witness: %d executions checked, 0 skipped", n, n))
 }
 
 // queueGaps are, on every device, the times from a serial command's end
@@ -177,16 +136,13 @@ func TestSerialCommandsRunInSubmitOrderThroughKills(t *testing.T) {
 	for id, n := range b.executions() {
 		require.Equal(t, 1, n, "%s executed %d times", id, n)
 	}
-	devs, execs := b.serialOrder()
-	t.Logf("%d serial operations over %d devices from %d callers through 2 instances, %d kill -9s: %v; "+
-		"%d executions on %d devices, each in submit order after the one before ended", ops, devices, callers, kills, final, execs, devs)
-	require.Equal(t, devices, devs)
-	require.Equal(t, ops, execs)
+	t.Logf("%d serial operations over %d devices from %d callers through 2 instances, %d kill -9s: %v",
+		ops, devices, callers, kills, final)
 	gaps := b.queueGaps()
 	require.NotEmpty(t, gaps)
 	t.Logf("from a serial command's end to the next one's publish (%d already queued): p50 %s, p90 %s, max %s",
 		len(gaps), gaps[len(gaps)/2], gaps[len(gaps)*9/10], gaps[len(gaps)-1])
-	b.verify()
+	b.verifySerial(ops, devices)
 }
 
 // Supersede with the device offline: five intents of one action leave one
@@ -317,10 +273,7 @@ func TestSerialQueueThroughCrashesAndAnOfflineDevice(t *testing.T) {
 		for _, id := range queued {
 			require.Equal(t, "succeeded", b.waitFinal(id).Status)
 		}
-		devs, execs := b.serialOrder()
-		require.Equal(t, 1, devs)
-		require.Equal(t, 6, execs)
-		b.verify()
+		b.verifySerial(6, 1)
 	})
 }
 
@@ -354,20 +307,11 @@ func TestSerialQueueTakenOverByASecondInstance(t *testing.T) {
 	b.ctl.Kill()
 
 	for _, id := range ids {
-		op, err := cl2.Operation(b.ctx(), id, 0)
-		require.NoError(t, err)
-		deadline := time.Now().Add(45 * time.Second)
-		for op.Status == "started" && time.Now().Before(deadline) {
-			op, err = cl2.Operation(b.ctx(), id, 10*time.Second)
-			require.NoError(t, err)
-		}
+		op := b.waitFinalAt(cl2, id)
 		require.Equal(t, "succeeded", op.Status, "%s", id)
 		require.Equal(t, "i2", op.Owner, "%s taken over by i2", id)
 	}
-	devs, execs := b.serialOrder()
-	require.Equal(t, 1, devs)
-	require.Equal(t, 4, execs)
-	b.verify()
+	b.verifySerial(4, 1)
 }
 
 // A device's queue moves from one instance to the other without waiting
@@ -423,7 +367,7 @@ func TestSerialQueueMovesAcrossInstancesAtOnce(t *testing.T) {
 	t.Logf("%d serial operations on %d devices through 2 instances in %s; from an end to the next publish (%d queued): p50 %s, p99 %s, max %s",
 		ops, devices, time.Since(start).Round(time.Millisecond), len(gaps), gaps[len(gaps)/2], gaps[len(gaps)*99/100], gaps[len(gaps)-1])
 	require.Less(t, gaps[len(gaps)-1], 10*time.Second, "no queue waited for a poll")
-	b.verify()
+	b.verifySerial(ops, devices)
 }
 
 // The slot's write and the publish, with the holder stalled between them
@@ -459,9 +403,6 @@ func TestSerialHeadStalledBetweenItsSlotAndItsPublish(t *testing.T) {
 		cmds, _ := sn.of(ids[0])
 		require.Len(t, cmds, 1, "the head on the wire once: i2's re-send")
 		require.Equal(t, 2, cmds[0].cmd.Attempt)
-		devs, execs := b.serialOrder()
-		require.Equal(t, 1, devs)
-		require.Equal(t, 3, execs)
-		b.verify()
+		b.verifySerial(3, 1)
 	})
 }

@@ -194,9 +194,15 @@ func req(task, target string) apiwire.SubmitRequest {
 // waitFinal waits until the operation leaves started.
 func (b *bundle) waitFinal(id string) apiwire.Operation {
 	b.t.Helper()
+	return b.waitFinalAt(b.client, id)
+}
+
+// waitFinalAt is waitFinal through the instance c serves.
+func (b *bundle) waitFinalAt(c *client.Client, id string) apiwire.Operation {
+	b.t.Helper()
 	deadline := time.Now().Add(45 * time.Second)
 	for time.Now().Before(deadline) {
-		op, err := b.client.Operation(b.ctx(), id, 10*time.Second)
+		op, err := c.Operation(b.ctx(), id, 10*time.Second)
 		if err == nil && op.Status != "started" {
 			return op
 		}
@@ -288,6 +294,14 @@ func eventually(t testing.TB, what string, timeout time.Duration, cond func() bo
 		}
 		<-time.After(20 * time.Millisecond) // poll interval of a deadline-bounded wait
 	}
+}
+
+// policyArgs writes a policy file and returns the --policy flag for it.
+func policyArgs(t *testing.T, policy string) []string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "policy.json")
+	require.NoError(t, os.WriteFile(path, []byte(policy), 0o600))
+	return []string{"--policy", path}
 }
 
 // startRaw starts a second controller process on b's database, same instance id, without waiting.

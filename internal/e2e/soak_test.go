@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -42,9 +41,8 @@ func TestSoak(t *testing.T) {
 		SlowExecution:    sim.ActionFault{Trigger: sim.Trigger{P: 0.05}, Delay: sim.Duration(700 * time.Millisecond)},
 		Fail:             sim.ActionFault{Trigger: sim.Trigger{P: 0.02}, Error: "disk_full"},
 	}}
-	policy := filepath.Join(t.TempDir(), "policy.json")
-	require.NoError(t, os.WriteFile(policy, []byte(`{"actions":{"restart":{"concurrency":"serial"},"set-config":{"concurrency":"parallel"}}}`), 0o600))
-	b := setup(t, setupOpts{devices: devices, faults: profile, args: []string{"--policy", policy}})
+	b := setup(t, setupOpts{devices: devices, faults: profile,
+		args: policyArgs(t, `{"actions":{"restart":{"concurrency":"serial"},"set-config":{"concurrency":"parallel"}}}`)})
 	ctx, cancel := context.WithTimeout(context.Background(), dur+3*time.Minute)
 	defer cancel()
 	var n atomic.Int64

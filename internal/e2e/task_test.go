@@ -32,11 +32,10 @@ func setupTasks(t *testing.T, o setupOpts) *taskBundle {
 		{"token":"t-admin","principal":"admin","roles":["admin"]},
 		{"token":"t-viewer","principal":"viewer","roles":[]}]`
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "tokens.json"), []byte(tokens), 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "policy.json"), []byte(`{"actions":{"restart":{"approval":"required"}}}`), 0o600))
 	if o.ids == nil && o.devices == 0 {
 		o.ids = []string{"device-1001", "device-1", "device-2"}
 	}
-	o.args = append(o.args, "--tokens", filepath.Join(dir, "tokens.json"), "--policy", filepath.Join(dir, "policy.json"))
+	o.args = append(append(o.args, "--tokens", filepath.Join(dir, "tokens.json")), policyArgs(t, `{"actions":{"restart":{"approval":"required"}}}`)...)
 	o.token = "t-viewer"
 	b := setup(t, o)
 	tb := &taskBundle{bundle: b,

@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -28,9 +26,8 @@ type heldQueue struct {
 
 func holdQueue(t *testing.T) heldQueue {
 	t.Helper()
-	policy := filepath.Join(t.TempDir(), "policy.json")
-	require.NoError(t, os.WriteFile(policy, []byte(`{"actions":{"restart":{"concurrency":"serial"}}}`), 0o600))
-	b := setup(t, setupOpts{args: []string{"--ack-timeout", "300ms", "--max-attempts", "2", "--policy", policy},
+	b := setup(t, setupOpts{args: append([]string{"--ack-timeout", "300ms", "--max-attempts", "2"},
+		policyArgs(t, `{"actions":{"restart":{"concurrency":"serial"}}}`)...),
 		faults: sim.Profile{Devices: []sim.Override{{Match: "device-2", Faults: sim.Faults{
 			Legacy:        sim.Legacy{Enabled: true, Dedupe: false, Query: true},
 			DropReceipt:   sim.ReceiptFault{Trigger: sim.Trigger{Count: 1}, Statuses: []string{sim.ClassFinal}},

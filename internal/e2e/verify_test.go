@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -56,9 +54,7 @@ func TestVerifyCatchesViolations(t *testing.T) {
 // had committed first) the checker fails it.
 func TestVerifyCatchesSerialOutOfOrder(t *testing.T) {
 	t.Parallel()
-	policy := filepath.Join(t.TempDir(), "policy.json")
-	require.NoError(t, os.WriteFile(policy, []byte(`{"actions":{"restart":{"concurrency":"serial"}}}`), 0o600))
-	b := setup(t, setupOpts{args: []string{"--policy", policy}})
+	b := setup(t, setupOpts{args: policyArgs(t, `{"actions":{"restart":{"concurrency":"serial"}}}`)})
 	var ops, cmds []string
 	for _, task := range []string{"serial-1", "serial-2"} {
 		op, _, err := b.client.Submit(b.ctx(), req(task, "device-1"), "")

@@ -39,6 +39,18 @@ func (b *testBundle) Publish(f store.Fact) {
 	}
 }
 
+// succeed publishes op's command and applies the device's final
+// succeeded receipt: op is final.
+func (b *testBundle) succeed(t *testing.T, op domain.Operation) {
+	t.Helper()
+	_, err := b.st.ClaimSend(b.ctx, op.CommandID, fsm.CmdPending, 0, 1, domain.Fence{Owner: op.Owner, Token: op.FencingToken},
+		time.Now().Add(time.Minute))
+	require.NoError(t, err)
+	_, err = b.st.ApplyReceipt(b.ctx, op.Target, wire.Receipt{CommandID: op.CommandID, OperationID: op.OperationID,
+		Status: wire.ReceiptSucceeded, Seq: 3, Result: json.RawMessage(`{}`)}, nil)
+	require.NoError(t, err)
+}
+
 func setup(t *testing.T, enforceGrants bool) *testBundle {
 	t.Helper()
 	b := &testBundle{ctx: context.Background()}
@@ -163,12 +175,7 @@ func TestCompensate(t *testing.T) {
 	require.Equal(t, "not_final", code(err), "the original is still started")
 
 	// Published, and the device succeeds: the original is final.
-	_, err = b.st.ClaimSend(b.ctx, orig.CommandID, fsm.CmdPending, 0, 1, domain.Fence{Owner: orig.Owner, Token: orig.FencingToken},
-		time.Now().Add(time.Minute))
-	require.NoError(t, err)
-	_, err = b.st.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: orig.CommandID, OperationID: orig.OperationID,
-		Status: wire.ReceiptSucceeded, Seq: 3, Result: json.RawMessage(`{}`)}, nil)
-	require.NoError(t, err)
+	b.succeed(t, orig)
 	op, created, err := b.svc.Compensate(b.ctx, orig.OperationID, comp, "alice")
 	require.NoError(t, err)
 	require.True(t, created)
@@ -417,12 +424,7 @@ func TestOrderingPolicyOnEveryPath(t *testing.T) {
 	c, err := b.st.GetCommand(b.ctx, orig.CommandID)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, c.SerialSeq)
-	_, err = b.st.ClaimSend(b.ctx, orig.CommandID, fsm.CmdPending, 0, 1, domain.Fence{Owner: orig.Owner, Token: orig.FencingToken},
-		time.Now().Add(time.Minute))
-	require.NoError(t, err)
-	_, err = b.st.ApplyReceipt(b.ctx, "device-1", wire.Receipt{CommandID: orig.CommandID, OperationID: orig.OperationID,
-		Status: wire.ReceiptSucceeded, Seq: 3, Result: json.RawMessage(`{}`)}, nil)
-	require.NoError(t, err)
+	b.succeed(t, orig)
 	comp, created, err := b.svc.Compensate(b.ctx, orig.OperationID, Compensation{Action: "tune", BusinessVersion: "v1"}, "alice")
 	require.NoError(t, err)
 	require.True(t, created)

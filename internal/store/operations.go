@@ -161,21 +161,13 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 }
 
 // claimAtSubmit commits a new command's first publish decision in its
-// submit's transaction: the same fenced, conditional pending → sent as
-// ClaimSend's (a serial command only as the head of its device's queue),
-// under the lease and token the submit just took. The publish follows the
-// commit; from then on a cancel gets already_published, as for any
-// command published.
+// submit's transaction: ClaimSend's pending → sent, under the lease and
+// token the submit just took. The publish follows the commit; from then on
+// a cancel gets already_published, as for any command published.
 func (t *tx) claimAtSubmit(ctx context.Context, oc *OpenCommand, n NewOperation) error {
-	now := ms(t.now)
-	ch := t.decision(ctx, oc.CommandID, fsm.CmdPending, fsm.CmdSent, oc.Fence)
-	err := t.cas(ctx, ch, scanInto(&oc.Command), t.s.q.CommandClaimSend,
-		append([]any{fsm.CmdSent, n.QoS, ms(n.FirstCheck), now, now, oc.CommandID, fsm.CmdPending, 0}, fenceArgs(oc.Fence, t.now)...)...)
-	if err != nil {
-		return err
-	}
-	oc.Claimed = true
-	return t.event("command", oc.CommandID, string(fsm.CmdPending), string(fsm.CmdSent), "publish attempt 1", oc.Fence.Token)
+	err := t.claimSend(ctx, oc.CommandID, fsm.CmdPending, fsm.CmdSent, 0, n.QoS, oc.Fence, n.FirstCheck, scanInto(&oc.Command))
+	oc.Claimed = err == nil
+	return err
 }
 
 // inserted is the operation as submit inserted it, as getOperation would

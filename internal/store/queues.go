@@ -54,14 +54,22 @@ func (t *tx) enqueueSerial(ctx context.Context, device string) (seq int64, ahead
 	if err := t.QueryRowContext(ctx, t.s.q.QueueNext, device).Scan(&seq); err != nil {
 		return 0, "", fmt.Errorf("number a serial command of %s: %w", device, err)
 	}
-	err = t.QueryRowContext(ctx, t.s.q.QueueAhead, device, seq).Scan(&ahead)
+	ahead, err = queueAhead(ctx, t, device, seq)
+	return seq, ahead, err
+}
+
+// queueAhead names the open serial command of device just ahead of number
+// seq, "" when there is none.
+func queueAhead(ctx context.Context, q queryer, device string, seq int64) (string, error) {
+	var ahead string
+	err := q.QueryRowContext(ctx, stmts(q).QueueAhead, device, seq).Scan(&ahead)
 	if errors.Is(err, sql.ErrNoRows) {
-		return seq, "", nil
+		return "", nil
 	}
 	if err != nil {
-		return 0, "", fmt.Errorf("queue of %s: %w", device, err)
+		return "", fmt.Errorf("queue of %s: %w", device, err)
 	}
-	return seq, ahead, nil
+	return ahead, nil
 }
 
 // released runs when a command ended in this transaction: if it was
@@ -144,12 +152,8 @@ func (t *tx) queueExplainer(ctx context.Context, commandID string, base func() (
 		if err != nil || c.SerialSeq == 0 || c.Attempt > 0 || c.Status.Terminal() {
 			return why, err
 		}
-		var ahead string
-		switch err := t.QueryRowContext(ctx, t.s.q.QueueAhead, c.DeviceID, c.SerialSeq).Scan(&ahead); {
-		case errors.Is(err, sql.ErrNoRows):
-			return why, nil
-		case err != nil:
-			return "", fmt.Errorf("queue of %s: %w", c.DeviceID, err)
+		if ahead, err := queueAhead(ctx, t, c.DeviceID, c.SerialSeq); err != nil || ahead == "" {
+			return why, err
 		}
 		return ReasonQueued, nil
 	}
@@ -183,13 +187,5 @@ func (s *DB) QueuedBehind(ctx context.Context, c domain.Command) (string, error)
 	if c.SerialSeq == 0 || c.Attempt > 0 || c.Status.Terminal() {
 		return "", nil
 	}
-	var ahead string
-	err := s.rq.QueryRowContext(ctx, s.q.QueueAhead, c.DeviceID, c.SerialSeq).Scan(&ahead)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("command ahead of %s: %w", c.CommandID, err)
-	}
-	return ahead, nil
+	return queueAhead(ctx, s.rq, c.DeviceID, c.SerialSeq)
 }

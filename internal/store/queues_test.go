@@ -45,11 +45,9 @@ func (c *changeLog) len() int {
 func TestSerialCommandsQueueInSubmitOrder(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
-		b := setup(t, be)
 		log := &changeLog{}
-		s, err := testOpen(b.ctx, Config{Path: testDSN(t, be), Instance: "i1", Now: b.clk.Now, Observer: newObserver(), Feed: log})
-		require.NoError(t, err)
-		t.Cleanup(func() { s.Close() })
+		b := setupFeed(t, be, log)
+		s := b.s
 
 		var inserted []OpenCommand
 		for i := 1; i <= 4; i++ {
@@ -57,12 +55,22 @@ func TestSerialCommandsQueueInSubmitOrder(t *testing.T) {
 			require.NoError(t, err)
 			inserted = append(inserted, res.Inserted)
 		}
-		par := newOp("op-p", "c-p")
-		_, err = s.Submit(b.ctx, par, nil)
+		_, err := s.Submit(b.ctx, newOp("op-p", "c-p"), nil)
 		require.NoError(t, err)
 
 		require.Equal(t, "", inserted[0].QueuedBehind)
 		require.Equal(t, "", inserted[0].Reason)
+		// The feed: the head's copy as inserted goes to the dispatcher;
+		// a queued one is read after its commit instead.
+		copies := map[string]bool{}
+		log.mu.Lock()
+		for _, f := range log.facts {
+			if f.Kind == FactDue {
+				copies[f.ID] = f.Inserted != nil
+			}
+		}
+		log.mu.Unlock()
+		require.Equal(t, map[string]bool{"c-1": true, "c-2": false, "c-3": false, "c-4": false, "c-p": true}, copies)
 		for i := 1; i < 4; i++ {
 			require.Equal(t, fmt.Sprintf("c-%d", i), inserted[i].QueuedBehind)
 			require.Equal(t, ReasonQueued, inserted[i].Reason)

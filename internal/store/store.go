@@ -336,13 +336,16 @@ func (t *tx) publish(f Fact) {
 
 // submitted publishes a submit's command as due for its first decision: a
 // new one with its copy as inserted (res's own, which the dispatcher copies
-// before the submit's caller is answered), a retry's without.
+// before the submit's caller is answered), a retry's without. So does a
+// serial one queued behind another: it is read after the commit, since
+// the one ahead may have ended meanwhile in a transaction that could not
+// see it (see DB.QueueHead).
 func (t *tx) submitted(res *SubmitResult) {
 	switch {
 	case t.s.feed == nil:
-	case res.Created:
+	case res.Created && res.Inserted.QueuedBehind == "":
 		t.publish(Fact{Kind: FactDue, ID: res.Operation.CommandID, Inserted: &res.Inserted})
-	case res.Retried:
+	case res.Created || res.Retried:
 		t.publish(Fact{Kind: FactDue, ID: res.Operation.CommandID})
 	}
 }

@@ -84,9 +84,15 @@ func testDSN(t *testing.T, be string) string {
 
 func setup(t *testing.T, be string) *testBundle {
 	t.Helper()
+	return setupFeed(t, be, nil)
+}
+
+// setupFeed is setup with the store's facts published to feed.
+func setupFeed(t *testing.T, be string, feed Feed) *testBundle {
+	t.Helper()
 	clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
 	obs := newObserver()
-	s, err := testOpen(context.Background(), Config{Path: testDSN(t, be), Instance: "i1", Now: clk.Now, Observer: obs})
+	s, err := testOpen(context.Background(), Config{Path: testDSN(t, be), Instance: "i1", Now: clk.Now, Observer: obs, Feed: feed})
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return &testBundle{s: s, clk: clk, obs: obs, ctx: context.Background()}

@@ -100,13 +100,11 @@ func (c *changeLog) Publish(f Fact) {
 func TestFeedSeesCommittedChangesWithIDs(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
-		b := setup(t, be)
 		log := &changeLog{}
-		s, err := testOpen(b.ctx, Config{Path: testDSN(t, be), Instance: "i1", Now: b.clk.Now, Observer: newObserver(), Feed: log})
-		require.NoError(t, err)
-		t.Cleanup(func() { s.Close() })
+		b := setupFeed(t, be, log)
+		s := b.s
 
-		_, err = s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+		_, err := s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
 		require.NoError(t, err)
 		_, _, err = s.CreateTask(b.ctx, newTask("task-1", "agent"))
 		require.NoError(t, err)

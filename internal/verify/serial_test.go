@@ -59,6 +59,18 @@ func cleanSerial(n int) *serialRun {
 	return s
 }
 
+// submittedTwo is a run where s-1 and s-2 of device-1 were submitted in
+// that order; first and second are their states in the database.
+func submittedTwo(first, second fsm.CommandState) *serialRun {
+	s := &serialRun{at: t0}
+	for i, st := range []fsm.CommandState{first, second} {
+		id := fmt.Sprintf("s-%d", i+1)
+		s.cmds = append(s.cmds, store.AuditSerialCommand{CommandID: id, DeviceID: "device-1", SerialSeq: int64(i + 1), Status: st})
+		s.event(id, "", "pending", "submitted")
+	}
+	return s
+}
+
 func (s *serialRun) verdict() Verdict {
 	return (&run{events: s.events}).serial(s.cmds, s.execs, s.rcpts)
 }
@@ -74,13 +86,7 @@ func TestInvariant10(t *testing.T) {
 	require.Contains(t, v.Detail, "3 serial commands on 1 devices (0 submitted behind another), 3 published, 0 overlaps, 0 out of order; witness: 3 executions checked, 0 skipped")
 
 	t.Run("overlap", func(t *testing.T) {
-		s := &serialRun{at: t0}
-		s.cmds = []store.AuditSerialCommand{
-			{CommandID: "s-1", DeviceID: "device-1", SerialSeq: 1, Status: fsm.CmdSucceeded},
-			{CommandID: "s-2", DeviceID: "device-1", SerialSeq: 2, Status: fsm.CmdSucceeded},
-		}
-		s.event("s-1", "", "pending", "submitted")
-		s.event("s-2", "", "pending", "submitted")
+		s := submittedTwo(fsm.CmdSucceeded, fsm.CmdSucceeded)
 		s.event("s-1", "pending", "sent", "publish attempt 1")
 		s.event("s-2", "pending", "sent", "publish attempt 1") // s-1 still in flight
 		s.run("s-1")
@@ -92,13 +98,7 @@ func TestInvariant10(t *testing.T) {
 	})
 
 	t.Run("needs_attention is in flight", func(t *testing.T) {
-		s := &serialRun{at: t0}
-		s.cmds = []store.AuditSerialCommand{
-			{CommandID: "s-1", DeviceID: "device-1", SerialSeq: 1, Status: fsm.CmdNeedsAttention},
-			{CommandID: "s-2", DeviceID: "device-1", SerialSeq: 2, Status: fsm.CmdSent},
-		}
-		s.event("s-1", "", "pending", "submitted")
-		s.event("s-2", "", "pending", "submitted")
+		s := submittedTwo(fsm.CmdNeedsAttention, fsm.CmdSent)
 		s.event("s-1", "pending", "sent", "publish attempt 1")
 		s.event("s-1", "sent", "needs_attention", "unknown outcome")
 		s.event("s-2", "pending", "sent", "publish attempt 1")
@@ -108,13 +108,7 @@ func TestInvariant10(t *testing.T) {
 	})
 
 	t.Run("out of order publish", func(t *testing.T) {
-		s := &serialRun{at: t0}
-		s.cmds = []store.AuditSerialCommand{
-			{CommandID: "s-1", DeviceID: "device-1", SerialSeq: 1, Status: fsm.CmdSucceeded},
-			{CommandID: "s-2", DeviceID: "device-1", SerialSeq: 2, Status: fsm.CmdSucceeded},
-		}
-		s.event("s-1", "", "pending", "submitted")
-		s.event("s-2", "", "pending", "submitted")
+		s := submittedTwo(fsm.CmdSucceeded, fsm.CmdSucceeded)
 		s.event("s-2", "pending", "sent", "publish attempt 1") // ahead of s-1
 		s.run("s-2")
 		s.event("s-1", "pending", "sent", "publish attempt 1")
@@ -135,13 +129,8 @@ func TestInvariant10(t *testing.T) {
 	})
 
 	t.Run("an unpublished command ahead that ended is no obstacle", func(t *testing.T) {
-		s := &serialRun{at: t0}
-		s.cmds = []store.AuditSerialCommand{
-			{CommandID: "s-1", DeviceID: "device-1", SerialSeq: 1, Status: fsm.CmdCancelled},
-			{CommandID: "s-2", DeviceID: "device-1", SerialSeq: 2, Status: fsm.CmdSucceeded},
-		}
-		s.event("s-1", "", "pending", "submitted")
-		s.event("s-2", "", "pending", "submitted, queued behind s-1")
+		s := submittedTwo(fsm.CmdCancelled, fsm.CmdSucceeded)
+		s.events[1].Reason = "submitted, queued behind s-1"
 		s.event("s-1", "pending", "cancelled", "superseded")
 		s.event("s-2", "pending", "sent", "publish attempt 1")
 		s.run("s-2")
