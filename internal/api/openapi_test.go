@@ -366,7 +366,7 @@ func TestOpenAPILiveAnswersValidate(t *testing.T) {
 	do(oaCall{method: "POST", path: "/v1/operations", token: alice, header: map[string]string{"Content-Type": "text/plain"},
 		body: `{"target":"device-1","action":"restart"}`, want: 415, invalid: true})
 	got := do(oaCall{method: "GET", path: "/v1/operations/op-1", token: alice, want: 200})
-	b.mustRefuse(t, "/v1/operations/op-1", got, `"status": "started"`, `"status": "bogus"`, nil)
+	b.mustRefuse(t, "/v1/operations/op-1", got, `"status":"started"`, `"status":"bogus"`, nil)
 	b.mustRefuse(t, "/v1/operations/op-1", got, `"request_hash"`, `"request_hash_x"`, nil)
 	do(oaCall{method: "GET", path: "/v1/operations/op-1?wait=1ms", token: alice, want: 200})
 	do(oaCall{method: "GET", path: "/v1/operations/op-1?wait=forever", token: alice, want: 400})
@@ -388,7 +388,7 @@ func TestOpenAPILiveAnswersValidate(t *testing.T) {
 	// Devices.
 	got = do(oaCall{method: "GET", path: "/v1/devices?limit=1", token: alice, want: 200})
 	b.mustRefuse(t, "/v1/devices?limit=1", got, `"device_id"`, `"device_id"`+"\t", nil) // unchanged body, no X-Total-Count
-	b.mustRefuse(t, "/v1/devices?limit=1", got, `"online": true`, `"online": "yes"`, http.Header{"X-Total-Count": {"2"}})
+	b.mustRefuse(t, "/v1/devices?limit=1", got, `"online":true`, `"online":"yes"`, http.Header{"X-Total-Count": {"2"}})
 	do(oaCall{method: "GET", path: "/v1/devices?online=true&after=device-1", token: alice, want: 200})
 	do(oaCall{method: "GET", path: "/v1/devices?online=maybe", token: alice, want: 400, invalid: true})
 	do(oaCall{method: "GET", path: "/v1/devices?limit=0", token: alice, want: 400, invalid: true})

@@ -229,8 +229,12 @@ func (s *Server) MountMCP(h http.Handler) {
 	s.mux.Handle("/mcp", s.need("", h.ServeHTTP))
 }
 
-// Changed wakes the ?wait= requests of an operation.
-func (s *Server) Changed(operationID string) { s.hub.Notify(operationID) }
+// Changed wakes the ?wait= requests of an operation that left started:
+// with committed, the operation as its change committed it, they answer
+// with it; with nil, they read it again.
+func (s *Server) Changed(operationID string, committed *domain.Operation) {
+	s.hub.Notify(operationID, committed)
+}
 
 // ServeHTTP implements http.Handler: the browser rules first (browser.go),
 // then the body limit, then the routes (auth, then the handler).
@@ -416,13 +420,16 @@ func (s *Server) handleGetOperation(r *http.Request) (int, any, error) {
 }
 
 // waitOperation returns the operation once it leaves started, or when wait
-// ends. It wakes on this instance's changes (and, through the store's
-// wake-ups, on other instances'), and polls every Config.WaitPoll for the
-// changes of other instances that no wake-up reached.
+// ends. It wakes on this instance's changes, answered with the operation
+// as the change committed it, and (through the store's wake-ups, read
+// again) on other instances'. For the changes of other instances that no
+// wake-up reached it polls, first after Config.WaitPoll, then at twice the
+// interval before, up to four times WaitPoll.
 func (s *Server) waitOperation(ctx context.Context, id string, wait time.Duration) (domain.Operation, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	poll := time.NewTicker(s.cfg.WaitPoll)
+	every := s.cfg.WaitPoll
+	poll := time.NewTimer(every)
 	defer poll.Stop()
 	for {
 		ch := s.hub.Watch(id)
@@ -432,8 +439,14 @@ func (s *Server) waitOperation(ctx context.Context, id string, wait time.Duratio
 			return op, err
 		}
 		select {
-		case <-ch:
+		case committed := <-ch:
+			if committed != nil {
+				s.hub.Unwatch(id, ch)
+				return *committed, nil
+			}
 		case <-poll.C:
+			every = min(2*every, 4*s.cfg.WaitPoll)
+			poll.Reset(every)
 		case <-deadline.C:
 			s.hub.Unwatch(id, ch)
 			return s.cfg.Store.GetOperation(ctx, id)
@@ -550,21 +563,22 @@ func (s *Server) handleResetPresence(r *http.Request) (int, any, error) {
 	return http.StatusOK, deviceView(d), nil
 }
 
-// Hub wakes waiters on an operation's change.
+// Hub wakes waiters on an operation's change, with the operation as
+// committed when the change had it (nil: read it again).
 type Hub struct {
 	mu      sync.Mutex
-	waiters map[string]map[chan struct{}]struct{}
+	waiters map[string]map[chan *domain.Operation]struct{}
 }
 
 // NewHub builds an empty Hub.
-func NewHub() *Hub { return &Hub{waiters: map[string]map[chan struct{}]struct{}{}} }
+func NewHub() *Hub { return &Hub{waiters: map[string]map[chan *domain.Operation]struct{}{}} }
 
-// Watch returns a channel that is signalled at the next Notify of id.
-func (h *Hub) Watch(id string) chan struct{} {
-	ch := make(chan struct{}, 1)
+// Watch returns a channel that is given the next Notify of id.
+func (h *Hub) Watch(id string) chan *domain.Operation {
+	ch := make(chan *domain.Operation, 1)
 	h.mu.Lock()
 	if h.waiters[id] == nil {
-		h.waiters[id] = map[chan struct{}]struct{}{}
+		h.waiters[id] = map[chan *domain.Operation]struct{}{}
 	}
 	h.waiters[id][ch] = struct{}{}
 	h.mu.Unlock()
@@ -572,7 +586,7 @@ func (h *Hub) Watch(id string) chan struct{} {
 }
 
 // Unwatch forgets a channel from Watch.
-func (h *Hub) Unwatch(id string, ch chan struct{}) {
+func (h *Hub) Unwatch(id string, ch chan *domain.Operation) {
 	h.mu.Lock()
 	delete(h.waiters[id], ch)
 	if len(h.waiters[id]) == 0 {
@@ -581,12 +595,13 @@ func (h *Hub) Unwatch(id string, ch chan struct{}) {
 	h.mu.Unlock()
 }
 
-// Notify signals every watcher of id.
-func (h *Hub) Notify(id string) {
+// Notify gives committed (nil: read it again) to every watcher of id; the
+// watchers share it and only read it.
+func (h *Hub) Notify(id string, committed *domain.Operation) {
 	h.mu.Lock()
 	for ch := range h.waiters[id] {
 		select {
-		case ch <- struct{}{}:
+		case ch <- committed:
 		default:
 		}
 	}

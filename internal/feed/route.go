@@ -13,8 +13,12 @@ import (
 // Consumers are the services the controller's facts go to. Each method is
 // called inline on the publisher's goroutine and returns at once.
 type Consumers struct {
-	// Waiters are the ?wait= callers of operations (api.Server.Changed).
-	Waiters interface{ Changed(operationID string) }
+	// Waiters are the ?wait= callers of operations (api.Server.Changed):
+	// given the operation as committed when the fact carries it, else nil
+	// (they read it again).
+	Waiters interface {
+		Changed(operationID string, committed *domain.Operation)
+	}
 	// Dispatcher decides about the commands this instance holds
 	// (command.Dispatcher).
 	Dispatcher interface {
@@ -43,7 +47,7 @@ type Consumers struct {
 
 // Route sends one fact to the consumers that act on it:
 //
-//	changed operation, left started  → Waiters (a ?wait= caller reads it again)
+//	changed operation, left started  → Waiters (with the row as committed, or a read again)
 //	changed task, or its step's op   → Tasks (the runner looks at the task)
 //	changed, any machine             → Stream (the kinds it carries)
 //	remote operation                 → Waiters, Remote (read back for the Stream), Tasks (a step's)
@@ -62,12 +66,12 @@ func (c *Consumers) Route(f store.Fact) {
 				c.Tasks.Wake(task) // a step's operation ended: the task goes on
 			}
 			if f.Remote {
-				c.Waiters.Changed(f.ID)
+				c.Waiters.Changed(f.ID, nil)
 				c.Remote(f.ID)
 				return
 			}
 			if ch.To != string(fsm.OpStarted) {
-				c.Waiters.Changed(ch.ID)
+				c.Waiters.Changed(ch.ID, ch.Operation)
 			}
 		}
 		if ch.Machine == "task" {

@@ -22,7 +22,13 @@ func (c *calls) add(format string, args ...any) { c.log = append(c.log, fmt.Spri
 
 type waiters struct{ *calls }
 
-func (w waiters) Changed(id string) { w.add("wait %s", id) }
+func (w waiters) Changed(id string, committed *domain.Operation) {
+	if committed == nil {
+		w.add("wait %s (read again)", id)
+		return
+	}
+	w.add("wait %s (committed %s)", id, committed.Status)
+}
 
 type dispatcher struct{ *calls }
 
@@ -65,24 +71,27 @@ func TestRouteSendsEachKindToItsConsumers(t *testing.T) {
 		want []string
 	}{
 		{"an operation that left started", changed("operation", "op-1", "started", "succeeded"),
-			[]string{"wait op-1", "stream operation op-1 succeeded"}},
+			[]string{"wait op-1 (read again)", "stream operation op-1 succeeded"}},
+		{"an operation that ended with its row as committed", store.Fact{Kind: store.FactChanged, Change: store.Change{
+			Machine: "operation", ID: "op-1", From: "started", To: "succeeded", Operation: &domain.Operation{Status: "succeeded"}}},
+			[]string{"wait op-1 (committed succeeded)", "stream operation op-1 succeeded"}},
 		{"an operation that started (no waiter can answer yet)", changed("operation", "op-1", "", "started"),
 			[]string{"stream operation op-1 started"}},
 		{"a retry started again", changed("operation", "op-1", "failed_retryable", "started"),
 			[]string{"stream operation op-1 started"}},
 		{"another instance's operation", store.Fact{Kind: store.FactChanged, ID: "op-2",
 			Change: store.Change{Machine: "operation", ID: "op-2"}, Remote: true},
-			[]string{"wait op-2", "remote op-2"}},
+			[]string{"wait op-2 (read again)", "remote op-2"}},
 		{"a command", changed("command", "c-1", "pending", "sent"), []string{"stream command c-1 sent"}},
 		{"a device's presence", changed("device", "device-1", "offline", "online"), []string{"stream device device-1 online"}},
 		{"a task", changed("task", "task-1", "approved", "running"), []string{"task task-1", "stream task task-1 running"}},
 		{"a task step's operation that ended", changed("operation", "task-1:s:device-1:approval-v2", "started", "failed_final"),
-			[]string{"task task-1", "wait task-1:s:device-1:approval-v2", "stream operation task-1:s:device-1:approval-v2 failed_final"}},
+			[]string{"task task-1", "wait task-1:s:device-1:approval-v2 (read again)", "stream operation task-1:s:device-1:approval-v2 failed_final"}},
 		{"a task step's operation that started (the runner made it)", changed("operation", "task-1:s:device-1:approval-v2", "", "started"),
 			[]string{"stream operation task-1:s:device-1:approval-v2 started"}},
 		{"another instance's task step operation", store.Fact{Kind: store.FactChanged, ID: "task-2:s:d:approval-v1",
 			Change: store.Change{Machine: "operation", ID: "task-2:s:d:approval-v1"}, Remote: true},
-			[]string{"task task-2", "wait task-2:s:d:approval-v1", "remote task-2:s:d:approval-v1"}},
+			[]string{"task task-2", "wait task-2:s:d:approval-v1 (read again)", "remote task-2:s:d:approval-v1"}},
 		{"a rollout's own move", changed("rollout", "r-1", "scheduled", "running"), []string{"stream rollout r-1 running"}},
 		{"a lease (the stream drops it)", changed("lease", "i1", "", "reclaimed"), []string{"stream lease i1 reclaimed"}},
 		{"a new submit's command", store.Fact{Kind: store.FactDue, ID: "c-1",

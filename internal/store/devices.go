@@ -182,14 +182,25 @@ func (s *DB) ResetPresence(ctx context.Context, device, who string) (domain.Devi
 // its last-seen time moves, at most once a second (lastSeenResolution):
 // a busy device's receipts do not each rewrite, and with PostgreSQL lock,
 // its row. Presence itself only changes by rank.
+//
+// A device this store touched within that second, in a change that
+// committed, is not touched again: no statement at all. Its own
+// UnconfirmAll forgets those touches; another instance's (PostgreSQL) may
+// leave a device unconfirmed for up to that second longer, until its next
+// receipt.
 func (t *tx) touchDevice(device string) error {
 	now := ms(t.now)
+	if at, ok := t.s.touched[device]; ok && at > now-lastSeenResolution.Milliseconds() {
+		return nil
+	}
 	// A row another instance's change holds is being written by it (touched
 	// by another receipt, or its presence applied): this touch is skipped.
 	if _, err := t.Exec(t.s.q.DeviceTouch,
 		now, now, device, now-lastSeenResolution.Milliseconds()); err != nil {
 		return fmt.Errorf("touch device %s: %w", device, err)
 	}
+	s := t.s
+	t.notes = append(t.notes, func(Observer) { s.touched[device] = now }) // once committed
 	return nil
 }
 
@@ -202,7 +213,11 @@ const lastSeenResolution = time.Second
 func (s *DB) UnconfirmAll(ctx context.Context) error {
 	return s.write(ctx, func(ctx context.Context, t *tx) error {
 		// A device whose row another change holds is speaking right now.
-		_, err := t.Exec(t.s.q.DeviceUnconfirmAll)
-		return err
+		if _, err := t.Exec(t.s.q.DeviceUnconfirmAll); err != nil {
+			return err
+		}
+		s := t.s
+		t.notes = append(t.notes, func(Observer) { clear(s.touched) }) // each is touched at its next receipt
+		return nil
 	})
 }

@@ -142,7 +142,11 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 			return SubmitResult{}, err
 		}
 	}
-	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial)
+	var claim *time.Time
+	if n.SendAtSubmit {
+		claim = &n.FirstCheck
+	}
+	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial, claim)
 	if err != nil {
 		return SubmitResult{}, err
 	}
@@ -151,23 +155,9 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	}
 	op := n.inserted(now, ms(t.now.Add(n.LeaseTTL)))
 	res := SubmitResult{Operation: op, Created: true,
-		Inserted: OpenCommand{Command: c, Fence: domain.Fence{Owner: op.Owner, Token: op.FencingToken}, LeaseExpiresAt: op.LeaseExpiresAt}}
-	if n.SendAtSubmit && c.QueuedBehind == "" {
-		if err := t.claimAtSubmit(ctx, &res.Inserted, n); err != nil {
-			return SubmitResult{}, err
-		}
-	}
+		Inserted: OpenCommand{Command: c, Fence: domain.Fence{Owner: op.Owner, Token: op.FencingToken}, LeaseExpiresAt: op.LeaseExpiresAt,
+			Claimed: c.Status == fsm.CmdSent}}
 	return res, nil
-}
-
-// claimAtSubmit commits a new command's first publish decision in its
-// submit's transaction: ClaimSend's pending → sent, under the lease and
-// token the submit just took. The publish follows the commit; from then on
-// a cancel gets already_published, as for any command published.
-func (t *tx) claimAtSubmit(ctx context.Context, oc *OpenCommand, n NewOperation) error {
-	err := t.claimSend(ctx, oc.CommandID, fsm.CmdPending, fsm.CmdSent, 0, n.QoS, oc.Fence, n.FirstCheck, scanInto(&oc.Command))
-	oc.Claimed = err == nil
-	return err
 }
 
 // inserted is the operation as submit inserted it, as getOperation would
@@ -212,7 +202,16 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 // insertCommand inserts a new pending command and returns it as a read
 // would find it. A serial one takes its place in its device's queue: with
 // a command ahead of it, its reason is queued.
-func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool) (domain.Command, error) {
+// insertCommand inserts a command pending, or, with claim set, as its
+// first publish decision leaves it (ClaimSend's pending → sent, its next
+// check at *claim): a submit's own claim, made in its transaction under
+// the lease and token it just took, so every condition of ClaimSend's
+// write holds by construction (a new row, the submit's own fence; a serial
+// one only as the head of its device's queue, else it stays pending). Both
+// moves are in the events log, as if made one after the other. The
+// publish follows the commit; from then on a cancel gets already_published,
+// as for any command published.
+func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time) (domain.Command, error) {
 	now, expires := ms(t.now), ms(t.now.Add(ttl))
 	var (
 		seq    sql.NullInt64
@@ -229,20 +228,39 @@ func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, a
 			reason = ReasonQueued
 		}
 	}
-	_, err := t.Exec(t.s.q.CommandInsert,
-		commandID, operationID, device, action, string(params), now, expires, qos, now, now, now, seq, reason)
-	if err != nil {
-		return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
-	}
 	c := domain.Command{CommandID: commandID, OperationID: operationID, DeviceID: device, Action: action,
 		Params: json.RawMessage(string(params)), IssuedAt: fromMS(now), ExpiresAt: fromMS(expires),
 		Status: fsm.CmdPending, QoS: qos, Version: 1, Reason: reason, NextCheckAt: fromMS(now),
 		CreatedAt: fromMS(now), UpdatedAt: fromMS(now), SerialSeq: seq.Int64, QueuedBehind: ahead}
+	claimed := claim != nil && ahead == ""
+	if claimed {
+		c.Status, c.Attempt, c.Version, c.NextCheckAt, c.LastSentAt = fsm.CmdSent, 1, 2, fromMS(ms(*claim)), fromNullMS(sql.NullInt64{Int64: now, Valid: true})
+	}
+	_, err := t.Exec(t.s.q.CommandInsert,
+		commandID, operationID, device, action, string(params), now, expires, c.Status, c.Attempt, qos, c.Version,
+		ms(c.NextCheckAt), lastSent(c), now, now, seq, reason)
+	if err != nil {
+		return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
+	}
 	why := "submitted"
 	if ahead != "" {
 		why = "submitted, queued behind " + ahead
 	}
-	return c, t.event("command", commandID, "", string(fsm.CmdPending), why, 0)
+	if err := t.event("command", commandID, "", string(fsm.CmdPending), why, 0); err != nil {
+		return domain.Command{}, err
+	}
+	if claimed {
+		return c, t.event("command", commandID, string(fsm.CmdPending), string(fsm.CmdSent), "publish attempt 1", 1)
+	}
+	return c, nil
+}
+
+// lastSent is a command's last_sent_at column (NULL before its first publish).
+func lastSent(c domain.Command) any {
+	if c.LastSentAt == nil {
+		return nil
+	}
+	return ms(*c.LastSentAt)
 }
 
 // getOperationRow reads an operation's own row, without the lists of its
@@ -304,18 +322,28 @@ func scanOperation(row interface{ Scan(...any) error }, more ...any) (domain.Ope
 // trip: the lists come as comma-joined aggregates, which ids never contain
 // (their charset is [A-Za-z0-9._:-]).
 func getOperation(ctx context.Context, q queryer, id string) (domain.Operation, error) {
-	var cmds, comps string
 	st, locking := statementsOf(q)
 	query := st.OperationGet
 	if locking {
 		query = st.OperationGetForUpdate
 	}
-	op, err := scanOperation(q.QueryRowContext(ctx, query, id), &cmds, &comps)
+	op, err := scanWholeOperation(q.QueryRowContext(ctx, query, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return domain.Operation{}, fmt.Errorf("operation %s: %w", id, domain.ErrNotFound)
 	}
 	if err != nil {
 		return domain.Operation{}, fmt.Errorf("get operation %s: %w", id, err)
+	}
+	return op, nil
+}
+
+// scanWholeOperation scans an operation with its command and compensation
+// ids (OperationGet's columns).
+func scanWholeOperation(row rowScanner) (domain.Operation, error) {
+	var cmds, comps string
+	op, err := scanOperation(row, &cmds, &comps)
+	if err != nil {
+		return domain.Operation{}, err
 	}
 	op.CommandIDs, op.Compensations = splitIDs(cmds), splitIDs(comps)
 	return op, nil
@@ -392,17 +420,20 @@ func (t *tx) finishOperation(ctx context.Context, cmd domain.Command, state fsm.
 		res = string(result)
 	}
 	ch := change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(to), token: op.FencingToken}
-	err = t.cas(ctx, ch, nil, t.s.q.OperationFinish,
-		to, res, reason, ms(t.now), op.OperationID, op.Status, op.Version)
+	var ended domain.Operation // as committed: its ?wait= callers are answered with it
+	err = t.cas(ctx, ch, func(row rowScanner) (err error) {
+		ended, err = scanWholeOperation(row)
+		return err
+	}, t.s.q.OperationFinish, to, res, reason, ms(t.now), op.OperationID, op.Status, op.Version)
 	if errors.Is(err, ErrRefused) {
 		return nil // recorded; the operation moved on under us
 	}
 	if err != nil {
 		return err
 	}
-	if err := t.event("operation", op.OperationID, string(op.Status), string(to), "command "+cmd.CommandID+" "+string(state), op.FencingToken); err != nil {
-		return err
-	}
+	t.logEvent("operation", op.OperationID, string(op.Status), string(to), "command "+cmd.CommandID+" "+string(state), op.FencingToken)
+	t.publish(Fact{Kind: FactChanged, Change: Change{Machine: "operation", ID: op.OperationID, From: string(op.Status),
+		To: string(to), At: t.now, Principal: t.principal, Operation: &ended}})
 	t.wake(WakeOperation, op.OperationID) // its ?wait= callers may wait on other instances
 	if superseded == "" {
 		return nil

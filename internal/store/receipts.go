@@ -99,7 +99,8 @@ type ReceiptResult struct {
 // ApplyReceipts applies receipts of one device, in their order, as one
 // change of the writer's batch: receipts that arrived together share a
 // commit instead of waiting for one each. Each is applied as ApplyReceipt
-// would, under a savepoint of its own inside the change, so a refused or
+// would: first all in one run; when one of them fails, the change runs
+// again (errRunCarefully) with a savepoint for each, so a refused or
 // failing receipt is rolled back alone. A refused receipt is recorded and
 // the next one applied; any other failure stops there (the results end with
 // it), so that a command's receipts are never applied out of their order:
@@ -123,11 +124,21 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 		touch := false
 		for _, r := range rs {
 			var out ReceiptOutcome
-			rerr, err := t.savepoint(ctx, "receipt", func() error {
-				var err error
-				out, err = t.countedReceipt(ctx, device, r, false, beforeCommit)
-				return err
-			}, nil)
+			var rerr, err error
+			if t.careful {
+				rerr, err = t.savepoint(ctx, "receipt", func() error {
+					var err error
+					out, err = t.countedReceipt(ctx, device, r, false, beforeCommit)
+					return err
+				}, nil)
+			} else if out, err = t.countedReceipt(ctx, device, r, false, beforeCommit); err != nil {
+				// Most groups apply whole; one that does not runs again
+				// with a savepoint for each receipt.
+				if t.s.d.EndsTransaction(err) || t.s.d.Conflict(err) {
+					return err
+				}
+				return errRunCarefully
+			}
 			if err != nil {
 				return err
 			}
@@ -401,10 +412,9 @@ func (t *tx) logReceipt(commandID, sentAs, device string, r wire.Receipt, effect
 	if !r.At.IsZero() {
 		at = r.At.UTC().Format(time.RFC3339Nano)
 	}
-	_, err := t.Exec(t.s.q.ReceiptInsert,
-		commandID, sentAs, device, r.OperationID, r.Status, r.Seq, at, ms(t.now), r.QueryID, effect, r.Error, result, t.instance)
-	if err != nil {
-		return fmt.Errorf("log receipt: %w", err)
-	}
+	// Written with the batch's other receipt rows (insertReceipts), if the
+	// change stands: nothing in a change reads the log.
+	t.receipts = append(t.receipts, []any{
+		commandID, sentAs, device, r.OperationID, r.Status, r.Seq, at, ms(t.now), r.QueryID, effect, r.Error, result, t.instance})
 	return nil
 }

@@ -75,6 +75,9 @@ type Change struct {
 	// Principal is the person whose change it is (tx.by); "" for the
 	// controller's own.
 	Principal string
+	// Operation is an operation as the change committed it, when the
+	// change read it back (an outcome from a final receipt); nil otherwise.
+	Operation *domain.Operation
 }
 
 // Fact is one thing the store tells the rest of the controller once it is
@@ -162,14 +165,15 @@ type DB struct {
 	d    driver.Driver
 	q    *driver.Statements // d's statements
 	caps driver.Capabilities
-	// eventInserts are the multi-row INSERTs of the events log, by rows.
-	eventInserts map[int]string
-	dsn          string
-	w, r         *sql.DB
-	now          func() time.Time
-	obs          Observer
-	feed         Feed // nil: no facts
-	instance     string
+	// eventInserts and receiptInserts are the multi-row INSERTs of the
+	// events log and of the receipt log, by rows.
+	eventInserts, receiptInserts map[int]string
+	dsn                          string
+	w, r                         *sql.DB
+	now                          func() time.Time
+	obs                          Observer
+	feed                         Feed // nil: no facts
+	instance                     string
 
 	// The writer goroutine (writer.go) owns w once Open returns.
 	queue         chan *job
@@ -178,6 +182,9 @@ type DB struct {
 	maxBatch      int
 	quit, stopped chan struct{}
 	trips         atomic.Int64 // statements sent to the database
+	// touched is when a committed change of this store last touched each
+	// device (touchDevice), in ms: the writer goroutine's own.
+	touched map[string]int64
 	// files are the SQLite files whose paths must keep naming them
 	// (guard.go); nil with PostgreSQL.
 	files *fileGuard
@@ -217,9 +224,9 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &DB{d: d, q: d.Statements(), caps: d.Capabilities(), eventInserts: eventInserts(d), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
+	s := &DB{d: d, q: d.Statements(), caps: d.Capabilities(), eventInserts: rowInserts(d, eventsHead, eventColumns), receiptInserts: rowInserts(d, receiptsHead, receiptColumns), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
 		feed: cfg.Feed, queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch,
-		quit: make(chan struct{}), stopped: make(chan struct{})}
+		quit: make(chan struct{}), stopped: make(chan struct{}), touched: map[string]int64{}}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		r.Close()
@@ -305,7 +312,12 @@ type tx struct {
 	notes    []func(Observer)
 	wakes    []string   // NOTIFY payloads for other instances
 	events   []eventRow // its lines of the events log, written at the batch's end
-	j        *job       // the change's job (its hooks' results)
+	receipts [][]any    // its rows of the receipt log (receiptColumns each), likewise
+	// careful: the change runs under a savepoint of its own, after an
+	// optimistic run of its batch failed (applyChange); a change may then
+	// take the slower way that isolates its parts (ApplyReceipts).
+	careful bool
+	j       *job // the change's job (its hooks' results)
 	// principal is the person whose change this is (tx.by): written on
 	// its events and its audit row; "" for the controller's own changes.
 	principal string
@@ -372,28 +384,34 @@ type eventRow struct {
 	principal                               string
 }
 
-// eventChunks are the row counts of the multi-row INSERTs that write a
-// batch's events: a few fixed statements, each prepared once.
-var eventChunks = []int{256, 64, 16, 4, 1}
+// insertChunks are the row counts of the multi-row INSERTs that write a
+// batch's lines of the events log and of the receipt log: a few fixed
+// statements, each prepared once.
+var insertChunks = []int{256, 64, 16, 4, 1}
 
-// eventColumns is the number of columns an events row is inserted with.
-const eventColumns = 10
+// The events log's and the receipt log's columns, as a batch inserts them.
+const (
+	eventsHead     = `INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused, principal) VALUES `
+	eventColumns   = 10
+	receiptsHead   = `INSERT INTO receipts (command_id, sent_as, device_id, operation_id, status, seq, at, received_at, query_id, effect, error, result, instance) VALUES `
+	receiptColumns = 13
+)
 
-// eventInserts builds the INSERT of each chunk size, in the backend's
+// rowInserts builds the INSERT of each chunk size, in the backend's
 // placeholders (a statement of N rows is built here, not named: the one
 // thing that differs is the placeholders' numbering).
-func eventInserts(d driver.Driver) map[int]string {
+func rowInserts(d driver.Driver, head string, columns int) map[int]string {
 	m := map[int]string{}
-	for _, n := range eventChunks {
+	for _, n := range insertChunks {
 		var b strings.Builder
-		b.WriteString(`INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused, principal) VALUES `)
+		b.WriteString(head)
 		p := 0
 		for row := 0; row < n; row++ {
 			if row > 0 {
 				b.WriteString(", ")
 			}
 			b.WriteByte('(')
-			for col := 0; col < eventColumns; col++ {
+			for col := 0; col < columns; col++ {
 				if col > 0 {
 					b.WriteString(", ")
 				}
@@ -412,22 +430,47 @@ func eventInserts(d driver.Driver) map[int]string {
 // (and the refusals of those that did not) are left to write by then, so
 // the log keeps the order in which the changes were applied.
 func (t *tx) insertEvents(ctx context.Context, rows []eventRow) error {
-	for len(rows) > 0 {
-		n := eventChunks[len(eventChunks)-1]
-		for _, c := range eventChunks {
-			if c <= len(rows) {
-				n = c
+	err := t.insertRows(ctx, t.s.eventInserts, eventColumns, len(rows), func(args []any, i int) []any {
+		r := rows[i]
+		return append(args, r.at, r.machine, r.id, r.from, r.to, r.reason, r.instance, r.token, r.refused, r.principal)
+	})
+	if err != nil {
+		return fmt.Errorf("record events: %w", err)
+	}
+	return nil
+}
+
+// insertReceipts writes the receipt log's rows of a batch's changes that
+// stood, in their order, as insertEvents does the events.
+func (t *tx) insertReceipts(ctx context.Context, rows [][]any) error {
+	err := t.insertRows(ctx, t.s.receiptInserts, receiptColumns, len(rows), func(args []any, i int) []any {
+		return append(args, rows[i]...)
+	})
+	if err != nil {
+		return fmt.Errorf("log receipts: %w", err)
+	}
+	return nil
+}
+
+// insertRows writes n rows through stmts (rowInserts), the largest chunk
+// that fits first; row appends row i's columns to args.
+func (t *tx) insertRows(ctx context.Context, stmts map[int]string, columns, n int, row func(args []any, i int) []any) error {
+	for done := 0; done < n; {
+		k := insertChunks[len(insertChunks)-1]
+		for _, c := range insertChunks {
+			if c <= n-done {
+				k = c
 				break
 			}
 		}
-		args := make([]any, 0, eventColumns*n)
-		for _, r := range rows[:n] {
-			args = append(args, r.at, r.machine, r.id, r.from, r.to, r.reason, r.instance, r.token, r.refused, r.principal)
+		args := make([]any, 0, columns*k)
+		for i := done; i < done+k; i++ {
+			args = row(args, i)
 		}
-		if _, err := t.ExecContext(ctx, t.s.eventInserts[n], args...); err != nil {
-			return fmt.Errorf("record events: %w", err)
+		if _, err := t.ExecContext(ctx, stmts[k], args...); err != nil {
+			return err
 		}
-		rows = rows[n:]
+		done += k
 	}
 	return nil
 }
@@ -455,13 +498,18 @@ const (
 // event appends to the events log (with the batch's other lines, see
 // insertEvents) and notes the transition for the observer.
 func (t *tx) event(machine, id, from, to, reason string, token int64) error {
+	t.logEvent(machine, id, from, to, reason, token)
+	t.changed(machine, id, from, to)
+	return nil
+}
+
+// logEvent is event without its fact, for a change that publishes its own.
+func (t *tx) logEvent(machine, id, from, to, reason string, token int64) {
 	t.events = append(t.events, eventRow{at: ms(t.now), machine: machine, id: id, from: from, to: to,
 		reason: reason, instance: t.instance, token: token, principal: t.principal})
 	if from != to && from != "" {
 		t.notes = append(t.notes, func(o Observer) { o.Transition(machine, from, to) })
 	}
-	t.changed(machine, id, from, to)
-	return nil
 }
 
 // changed publishes a change once the transaction commits.

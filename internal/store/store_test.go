@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -876,5 +877,132 @@ func TestApplyReceiptsInOrderAndAFailureStopsThere(t *testing.T) {
 		require.Len(t, recs, 3, "nothing of the failed one recorded")
 		op, _ := b.s.GetOperation(b.ctx, "op-1")
 		require.Equal(t, fsm.OpStarted, op.Status)
+	})
+}
+
+// A final receipt's change carries its operation as committed, the same
+// as a read after the commit returns: a ?wait= caller is answered with it
+// and reads nothing.
+func TestOperationEndCarriesItsCommittedRow(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		log := &changeLog{}
+		b := setupFeed(t, be, log)
+		sentCommand(t, b)
+		b.clk.Advance(time.Second)
+		res, err := b.s.ApplyReceipts(b.ctx, "device-1", []wire.Receipt{receipt("c-1", wire.ReceiptExecuting, 1),
+			func() wire.Receipt {
+				r := receipt("c-1", wire.ReceiptSucceeded, 2)
+				r.Result = json.RawMessage(`{"uptime_s": 0}`)
+				return r
+			}()}, nil)
+		require.NoError(t, err)
+		require.Len(t, res, 2)
+		var ended []*domain.Operation
+		log.mu.Lock()
+		for _, f := range log.facts {
+			if f.Kind == FactChanged && f.Change.Machine == "operation" && f.Change.To != string(fsm.OpStarted) {
+				ended = append(ended, f.Change.Operation)
+			}
+		}
+		log.mu.Unlock()
+		require.Len(t, ended, 1)
+		require.NotNil(t, ended[0], "the end carries the row")
+		read, err := b.s.GetOperation(b.ctx, "op-1")
+		require.NoError(t, err)
+		require.Equal(t, fsm.OpSucceeded, read.Status)
+		require.Equal(t, read, *ended[0])
+		recs, err := b.s.Receipts(b.ctx, "c-1")
+		require.NoError(t, err)
+		require.Len(t, recs, 2, "both receipts logged, at the batch's end")
+		require.Equal(t, []string{"executing", "succeeded"}, []string{recs[0].Status, recs[1].Status})
+	})
+}
+
+// A submit that may send claims the first publish in its own insert: the
+// command as the submit returns it is the row as read back (sent, attempt
+// 1, its first check), both moves are in the events log, and a serial one
+// queued behind another stays pending.
+func TestSubmitClaimsTheFirstPublishInItsInsert(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		first := b.clk.Now().Add(3 * time.Second)
+		claimed := func(n NewOperation) NewOperation {
+			n.SendAtSubmit, n.FirstCheck = true, first
+			return n
+		}
+		res, err := b.s.Submit(b.ctx, claimed(newOp("op-1", "c-1")), nil)
+		require.NoError(t, err)
+		require.True(t, res.Inserted.Claimed)
+		read, err := b.s.GetCommand(b.ctx, "c-1")
+		require.NoError(t, err)
+		require.Equal(t, fsm.CmdSent, read.Status)
+		require.Equal(t, 1, read.Attempt)
+		require.Equal(t, first.UnixMilli(), read.NextCheckAt.UnixMilli())
+		require.NotNil(t, read.LastSentAt)
+		require.Equal(t, read, res.Inserted.Command, "the copy the dispatcher publishes is the row")
+		events, err := b.s.Events(b.ctx, "c-1")
+		require.NoError(t, err)
+		var moves []string
+		for _, e := range events {
+			moves = append(moves, e.From+">"+e.To+" "+e.Reason)
+		}
+		require.Equal(t, []string{">pending submitted", "pending>sent publish attempt 1"}, moves)
+
+		for i := 1; i <= 2; i++ {
+			res, err = b.s.Submit(b.ctx, claimed(serialOp("op-s"+strconv.Itoa(i), "c-s"+strconv.Itoa(i))), nil)
+			require.NoError(t, err)
+			require.Equal(t, i == 1, res.Inserted.Claimed, "only the head of the queue claims")
+		}
+		queued, err := b.s.GetCommand(b.ctx, "c-s2")
+		require.NoError(t, err)
+		require.Equal(t, fsm.CmdPending, queued.Status)
+		require.Equal(t, 0, queued.Attempt)
+		require.Equal(t, ReasonQueued, queued.Reason)
+	})
+}
+
+// A receipt confirms its device and moves its last-seen time, at most
+// once a second, and without a statement while this store's own touch is
+// that fresh; after UnconfirmAll the next receipt confirms it again at once.
+func TestReceiptsTouchTheirDeviceOnceASecond(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		_, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 1})
+		require.NoError(t, err)
+		sentCommand(t, b)
+		apply := func(st wire.ReceiptStatus, seq int) int64 {
+			t.Helper()
+			before := b.s.RoundTrips()
+			_, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", st, seq), nil)
+			require.NoError(t, err)
+			return b.s.RoundTrips() - before
+		}
+		device := func() domain.Device {
+			t.Helper()
+			d, err := b.s.GetDevice(b.ctx, "device-1")
+			require.NoError(t, err)
+			return d
+		}
+		b.clk.Advance(time.Second)
+		apply(wire.ReceiptReceived, 1)
+		t0 := b.clk.Now()
+		require.Equal(t, t0.UnixMilli(), device().LastSeenAt.UnixMilli())
+
+		b.clk.Advance(500 * time.Millisecond)
+		quiet := apply(wire.ReceiptReceived, 1) // a duplicate: the same statements but the touch
+		require.Equal(t, t0.UnixMilli(), device().LastSeenAt.UnixMilli(), "within the second")
+
+		require.NoError(t, b.s.UnconfirmAll(b.ctx))
+		require.False(t, device().Confirmed)
+		b.clk.Advance(100 * time.Millisecond)
+		require.Equal(t, quiet+1, apply(wire.ReceiptReceived, 1), "touched again after UnconfirmAll")
+		require.True(t, device().Confirmed, "its next receipt confirms it")
+
+		b.clk.Advance(time.Second)
+		require.Equal(t, quiet+1, apply(wire.ReceiptReceived, 1), "and again a second later")
+		require.Equal(t, b.clk.Now().UnixMilli(), device().LastSeenAt.UnixMilli())
 	})
 }

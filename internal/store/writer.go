@@ -201,7 +201,8 @@ func (s *DB) commitBatch(batch []*job) {
 // SAVEPOINT and a RELEASE each cost a statement. At the first change that
 // fails, that transaction is rolled back and the batch runs again with a
 // savepoint for each change, the failed one answered with the error it
-// met (and its refusals recorded) without running it again. The changes
+// met (and its refusals recorded) without running it again, unless it
+// asked to run again (errRunCarefully). The changes
 // before it run twice; their hooks are called once (tx.hook).
 func (s *DB) applyBatch(batch []*job, res []applied) (fellBack bool, err error) {
 	failed, err := s.runBatch(batch, res, nil)
@@ -212,6 +213,11 @@ func (s *DB) applyBatch(batch []*job, res []applied) (fellBack bool, err error) 
 	_, err = s.runBatch(batch, res, failed)
 	return true, err
 }
+
+// errRunCarefully is a change's answer to an optimistic run that it must
+// not be answered from: one of its parts failed, and it runs again under
+// savepoints (tx.careful) that let its other parts stand.
+var errRunCarefully = errors.New("store: the change runs again under savepoints")
 
 // failedChange is the change an optimistic run stopped at.
 type failedChange struct {
@@ -240,8 +246,9 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 		return nil, err
 	}
 	var (
-		wakes  []string
-		events []eventRow
+		wakes    []string
+		events   []eventRow
+		receipts [][]any
 	)
 	for i, j := range batch {
 		if err := j.ctx.Err(); err != nil {
@@ -254,9 +261,9 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 			if t, err = s.runOptimistic(ctx, sqlTx, j); err == nil && t.err != nil {
 				return &failedChange{index: i, run: t}, nil
 			}
-		case i == failed.index:
+		case i == failed.index && !errors.Is(failed.run.err, errRunCarefully):
 			t = failed.run
-			t.notes, t.wakes, t.events = nil, nil, nil // rolled back with its run
+			t.notes, t.wakes, t.events, t.receipts = nil, nil, nil, nil // rolled back with its run
 			t.recordRefusals()
 		default:
 			t, err = s.applyChange(ctx, sqlTx, j)
@@ -266,14 +273,20 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 		}
 		if t.err == nil {
 			wakes = append(wakes, t.wakes...)
+			receipts = append(receipts, t.receipts...)
 		}
 		events = append(events, t.events...)
 		res[i] = applied{err: t.err, notes: t.notes, refusals: t.refusals}
 	}
-	// The events of the whole batch in a few multi-row statements: a
+	// The events and receipt rows of the whole batch in a few multi-row
+	// statements: a
 	// failure here is the transaction's, like a failed COMMIT, and every
 	// caller is told to try again.
-	if err := (&tx{Tx: sqlTx, s: s}).insertEvents(ctx, events); err != nil {
+	bt := &tx{Tx: sqlTx, s: s}
+	if err := bt.insertEvents(ctx, events); err != nil {
+		return nil, err
+	}
+	if err := bt.insertReceipts(ctx, receipts); err != nil {
 		return nil, err
 	}
 	sent, err := s.d.Notify(ctx, sqlTx, wakes)
@@ -392,6 +405,7 @@ type changeRun struct {
 // by running again; the whole batch runs again instead).
 func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun, error) {
 	t := s.newTx(sqlTx, j)
+	t.careful = true
 	ferr, err := t.savepoint(ctx, "change", func() error { return runChange(ctx, j.fn, t) }, func() error {
 		// A refused transition is on record whether or not its change stood.
 		t.recordRefusals()
@@ -446,7 +460,7 @@ func (t *tx) savepoint(ctx context.Context, name string, fn, release func() erro
 	if err := t.execFixed(ctx, `SAVEPOINT `+name); err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)
 	}
-	notes, wakes, events := len(t.notes), len(t.wakes), len(t.events)
+	notes, wakes, events, receipts := len(t.notes), len(t.wakes), len(t.events), len(t.receipts)
 	if ferr = fn(); ferr != nil {
 		if t.s.d.EndsTransaction(ferr) || t.s.d.Conflict(ferr) {
 			return ferr, ferr
@@ -454,7 +468,7 @@ func (t *tx) savepoint(ctx context.Context, name string, fn, release func() erro
 		if err := t.execFixed(ctx, `ROLLBACK TO SAVEPOINT `+name); err != nil {
 			return ferr, fmt.Errorf("rollback to savepoint: %w (after %v)", err, ferr)
 		}
-		t.notes, t.wakes, t.events = t.notes[:notes], t.wakes[:wakes], t.events[:events]
+		t.notes, t.wakes, t.events, t.receipts = t.notes[:notes], t.wakes[:wakes], t.events[:events], t.receipts[:receipts]
 	}
 	if release != nil {
 		if err := release(); err != nil {

@@ -61,7 +61,6 @@ type Statements struct {
 	// receipts.go: receipts and answers
 	QueryCommand, QueryAnswer, CommandLastAnswer, CommandDueNow            string
 	CommandUnpark, CommandAdvance, CommandLateConflict, CommandLateOutcome string
-	ReceiptInsert                                                          string
 
 	// rollouts.go: rollouts, their devices, starts and history
 	RolloutCounts, RolloutStartsSince, RolloutHistoryInsert               string

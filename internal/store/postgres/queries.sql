@@ -254,12 +254,20 @@ INSERT INTO operations (operation_id, action, target, params, request_hash, stat
 
 -- name: CommandInsert
 INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
-		status, qos, version, next_check_at, created_at, updated_at, serial_seq, reason)
-	VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, 1, $9, $10, $11, $12, $13)
+		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
 
 -- name: OperationFinish
 UPDATE operations SET status = $1, result = $2, reason = $3, retry_until = NULL, version = version + 1, updated_at = $4
 	WHERE operation_id = $5 AND status = $6 AND version = $7
+RETURNING operation_id, action, target, params, request_hash, status, result, reason, attempt,
+	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
+	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0),
+	COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
+		FROM commands c WHERE c.operation_id = operations.operation_id), ''),
+	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
+		FROM operations k WHERE k.compensates = operations.operation_id), '')
 
 -- name: CommandSupersede
 UPDATE commands SET status = $1, reason = $2, version = version + 1, updated_at = $3
@@ -400,10 +408,6 @@ UPDATE commands SET late_conflict = 1, updated_at = $1 WHERE command_id = $2
 -- name: CommandLateOutcome
 UPDATE commands SET late_outcome = $1, late_result = $2, late_conflict = $3, status_rank = $4,
 	updated_at = $5 WHERE command_id = $6 AND late_outcome = ''
-
--- name: ReceiptInsert
-INSERT INTO receipts (command_id, sent_as, device_id, operation_id, status, seq, at, received_at,
-	query_id, effect, error, result, instance) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 
 -- rollouts.go: rollouts, their devices, starts and history
 

@@ -234,12 +234,20 @@ INSERT INTO operations (operation_id, action, target, params, request_hash, stat
 
 -- name: CommandInsert
 INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
-		status, qos, version, next_check_at, created_at, updated_at, serial_seq, reason)
-	VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, 1, ?, ?, ?, ?, ?)
+		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- name: OperationFinish
 UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
 	WHERE operation_id = ? AND status = ? AND version = ?
+RETURNING operation_id, action, target, params, request_hash, status, result, reason, attempt,
+	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
+	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0),
+	COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
+		FROM commands c WHERE c.operation_id = operations.operation_id), ''),
+	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
+		FROM operations k WHERE k.compensates = operations.operation_id), '')
 
 -- name: CommandSupersede
 UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
@@ -380,10 +388,6 @@ UPDATE commands SET late_conflict = 1, updated_at = ? WHERE command_id = ?
 -- name: CommandLateOutcome
 UPDATE commands SET late_outcome = ?, late_result = ?, late_conflict = ?, status_rank = ?,
 	updated_at = ? WHERE command_id = ? AND late_outcome = ''
-
--- name: ReceiptInsert
-INSERT INTO receipts (command_id, sent_as, device_id, operation_id, status, seq, at, received_at,
-	query_id, effect, error, result, instance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- rollouts.go: rollouts, their devices, starts and history
 
