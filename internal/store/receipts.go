@@ -99,9 +99,9 @@ type ReceiptResult struct {
 // ApplyReceipts applies receipts of one device, in their order, as one
 // change of the writer's batch: receipts that arrived together share a
 // commit instead of waiting for one each. Each is applied as ApplyReceipt
-// would: first all in one run; when one of them fails, the change runs
-// again (errRunCarefully) with a savepoint for each, so a refused or
-// failing receipt is rolled back alone. A refused receipt is recorded and
+// would: first all in one run (receiptsTogether); when one of them fails,
+// the change runs again (errRunCarefully) with a savepoint for each
+// (receiptsOneByOne), so a refused or failing receipt is rolled back alone. A refused receipt is recorded and
 // the next one applied; any other failure stops there (the results end with
 // it), so that a command's receipts are never applied out of their order:
 // the caller tries that one and the rest again. An error (the batch failed,
@@ -120,43 +120,168 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 		ids[i] = r.CommandID
 	}
 	err := s.writeLocking(ctx, lockCommands(ids...), func(ctx context.Context, t *tx) error {
-		res = res[:0] // a batch that lost a deadlock runs again whole
-		touch := false
-		for _, r := range rs {
-			var out ReceiptOutcome
-			var rerr, err error
-			if t.careful {
-				rerr, err = t.savepoint(ctx, "receipt", func() error {
-					var err error
-					out, err = t.countedReceipt(ctx, device, r, false, beforeCommit)
-					return err
-				}, nil)
-			} else if out, err = t.countedReceipt(ctx, device, r, false, beforeCommit); err != nil {
-				// Most groups apply whole; one that does not runs again
-				// with a savepoint for each receipt.
-				if t.s.d.EndsTransaction(err) || t.s.d.Conflict(err) {
-					return err
-				}
-				return errRunCarefully
-			}
-			if err != nil {
-				return err
-			}
-			res = append(res, ReceiptResult{Out: out, Err: rerr})
-			touch = touch || rerr == nil
-			if rerr != nil && !errors.Is(rerr, ErrRefused) {
-				break
+		var err error
+		if t.careful {
+			res, err = t.receiptsOneByOne(ctx, device, rs, beforeCommit)
+		} else {
+			res, err = t.receiptsTogether(ctx, device, rs, beforeCommit)
+		}
+		if err != nil {
+			return err
+		}
+		for _, r := range res {
+			if r.Err == nil {
+				return t.touchDevice(device) // once for the group: they share the time
 			}
 		}
-		if !touch {
-			return nil
-		}
-		return t.touchDevice(device) // once for the group: they share the time
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
 	return res, nil
+}
+
+// receiptsTogether applies a device's group in one run, without
+// savepoints; a run of one command's receipts that each move it forward is
+// one write (advanceRun). A receipt that fails makes the change run again
+// one by one (errRunCarefully).
+func (t *tx) receiptsTogether(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptResult, error) {
+	res := make([]ReceiptResult, 0, len(rs))
+	for len(rs) > 0 {
+		n := 1
+		for n < len(rs) && rs[n].CommandID == rs[0].CommandID && rs[n].QueryID == "" && rs[0].QueryID == "" {
+			n++
+		}
+		var outs []ReceiptOutcome
+		var err error
+		if n > 1 {
+			outs, err = t.advanceRun(ctx, device, rs[:n], beforeCommit)
+		}
+		if err == nil && outs == nil { // not such a run: the first alone
+			var out ReceiptOutcome
+			out, err = t.countedReceipt(ctx, device, rs[0], false, beforeCommit)
+			outs = []ReceiptOutcome{out}
+		}
+		if err != nil {
+			if t.s.d.EndsTransaction(err) || t.s.d.Conflict(err) {
+				return nil, err
+			}
+			return nil, errRunCarefully
+		}
+		for _, out := range outs {
+			res = append(res, ReceiptResult{Out: out})
+		}
+		rs = rs[len(outs):]
+	}
+	return res, nil
+}
+
+// receiptsOneByOne applies a device's group with a savepoint for each
+// receipt: a refused one is recorded and the next applied; any other
+// failure stops there.
+func (t *tx) receiptsOneByOne(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptResult, error) {
+	res := make([]ReceiptResult, 0, len(rs))
+	for _, r := range rs {
+		var out ReceiptOutcome
+		rerr, err := t.savepoint(ctx, "receipt", func() error {
+			var err error
+			out, err = t.countedReceipt(ctx, device, r, false, beforeCommit)
+			return err
+		}, nil)
+		if err != nil {
+			return nil, err
+		}
+		res = append(res, ReceiptResult{Out: out, Err: rerr})
+		if rerr != nil && !errors.Is(rerr, ErrRefused) {
+			break
+		}
+	}
+	return res, nil
+}
+
+// advanceRun applies receipts of one command that arrived together, each
+// of a higher rank than the one before and each a legal move, as they
+// would be one after the other, but with one read and one write of the
+// command: no one outside the transaction could see the states between.
+// Each receipt keeps its event, its line in the receipt log, its count and
+// its hook; the last state is written under the state and rank read. It
+// returns nil (and writes nothing) for receipts that are not such a run.
+func (t *tx) advanceRun(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptOutcome, error) {
+	c, err := getCommand(ctx, t, rs[0].CommandID)
+	if errors.Is(err, domain.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if c.DeviceID != device {
+		return nil, nil
+	}
+	outs := make([]ReceiptOutcome, len(rs))
+	from, rank := c.Status, c.StatusRank
+	for k, r := range rs {
+		to, ok := fsm.CommandStateForReceipt(r.Status)
+		next := fsm.ReceiptRank(r.Status)
+		if !ok || from.Terminal() || next <= rank || !fsm.Command.Can(from, to) ||
+			r.Status == wire.ReceiptUnknown || (r.OperationID != "" && r.OperationID != c.OperationID) {
+			return nil, nil
+		}
+		outs[k] = ReceiptOutcome{Effect: EffectApplied, CommandID: c.CommandID, OperationID: c.OperationID,
+			From: from, To: to, Terminal: to.Terminal()}
+		from, rank = to, next
+	}
+	last := rs[len(rs)-1]
+	reason := ""
+	if from == fsm.CmdFailed {
+		reason = failureReason(last)
+	}
+	var result any
+	if last.Status.Final() && len(last.Result) > 0 {
+		result = string(last.Result)
+	}
+	err = t.cas(ctx, change{machine: "command", id: c.CommandID, from: string(c.Status), to: string(from)}, nil,
+		t.s.q.CommandAdvance, from, rank, last.Seq, reason, result, c.ExecutedAs, ms(t.now), c.CommandID, c.Status, rank)
+	if err != nil {
+		return nil, err // refused too: the change runs again one by one
+	}
+	mark := len(t.notes)
+	for k, r := range rs {
+		if err := t.event("command", c.CommandID, string(outs[k].From), string(outs[k].To), "receipt "+string(r.Status), 0); err != nil {
+			return nil, err
+		}
+	}
+	if from.Terminal() {
+		c.Status = from
+		if err := t.finishOperation(ctx, c, from, reason, last.Result, false); err != nil {
+			return nil, err
+		}
+	} else if !c.NextCheckAt.Before(c.ExpiresAt) { // parked: see applyReceipt
+		out := &outs[len(outs)-1]
+		if out.Due, err = t.unpark(c.CommandID); err != nil {
+			return nil, err
+		}
+		if out.Due {
+			t.wake(WakeCommand, c.CommandID)
+		}
+	}
+	counts := make([]func(Observer), len(rs))
+	for k, r := range rs {
+		if err := t.logReceipt(c.CommandID, "", device, r, EffectApplied); err != nil {
+			return nil, err
+		}
+		counts[k] = func(o Observer) { o.Receipt(EffectApplied) }
+	}
+	// Counted ahead of the facts the run published, as countedReceipt does.
+	t.notes = append(t.notes[:mark], append(counts, t.notes[mark:]...)...)
+	if beforeCommit != nil {
+		for range rs {
+			if err := t.hook(beforeCommit); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return outs, nil
 }
 
 // receipt is the change of one receipt: applied, its wake-up noted, its

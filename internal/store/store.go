@@ -387,7 +387,7 @@ type eventRow struct {
 // insertChunks are the row counts of the multi-row INSERTs that write a
 // batch's lines of the events log and of the receipt log: a few fixed
 // statements, each prepared once.
-var insertChunks = []int{256, 64, 16, 4, 1}
+var insertChunks = []int{256, 64, 16, 8, 4, 2, 1}
 
 // The events log's and the receipt log's columns, as a batch inserts them.
 const (

@@ -1006,3 +1006,65 @@ func TestReceiptsTouchTheirDeviceOnceASecond(t *testing.T) {
 		require.Equal(t, b.clk.Now().UnixMilli(), device().LastSeenAt.UnixMilli())
 	})
 }
+
+// A command's receipts that arrive together, each moving it forward, are
+// applied with one read and one write of the command: the same states,
+// events and receipt log as one by one, one statement more than a single
+// final receipt (its three log rows take two inserts instead of one).
+func TestApplyReceiptsWritesACommandsRunOnce(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		_, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 1})
+		require.NoError(t, err)
+		sentCommand(t, b)
+		_, err = b.s.Submit(b.ctx, newOp("op-2", "c-2"), nil)
+		require.NoError(t, err)
+		_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now().Add(time.Second))
+		require.NoError(t, err)
+
+		b.clk.Advance(time.Second)
+		before := b.s.RoundTrips()
+		res, err := b.s.ApplyReceipts(b.ctx, "device-1", []wire.Receipt{receipt("c-1", wire.ReceiptReceived, 1),
+			receipt("c-1", wire.ReceiptExecuting, 2), receipt("c-1", wire.ReceiptSucceeded, 3)}, nil)
+		require.NoError(t, err)
+		run := b.s.RoundTrips() - before
+		require.Len(t, res, 3)
+		var tos []fsm.CommandState
+		for _, r := range res {
+			require.NoError(t, r.Err)
+			require.Equal(t, EffectApplied, r.Out.Effect)
+			tos = append(tos, r.Out.To)
+		}
+		require.Equal(t, []fsm.CommandState{fsm.CmdReceived, fsm.CmdExecuting, fsm.CmdSucceeded}, tos)
+		c, err := b.s.GetCommand(b.ctx, "c-1")
+		require.NoError(t, err)
+		require.Equal(t, fsm.CmdSucceeded, c.Status)
+		require.Equal(t, 3, c.LastSeq)
+		op, err := b.s.GetOperation(b.ctx, "op-1")
+		require.NoError(t, err)
+		require.Equal(t, fsm.OpSucceeded, op.Status)
+		events, err := b.s.Events(b.ctx, "c-1")
+		require.NoError(t, err)
+		var moves []string
+		for _, e := range events {
+			moves = append(moves, e.From+">"+e.To+" "+e.Reason)
+		}
+		require.Equal(t, []string{">pending submitted", "pending>sent publish attempt 1", "sent>received receipt received",
+			"received>executing receipt executing", "executing>succeeded receipt succeeded"}, moves)
+		recs, err := b.s.Receipts(b.ctx, "c-1")
+		require.NoError(t, err)
+		require.Len(t, recs, 3)
+		for _, r := range recs {
+			require.Equal(t, EffectApplied, r.Effect)
+		}
+
+		b.clk.Advance(time.Second)
+		before = b.s.RoundTrips()
+		of2 := receipt("c-2", wire.ReceiptSucceeded, 1)
+		of2.OperationID = "op-2"
+		_, err = b.s.ApplyReceipt(b.ctx, "device-1", of2, nil)
+		require.NoError(t, err)
+		require.Equal(t, b.s.RoundTrips()-before+1, run)
+	})
+}
