@@ -229,12 +229,20 @@ func (s *Server) MountMCP(h http.Handler) {
 	s.mux.Handle("/mcp", s.need("", h.ServeHTTP))
 }
 
+// Started is told of an operation this instance's store committed as
+// started: until its end is told (Changed), a ?wait= request for it waits
+// without reading it first.
+func (s *Server) Started(operationID string) { s.hub.Started(operationID) }
+
 // Changed wakes the ?wait= requests of an operation that left started:
 // with committed, the operation as its change committed it, they answer
 // with it; with nil, they read it again.
 func (s *Server) Changed(operationID string, committed *domain.Operation) {
 	s.hub.Notify(operationID, committed)
 }
+
+// Reset is told that facts were lost: no operation is known started.
+func (s *Server) Reset() { s.hub.Reset() }
 
 // ServeHTTP implements http.Handler: the browser rules first (browser.go),
 // then the body limit, then the routes (auth, then the handler).
@@ -422,21 +430,25 @@ func (s *Server) handleGetOperation(r *http.Request) (int, any, error) {
 // waitOperation returns the operation once it leaves started, or when wait
 // ends. It wakes on this instance's changes, answered with the operation
 // as the change committed it, and (through the store's wake-ups, read
-// again) on other instances'. For the changes of other instances that no
-// wake-up reached it polls, first after Config.WaitPoll, then at twice the
-// interval before, up to four times WaitPoll.
+// again) on other instances'. It reads the operation first, unless this
+// instance committed it as started and has not seen it end (the hub's
+// hint). For the changes of other instances that no wake-up reached it
+// polls, first after Config.WaitPoll, then at twice the interval before,
+// up to four times WaitPoll.
 func (s *Server) waitOperation(ctx context.Context, id string, wait time.Duration) (domain.Operation, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	every := s.cfg.WaitPoll
 	poll := time.NewTimer(every)
 	defer poll.Stop()
-	for {
-		ch := s.hub.Watch(id)
-		op, err := s.cfg.Store.GetOperation(ctx, id)
-		if err != nil || op.Status != fsm.OpStarted || wait == 0 {
-			s.hub.Unwatch(id, ch)
-			return op, err
+	for first := true; ; first = false {
+		ch, started := s.hub.Watch(id)
+		if !first || !started || wait == 0 {
+			op, err := s.cfg.Store.GetOperation(ctx, id)
+			if err != nil || op.Status != fsm.OpStarted || wait == 0 {
+				s.hub.Unwatch(id, ch)
+				return op, err
+			}
 		}
 		select {
 		case committed := <-ch:
@@ -564,25 +576,38 @@ func (s *Server) handleResetPresence(r *http.Request) (int, any, error) {
 }
 
 // Hub wakes waiters on an operation's change, with the operation as
-// committed when the change had it (nil: read it again).
+// committed when the change had it (nil: read it again). It also knows
+// which operations this instance's store committed as started and has not
+// yet told ended: a hint that spares a waiter its first read, never an
+// answer (a lost end costs a poll).
 type Hub struct {
 	mu      sync.Mutex
 	waiters map[string]map[chan *domain.Operation]struct{}
+	started map[string]struct{}
 }
 
-// NewHub builds an empty Hub.
-func NewHub() *Hub { return &Hub{waiters: map[string]map[chan *domain.Operation]struct{}{}} }
+// maxStarted bounds the hint: beyond it (ends told elsewhere, on an SQLite
+// file shared without wake-ups) it starts again empty.
+const maxStarted = 1 << 16
 
-// Watch returns a channel that is given the next Notify of id.
-func (h *Hub) Watch(id string) chan *domain.Operation {
+// NewHub builds an empty Hub.
+func NewHub() *Hub {
+	return &Hub{waiters: map[string]map[chan *domain.Operation]struct{}{}, started: map[string]struct{}{}}
+}
+
+// Watch returns a channel that is given the next Notify of id, and whether
+// id is known started, both under one lock: an end told after it reaches
+// the channel.
+func (h *Hub) Watch(id string) (chan *domain.Operation, bool) {
 	ch := make(chan *domain.Operation, 1)
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	if h.waiters[id] == nil {
 		h.waiters[id] = map[chan *domain.Operation]struct{}{}
 	}
 	h.waiters[id][ch] = struct{}{}
-	h.mu.Unlock()
-	return ch
+	_, started := h.started[id]
+	return ch, started
 }
 
 // Unwatch forgets a channel from Watch.
@@ -595,10 +620,28 @@ func (h *Hub) Unwatch(id string, ch chan *domain.Operation) {
 	h.mu.Unlock()
 }
 
+// Started notes id as committed started.
+func (h *Hub) Started(id string) {
+	h.mu.Lock()
+	if len(h.started) >= maxStarted {
+		clear(h.started)
+	}
+	h.started[id] = struct{}{}
+	h.mu.Unlock()
+}
+
+// Reset forgets every operation known started.
+func (h *Hub) Reset() {
+	h.mu.Lock()
+	clear(h.started)
+	h.mu.Unlock()
+}
+
 // Notify gives committed (nil: read it again) to every watcher of id; the
-// watchers share it and only read it.
+// watchers share it and only read it. id is no longer known started.
 func (h *Hub) Notify(id string, committed *domain.Operation) {
 	h.mu.Lock()
+	delete(h.started, id)
 	for ch := range h.waiters[id] {
 		select {
 		case ch <- committed:

@@ -13,11 +13,14 @@ import (
 // Consumers are the services the controller's facts go to. Each method is
 // called inline on the publisher's goroutine and returns at once.
 type Consumers struct {
-	// Waiters are the ?wait= callers of operations (api.Server.Changed):
-	// given the operation as committed when the fact carries it, else nil
-	// (they read it again).
+	// Waiters are the ?wait= callers of operations (api.Server): told of
+	// an operation committed started here, then of its end, with the
+	// operation as committed when the fact carries it, else nil (they read
+	// it again); Reset when facts were lost.
 	Waiters interface {
+		Started(operationID string)
 		Changed(operationID string, committed *domain.Operation)
+		Reset()
 	}
 	// Dispatcher decides about the commands this instance holds
 	// (command.Dispatcher).
@@ -48,6 +51,7 @@ type Consumers struct {
 // Route sends one fact to the consumers that act on it:
 //
 //	changed operation, left started  → Waiters (with the row as committed, or a read again)
+//	changed operation, now started   → Waiters.Started (its waiters need not read it first)
 //	changed task, or its step's op   → Tasks (the runner looks at the task)
 //	changed, any machine             → Stream (the kinds it carries)
 //	remote operation                 → Waiters, Remote (read back for the Stream), Tasks (a step's)
@@ -56,7 +60,7 @@ type Consumers struct {
 //	queue moved (remote too)         → Dispatcher.QueueMoved (its head, read after the commit)
 //	rollout, created here (Token)    → Scheduler.Adopt
 //	rollout, a person's action       → Scheduler.Wake
-//	reset                            → Stream (a reset event), logged
+//	reset                            → Stream (a reset event), Waiters.Reset, logged
 func (c *Consumers) Route(f store.Fact) {
 	switch f.Kind {
 	case store.FactChanged:
@@ -72,6 +76,8 @@ func (c *Consumers) Route(f store.Fact) {
 			}
 			if ch.To != string(fsm.OpStarted) {
 				c.Waiters.Changed(ch.ID, ch.Operation)
+			} else {
+				c.Waiters.Started(ch.ID)
 			}
 		}
 		if ch.Machine == "task" {
@@ -93,6 +99,7 @@ func (c *Consumers) Route(f store.Fact) {
 			c.Scheduler.Wake(f.ID)
 		}
 	case store.FactReset:
+		c.Waiters.Reset()
 		if f.Remote {
 			c.Logger.Info("wake-ups from other instances may have been missed; the sweeps' polling covers them")
 		} else {

@@ -22,6 +22,8 @@ func (c *calls) add(format string, args ...any) { c.log = append(c.log, fmt.Spri
 
 type waiters struct{ *calls }
 
+func (w waiters) Started(id string) { w.add("started %s", id) }
+func (w waiters) Reset()            { w.add("waiters reset") }
 func (w waiters) Changed(id string, committed *domain.Operation) {
 	if committed == nil {
 		w.add("wait %s (read again)", id)
@@ -75,10 +77,10 @@ func TestRouteSendsEachKindToItsConsumers(t *testing.T) {
 		{"an operation that ended with its row as committed", store.Fact{Kind: store.FactChanged, Change: store.Change{
 			Machine: "operation", ID: "op-1", From: "started", To: "succeeded", Operation: &domain.Operation{Status: "succeeded"}}},
 			[]string{"wait op-1 (committed succeeded)", "stream operation op-1 succeeded"}},
-		{"an operation that started (no waiter can answer yet)", changed("operation", "op-1", "", "started"),
-			[]string{"stream operation op-1 started"}},
+		{"an operation that started (its waiters need not read it first)", changed("operation", "op-1", "", "started"),
+			[]string{"started op-1", "stream operation op-1 started"}},
 		{"a retry started again", changed("operation", "op-1", "failed_retryable", "started"),
-			[]string{"stream operation op-1 started"}},
+			[]string{"started op-1", "stream operation op-1 started"}},
 		{"another instance's operation", store.Fact{Kind: store.FactChanged, ID: "op-2",
 			Change: store.Change{Machine: "operation", ID: "op-2"}, Remote: true},
 			[]string{"wait op-2 (read again)", "remote op-2"}},
@@ -88,7 +90,7 @@ func TestRouteSendsEachKindToItsConsumers(t *testing.T) {
 		{"a task step's operation that ended", changed("operation", "task-1:s:device-1:approval-v2", "started", "failed_final"),
 			[]string{"task task-1", "wait task-1:s:device-1:approval-v2 (read again)", "stream operation task-1:s:device-1:approval-v2 failed_final"}},
 		{"a task step's operation that started (the runner made it)", changed("operation", "task-1:s:device-1:approval-v2", "", "started"),
-			[]string{"stream operation task-1:s:device-1:approval-v2 started"}},
+			[]string{"started task-1:s:device-1:approval-v2", "stream operation task-1:s:device-1:approval-v2 started"}},
 		{"another instance's task step operation", store.Fact{Kind: store.FactChanged, ID: "task-2:s:d:approval-v1",
 			Change: store.Change{Machine: "operation", ID: "task-2:s:d:approval-v1"}, Remote: true},
 			[]string{"task task-2", "wait task-2:s:d:approval-v1 (read again)", "remote task-2:s:d:approval-v1"}},
@@ -102,8 +104,8 @@ func TestRouteSendsEachKindToItsConsumers(t *testing.T) {
 		{"a device's serial queue moved elsewhere", store.Fact{Kind: store.FactQueue, ID: "device-2", Remote: true}, []string{"queue device-2"}},
 		{"a rollout created here", store.Fact{Kind: store.FactRollout, ID: "r-1", Token: 1}, []string{"adopt r-1 1"}},
 		{"a person's action on a rollout", store.Fact{Kind: store.FactRollout, ID: "r-1"}, []string{"wake r-1"}},
-		{"wake-ups missed", store.Fact{Kind: store.FactReset, Remote: true}, []string{"stream " + events.KindReset}},
-		{"facts dropped before the route", store.Fact{Kind: store.FactReset}, []string{"stream " + events.KindReset}},
+		{"wake-ups missed", store.Fact{Kind: store.FactReset, Remote: true}, []string{"waiters reset", "stream " + events.KindReset}},
+		{"facts dropped before the route", store.Fact{Kind: store.FactReset}, []string{"waiters reset", "stream " + events.KindReset}},
 	} {
 		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
 			var c calls
@@ -124,5 +126,5 @@ func TestFeedRoutesToConsumers(t *testing.T) {
 	fd.Route(consumers(&c).Route)
 	require.Equal(t, []string{"kick c-1"}, c.log)
 	fd.Publish(store.Fact{Kind: store.FactReset, Remote: true})
-	require.Equal(t, []string{"kick c-1", "stream reset"}, c.log)
+	require.Equal(t, []string{"kick c-1", "waiters reset", "stream reset"}, c.log)
 }

@@ -1,0 +1,87 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/apiwire"
+	"github.com/fleetctl/fleetctl/internal/domain"
+	"github.com/fleetctl/fleetctl/internal/fsm"
+)
+
+// waiting starts GET /v1/operations/{id}?wait= and returns once the
+// request watches the operation, with the channel its answer comes on.
+func (b *routesBundle) waiting(t *testing.T, id, wait string) <-chan *httptest.ResponseRecorder {
+	t.Helper()
+	done := make(chan *httptest.ResponseRecorder, 1)
+	go func() { done <- b.send(t, "GET", "/v1/operations/"+id+"?wait="+wait, "") }()
+	require.Eventually(t, func() bool {
+		b.srv.hub.mu.Lock()
+		defer b.srv.hub.mu.Unlock()
+		return len(b.srv.hub.waiters[id]) > 0
+	}, 5*time.Second, time.Millisecond, "the request watches %s", id)
+	return done
+}
+
+func answered(t *testing.T, done <-chan *httptest.ResponseRecorder) apiwire.Operation {
+	t.Helper()
+	select {
+	case rec := <-done:
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		var op apiwire.Operation
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &op))
+		return op
+	case <-time.After(10 * time.Second):
+		t.Fatal("no answer")
+		return apiwire.Operation{}
+	}
+}
+
+// A ?wait= request for an operation this instance committed as started
+// reads nothing: it is answered with the operation its end committed. One
+// the hub does not know is read first; and a hint the end never reached
+// (told elsewhere) is overtaken by the poll's read.
+func TestWaitIsAnsweredFromTheCommittedEnd(t *testing.T) {
+	t.Parallel()
+	b := setupRoutes(t)
+	for _, id := range []string{"op-w1", "op-w2", "op-w3"} {
+		rec := b.send(t, "POST", "/v1/operations", `{"operation_id":"`+id+`","target":"device-1","action":"restart"}`)
+		require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+	}
+
+	b.srv.Started("op-w1")
+	before := b.st.RoundTrips()
+	done := b.waiting(t, "op-w1", "30s")
+	require.Equal(t, before, b.st.RoundTrips(), "known started: nothing read")
+	ended := domain.Operation{OperationID: "op-w1", Status: fsm.OpSucceeded, CommandIDs: []string{}, Compensations: []string{}}
+	b.srv.Changed("op-w1", &ended)
+	require.Equal(t, string(fsm.OpSucceeded), answered(t, done).Status, "the committed end, not a read (the store still says started)")
+	require.Equal(t, before, b.st.RoundTrips(), "nothing read at all")
+
+	before = b.st.RoundTrips()
+	done = b.waiting(t, "op-w2", "30s")
+	require.Eventually(t, func() bool { return b.st.RoundTrips() > before }, 5*time.Second, time.Millisecond, "not known started: read first")
+	ended.OperationID = "op-w2"
+	b.srv.Changed("op-w2", &ended)
+	require.Equal(t, string(fsm.OpSucceeded), answered(t, done).Status)
+
+	b.srv.Started("op-w3")
+	before = b.st.RoundTrips()
+	got := answered(t, b.waiting(t, "op-w3", "2s"))
+	require.Equal(t, string(fsm.OpStarted), got.Status, "answered at its wait's end")
+	require.Greater(t, b.st.RoundTrips(), before, "the poll read it")
+
+	b.srv.Started("op-w3")
+	b.srv.Reset()
+	before = b.st.RoundTrips()
+	done = b.waiting(t, "op-w3", "30s")
+	require.Eventually(t, func() bool { return b.st.RoundTrips() > before }, 5*time.Second, time.Millisecond, "forgotten after a reset: read first")
+	ended.OperationID = "op-w3"
+	b.srv.Changed("op-w3", &ended)
+	require.Equal(t, string(fsm.OpSucceeded), answered(t, done).Status)
+}
