@@ -68,11 +68,12 @@ var _ driver.Driver = (*Driver)(nil)
 func (*Driver) Name() string { return "postgres" }
 
 // Capabilities: several instances share the database (each applies the
-// receipts of its own devices, one to a batch), wake each other by
-// notification and lock rows; pgx caches prepared statements per
-// connection by itself.
+// receipts of its own devices, a device's that queued up together as one
+// change, their commands locked first in command_id order like every
+// batch's), wake each other by notification and lock rows; pgx caches
+// prepared statements per connection by itself.
 func (*Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{SharedWriters: true, Notifications: true, RowLocks: true}
+	return driver.Capabilities{SharedWriters: true, GroupReceipts: true, Notifications: true, RowLocks: true}
 }
 
 func (*Driver) Migrations() fs.FS {
