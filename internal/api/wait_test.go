@@ -54,21 +54,30 @@ func TestWaitIsAnsweredFromTheCommittedEnd(t *testing.T) {
 		require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
 	}
 
+	// endsWith tells the end of id (its committed row) and returns the
+	// waiting request's answer.
+	endsWith := func(id string, done <-chan *httptest.ResponseRecorder) string {
+		t.Helper()
+		ended := domain.Operation{OperationID: id, Status: fsm.OpSucceeded, CommandIDs: []string{}, Compensations: []string{}}
+		b.srv.Changed(id, &ended)
+		return answered(t, done).Status
+	}
+	readFirst := func(id, why string) <-chan *httptest.ResponseRecorder {
+		t.Helper()
+		before := b.st.RoundTrips()
+		done := b.waiting(t, id, "30s")
+		require.Eventually(t, func() bool { return b.st.RoundTrips() > before }, 5*time.Second, time.Millisecond, why)
+		return done
+	}
+
 	b.srv.Started("op-w1")
 	before := b.st.RoundTrips()
 	done := b.waiting(t, "op-w1", "30s")
 	require.Equal(t, before, b.st.RoundTrips(), "known started: nothing read")
-	ended := domain.Operation{OperationID: "op-w1", Status: fsm.OpSucceeded, CommandIDs: []string{}, Compensations: []string{}}
-	b.srv.Changed("op-w1", &ended)
-	require.Equal(t, string(fsm.OpSucceeded), answered(t, done).Status, "the committed end, not a read (the store still says started)")
+	require.Equal(t, string(fsm.OpSucceeded), endsWith("op-w1", done), "the committed end, not a read (the store still says started)")
 	require.Equal(t, before, b.st.RoundTrips(), "nothing read at all")
 
-	before = b.st.RoundTrips()
-	done = b.waiting(t, "op-w2", "30s")
-	require.Eventually(t, func() bool { return b.st.RoundTrips() > before }, 5*time.Second, time.Millisecond, "not known started: read first")
-	ended.OperationID = "op-w2"
-	b.srv.Changed("op-w2", &ended)
-	require.Equal(t, string(fsm.OpSucceeded), answered(t, done).Status)
+	require.Equal(t, string(fsm.OpSucceeded), endsWith("op-w2", readFirst("op-w2", "not known started: read first")))
 
 	b.srv.Started("op-w3")
 	before = b.st.RoundTrips()
@@ -78,10 +87,5 @@ func TestWaitIsAnsweredFromTheCommittedEnd(t *testing.T) {
 
 	b.srv.Started("op-w3")
 	b.srv.Reset()
-	before = b.st.RoundTrips()
-	done = b.waiting(t, "op-w3", "30s")
-	require.Eventually(t, func() bool { return b.st.RoundTrips() > before }, 5*time.Second, time.Millisecond, "forgotten after a reset: read first")
-	ended.OperationID = "op-w3"
-	b.srv.Changed("op-w3", &ended)
-	require.Equal(t, string(fsm.OpSucceeded), answered(t, done).Status)
+	require.Equal(t, string(fsm.OpSucceeded), endsWith("op-w3", readFirst("op-w3", "forgotten after a reset: read first")))
 }

@@ -232,14 +232,7 @@ func (t *tx) advanceRun(ctx context.Context, device string, rs []wire.Receipt, b
 		from, rank = to, next
 	}
 	last := rs[len(rs)-1]
-	reason := ""
-	if from == fsm.CmdFailed {
-		reason = failureReason(last)
-	}
-	var result any
-	if last.Status.Final() && len(last.Result) > 0 {
-		result = string(last.Result)
-	}
+	reason, result := outcomeOf(from, last)
 	err = t.cas(ctx, change{machine: "command", id: c.CommandID, from: string(c.Status), to: string(from)}, nil,
 		t.s.q.CommandAdvance, from, rank, last.Seq, reason, result, c.ExecutedAs, ms(t.now), c.CommandID, c.Status, rank)
 	if err != nil {
@@ -410,14 +403,7 @@ func (t *tx) advance(ctx context.Context, c domain.Command, r wire.Receipt, rank
 		// needs_attention learns of progress but only a final receipt moves it.
 		to = c.Status
 	}
-	reason := ""
-	if to == fsm.CmdFailed {
-		reason = failureReason(r)
-	}
-	var result any
-	if r.Status.Final() && len(r.Result) > 0 {
-		result = string(r.Result)
-	}
+	reason, result := outcomeOf(to, r)
 	executedAs := c.ExecutedAs
 	if sentAs != "" {
 		executedAs = sentAs
@@ -503,6 +489,18 @@ func (t *tx) lateReceipt(ctx context.Context, c domain.Command, r wire.Receipt) 
 		return "", err
 	}
 	return EffectLate, nil
+}
+
+// outcomeOf is what a receipt that moves a command to "to" writes besides
+// the state: a failure's reason, a final receipt's result (nil: none).
+func outcomeOf(to fsm.CommandState, r wire.Receipt) (reason string, result any) {
+	if to == fsm.CmdFailed {
+		reason = failureReason(r)
+	}
+	if r.Status.Final() && len(r.Result) > 0 {
+		result = string(r.Result)
+	}
+	return reason, result
 }
 
 // failureReason is the reason a failed or rejected receipt gives a command.

@@ -323,11 +323,22 @@ func receipt(cmd string, st wire.ReceiptStatus, seq int) wire.Receipt {
 	return wire.Receipt{CommandID: cmd, OperationID: "op-1", Status: st, Seq: seq, At: time.Now()}
 }
 
-func sentCommand(t *testing.T, b *testBundle) {
+// sentToOnline is sentCommand to device-1 online.
+func sentToOnline(t *testing.T, b *testBundle) {
 	t.Helper()
-	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
+	_, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 1})
 	require.NoError(t, err)
-	_, err = b.s.ClaimSend(b.ctx, "c-1", fsm.CmdPending, 0, 1, fence, b.clk.Now().Add(time.Second))
+	sentCommand(t, b)
+}
+
+func sentCommand(t *testing.T, b *testBundle) { sentAs(t, b, "op-1", "c-1") }
+
+// sentAs submits operation op with command cmd and publishes it.
+func sentAs(t *testing.T, b *testBundle, op, cmd string) {
+	t.Helper()
+	_, err := b.s.Submit(b.ctx, newOp(op, cmd), nil)
+	require.NoError(t, err)
+	_, err = b.s.ClaimSend(b.ctx, cmd, fsm.CmdPending, 0, 1, fence, b.clk.Now().Add(time.Second))
 	require.NoError(t, err)
 }
 
@@ -823,9 +834,7 @@ func TestApplyReceiptsInOrderAndAFailureStopsThere(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
-		_, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 1})
-		require.NoError(t, err)
-		sentCommand(t, b)
+		sentToOnline(t, b)
 		b.clk.Advance(time.Minute)
 		res, err := b.s.ApplyReceipts(b.ctx, "device-1", []wire.Receipt{receipt("c-1", wire.ReceiptReceived, 1),
 			receipt("c-1", wire.ReceiptReceived, 1), receipt("c-1", wire.ReceiptExecuting, 2)}, nil)
@@ -970,9 +979,7 @@ func TestReceiptsTouchTheirDeviceOnceASecond(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
-		_, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 1})
-		require.NoError(t, err)
-		sentCommand(t, b)
+		sentToOnline(t, b)
 		apply := func(st wire.ReceiptStatus, seq int) int64 {
 			t.Helper()
 			before := b.s.RoundTrips()
@@ -1015,13 +1022,8 @@ func TestApplyReceiptsWritesACommandsRunOnce(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
-		_, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 1})
-		require.NoError(t, err)
-		sentCommand(t, b)
-		_, err = b.s.Submit(b.ctx, newOp("op-2", "c-2"), nil)
-		require.NoError(t, err)
-		_, err = b.s.ClaimSend(b.ctx, "c-2", fsm.CmdPending, 0, 1, fence, b.clk.Now().Add(time.Second))
-		require.NoError(t, err)
+		sentToOnline(t, b)
+		sentAs(t, b, "op-2", "c-2")
 
 		b.clk.Advance(time.Second)
 		before := b.s.RoundTrips()
