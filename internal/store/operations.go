@@ -199,18 +199,17 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 	return res, nil
 }
 
-// insertCommand inserts a new pending command and returns it as a read
-// would find it. A serial one takes its place in its device's queue: with
-// a command ahead of it, its reason is queued.
-// insertCommand inserts a command pending, or, with claim set, as its
-// first publish decision leaves it (ClaimSend's pending → sent, its next
-// check at *claim): a submit's own claim, made in its transaction under
-// the lease and token it just took, so every condition of ClaimSend's
-// write holds by construction (a new row, the submit's own fence; a serial
-// one only as the head of its device's queue, else it stays pending). Both
-// moves are in the events log, as if made one after the other. The
-// publish follows the commit; from then on a cancel gets already_published,
-// as for any command published.
+// insertCommand inserts a new command and returns it as a read would find
+// it. A serial one takes its place in its device's queue: with a command
+// ahead of it, its reason is queued. It is inserted pending or, with claim
+// set, as its first publish decision leaves it (ClaimSend's pending →
+// sent, its next check at *claim): a submit's own claim, made in its
+// transaction under the lease and token it just took, so every condition
+// of ClaimSend's write holds by construction (a new row, the submit's own
+// fence; a serial one only as the head of its device's queue, else it
+// stays pending). Both moves are in the events log, as if made one after
+// the other. The publish follows the commit; from then on a cancel gets
+// already_published, as for any command published.
 func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time) (domain.Command, error) {
 	now, expires := ms(t.now), ms(t.now.Add(ttl))
 	var (

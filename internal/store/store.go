@@ -168,12 +168,13 @@ type DB struct {
 	// eventInserts and receiptInserts are the multi-row INSERTs of the
 	// events log and of the receipt log, by rows.
 	eventInserts, receiptInserts map[int]string
-	dsn                          string
-	w, r                         *sql.DB
-	now                          func() time.Time
-	obs                          Observer
-	feed                         Feed // nil: no facts
-	instance                     string
+
+	dsn      string
+	w, r     *sql.DB
+	now      func() time.Time
+	obs      Observer
+	feed     Feed // nil: no facts
+	instance string
 
 	// The writer goroutine (writer.go) owns w once Open returns.
 	queue         chan *job

@@ -202,8 +202,8 @@ func (s *DB) commitBatch(batch []*job) {
 // fails, that transaction is rolled back and the batch runs again with a
 // savepoint for each change, the failed one answered with the error it
 // met (and its refusals recorded) without running it again, unless it
-// asked to run again (errRunCarefully). The changes
-// before it run twice; their hooks are called once (tx.hook).
+// asked to run again (errRunCarefully). The changes before it run twice;
+// their hooks are called once (tx.hook).
 func (s *DB) applyBatch(batch []*job, res []applied) (fellBack bool, err error) {
 	failed, err := s.runBatch(batch, res, nil)
 	if err != nil || failed == nil {
@@ -279,9 +279,8 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 		res[i] = applied{err: t.err, notes: t.notes, refusals: t.refusals}
 	}
 	// The events and receipt rows of the whole batch in a few multi-row
-	// statements: a
-	// failure here is the transaction's, like a failed COMMIT, and every
-	// caller is told to try again.
+	// statements: a failure here is the transaction's, like a failed
+	// COMMIT, and every caller is told to try again.
 	bt := &tx{Tx: sqlTx, s: s}
 	if err := bt.insertEvents(ctx, events); err != nil {
 		return nil, err
