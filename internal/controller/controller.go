@@ -257,6 +257,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	shared := caps.SharedWriters
 	if shared {
 		c.peers = peers.New(peers.Config{Self: cfg.InstanceID, Store: db, Logger: log})
+		db.SetAlone(c.peers.Alone)
 	}
 	c.probe = newReceiptProbe(wire.Topic(cfg.TopicRoot, "controller-"+cfg.InstanceID, wire.KindReceipts), met, log)
 	mqttUser, mqttPassword, mqttTLS, err := cfg.mqttLogin()

@@ -174,6 +174,24 @@ func (d *Division) Owns(device string) bool {
 	return false
 }
 
+// Alone reports that this instance is the only live one, and has been for
+// Grace: no other instance's batches can meet its own. Before the first
+// read it is not.
+func (d *Division) Alone() bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if len(d.current) != 1 {
+		return false
+	}
+	now := d.cfg.Now()
+	for _, f := range d.former {
+		if now.Before(f.until) {
+			return false
+		}
+	}
+	return true
+}
+
 // Members is the current membership, sorted.
 func (d *Division) Members() []string {
 	d.mu.RLock()

@@ -89,3 +89,19 @@ func TestRefreshTakesTheLiveInstances(t *testing.T) {
 	require.NoError(t, d.Refresh(context.Background()))
 	require.Equal(t, []string{"a", "b"}, d.Members())
 }
+
+// Alone: only once this instance is the whole membership and the one it
+// replaced is past its grace; never before the first read.
+func TestAloneOnlyWhenNoOtherInstanceCanStillWrite(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	d := New(Config{Self: "a", Grace: 3 * time.Second, Now: c.now})
+	require.False(t, d.Alone(), "no membership yet")
+	d.Set([]string{"a"})
+	require.True(t, d.Alone())
+	d.Set([]string{"a", "b"})
+	require.False(t, d.Alone())
+	d.Set([]string{"a"})
+	require.False(t, d.Alone(), "b left, within grace")
+	c.t = c.t.Add(3 * time.Second)
+	require.True(t, d.Alone(), "after grace")
+}

@@ -186,9 +186,25 @@ type DB struct {
 	// touched is when a committed change of this store last touched each
 	// device (touchDevice), in ms: the writer goroutine's own.
 	touched map[string]int64
+	// alone, once set (SetAlone), reports that no other instance writes
+	// the database.
+	alone atomic.Pointer[func() bool]
 	// files are the SQLite files whose paths must keep naming them
 	// (guard.go); nil with PostgreSQL.
 	files *fileGuard
+}
+
+// SetAlone tells the store how to know that no other instance writes its
+// database now (package peers' membership): a batch then takes no
+// pre-lock (preLock), which only orders the locks of several instances'
+// batches. An instance that joins unseen costs at worst a deadlock, which
+// the server breaks and the writer runs again; no change depends on the
+// pre-lock for its conditions.
+func (s *DB) SetAlone(alone func() bool) { s.alone.Store(&alone) }
+
+func (s *DB) isAlone() bool {
+	f := s.alone.Load()
+	return f != nil && (*f)()
 }
 
 // RoundTrips counts the statements the store sent to its database so far:

@@ -1070,3 +1070,32 @@ func TestApplyReceiptsWritesACommandsRunOnce(t *testing.T) {
 		require.Equal(t, b.s.RoundTrips()-before+1, run)
 	})
 }
+
+// A store alone takes no pre-lock: on PostgreSQL a receipt's batch is one
+// statement shorter; SQLite never takes one.
+func TestAStoreAloneTakesNoPreLock(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentToOnline(t, b)
+		apply := func(seq int) int64 {
+			t.Helper()
+			b.clk.Advance(time.Second) // each touches its device
+			before := b.s.RoundTrips()
+			_, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptReceived, seq), nil)
+			require.NoError(t, err)
+			return b.s.RoundTrips() - before
+		}
+		apply(1)
+		locked := apply(1) // a duplicate: the same statements each time
+		alone := true
+		b.s.SetAlone(func() bool { return alone })
+		want := locked
+		if be == "postgres" {
+			want--
+		}
+		require.Equal(t, want, apply(1), "alone")
+		alone = false
+		require.Equal(t, locked, apply(1), "no longer alone")
+	})
+}
