@@ -323,6 +323,15 @@ func receipt(cmd string, st wire.ReceiptStatus, seq int) wire.Receipt {
 	return wire.Receipt{CommandID: cmd, OperationID: "op-1", Status: st, Seq: seq, At: time.Now()}
 }
 
+// receiptTrips applies r from device-1 and returns the statements it took.
+func receiptTrips(t *testing.T, b *testBundle, r wire.Receipt) int64 {
+	t.Helper()
+	before := b.s.RoundTrips()
+	_, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+	require.NoError(t, err)
+	return b.s.RoundTrips() - before
+}
+
 // sentToOnline is sentCommand to device-1 online.
 func sentToOnline(t *testing.T, b *testBundle) {
 	t.Helper()
@@ -982,10 +991,7 @@ func TestReceiptsTouchTheirDeviceOnceASecond(t *testing.T) {
 		sentToOnline(t, b)
 		apply := func(st wire.ReceiptStatus, seq int) int64 {
 			t.Helper()
-			before := b.s.RoundTrips()
-			_, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", st, seq), nil)
-			require.NoError(t, err)
-			return b.s.RoundTrips() - before
+			return receiptTrips(t, b, receipt("c-1", st, seq))
 		}
 		device := func() domain.Device {
 			t.Helper()
@@ -1062,12 +1068,9 @@ func TestApplyReceiptsWritesACommandsRunOnce(t *testing.T) {
 		}
 
 		b.clk.Advance(time.Second)
-		before = b.s.RoundTrips()
 		of2 := receipt("c-2", wire.ReceiptSucceeded, 1)
 		of2.OperationID = "op-2"
-		_, err = b.s.ApplyReceipt(b.ctx, "device-1", of2, nil)
-		require.NoError(t, err)
-		require.Equal(t, b.s.RoundTrips()-before+1, run)
+		require.Equal(t, receiptTrips(t, b, of2)+1, run)
 	})
 }
 
@@ -1081,10 +1084,7 @@ func TestAStoreAloneTakesNoPreLock(t *testing.T) {
 		apply := func(seq int) int64 {
 			t.Helper()
 			b.clk.Advance(time.Second) // each touches its device
-			before := b.s.RoundTrips()
-			_, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptReceived, seq), nil)
-			require.NoError(t, err)
-			return b.s.RoundTrips() - before
+			return receiptTrips(t, b, receipt("c-1", wire.ReceiptReceived, seq))
 		}
 		apply(1)
 		locked := apply(1) // a duplicate: the same statements each time
