@@ -45,6 +45,10 @@ type NewOperation struct {
 	// when the sweeper looks again if no final receipt came.
 	SendAtSubmit bool
 	FirstCheck   time.Time
+	// QueuedCheck is the next check of a serial command inserted behind
+	// another (capped at its expiry): the fallback, since the end of the
+	// one ahead wakes its queue through the feed.
+	QueuedCheck time.Time
 	// Serial and Supersede are the action's ordering policy (queues.go):
 	// its command takes its place in the device's queue; older unpublished
 	// operations of the same action on the device are superseded.
@@ -146,7 +150,7 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	if n.SendAtSubmit {
 		claim = &n.FirstCheck
 	}
-	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial, claim)
+	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial, claim, n.QueuedCheck)
 	if err != nil {
 		return SubmitResult{}, err
 	}
@@ -209,8 +213,9 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 // fence; a serial one only as the head of its device's queue, else it
 // stays pending). Both moves are in the events log, as if made one after
 // the other. The publish follows the commit; from then on a cancel gets
-// already_published, as for any command published.
-func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time) (domain.Command, error) {
+// already_published, as for any command published. A queued one's next
+// check is queuedCheck (capped at its expiry; zero: now).
+func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time, queuedCheck time.Time) (domain.Command, error) {
 	now, expires := ms(t.now), ms(t.now.Add(ttl))
 	var (
 		seq    sql.NullInt64
@@ -231,6 +236,9 @@ func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, a
 		Params: json.RawMessage(string(params)), IssuedAt: fromMS(now), ExpiresAt: fromMS(expires),
 		Status: fsm.CmdPending, QoS: qos, Version: 1, Reason: reason, NextCheckAt: fromMS(now),
 		CreatedAt: fromMS(now), UpdatedAt: fromMS(now), SerialSeq: seq.Int64, QueuedBehind: ahead}
+	if ahead != "" && !queuedCheck.IsZero() {
+		c.NextCheckAt = fromMS(min(ms(queuedCheck), expires))
+	}
 	claimed := claim != nil && ahead == ""
 	if claimed {
 		c.Status, c.Attempt, c.Version, c.NextCheckAt, c.LastSentAt = fsm.CmdSent, 1, 2, fromMS(ms(*claim)), fromNullMS(sql.NullInt64{Int64: now, Valid: true})

@@ -50,8 +50,11 @@ func TestSerialCommandsQueueInSubmitOrder(t *testing.T) {
 		s := b.s
 
 		var inserted []OpenCommand
+		fallback := b.clk.Now().Add(40 * time.Second)
 		for i := 1; i <= 4; i++ {
-			res, err := s.Submit(b.ctx, serialOp(fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i)), nil)
+			n := serialOp(fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i))
+			n.QueuedCheck = fallback
+			res, err := s.Submit(b.ctx, n, nil)
 			require.NoError(t, err)
 			inserted = append(inserted, res.Inserted)
 		}
@@ -60,8 +63,9 @@ func TestSerialCommandsQueueInSubmitOrder(t *testing.T) {
 
 		require.Equal(t, "", inserted[0].QueuedBehind)
 		require.Equal(t, "", inserted[0].Reason)
-		// The feed: the head's copy as inserted goes to the dispatcher;
-		// a queued one is read after its commit instead.
+		// The feed: the head's copy as inserted goes to the dispatcher; a
+		// queued one has nothing to decide (its fallback check is set at
+		// insert) and its device's queue is read after its commit instead.
 		copies := map[string]bool{}
 		log.mu.Lock()
 		for _, f := range log.facts {
@@ -70,7 +74,12 @@ func TestSerialCommandsQueueInSubmitOrder(t *testing.T) {
 			}
 		}
 		log.mu.Unlock()
-		require.Equal(t, map[string]bool{"c-1": true, "c-2": false, "c-3": false, "c-4": false, "c-p": true}, copies)
+		require.Equal(t, map[string]bool{"c-1": true, "c-p": true}, copies)
+		require.Equal(t, []string{"device-1", "device-1", "device-1"}, log.queuesSince(0), "one per queued submit")
+		for i := 1; i < 4; i++ {
+			require.Equal(t, fallback.UnixMilli(), inserted[i].NextCheckAt.UnixMilli(), "queued: its fallback check")
+		}
+		require.Equal(t, b.clk.Now().UnixMilli(), inserted[0].NextCheckAt.UnixMilli(), "the head: due now")
 		for i := 1; i < 4; i++ {
 			require.Equal(t, fmt.Sprintf("c-%d", i), inserted[i].QueuedBehind)
 			require.Equal(t, ReasonQueued, inserted[i].Reason)

@@ -365,16 +365,20 @@ func (t *tx) publish(f Fact) {
 
 // submitted publishes a submit's command as due for its first decision: a
 // new one with its copy as inserted (res's own, which the dispatcher copies
-// before the submit's caller is answered), a retry's without. So does a
-// serial one queued behind another: it is read after the commit, since
-// the one ahead may have ended meanwhile in a transaction that could not
-// see it (see DB.QueueHead).
+// before the submit's caller is answered), a retry's without. A new serial
+// one queued behind another has nothing to decide (its fallback check is
+// set at insert, NewOperation.QueuedCheck): its device's queue is told it
+// moved instead, so that its head is read after this commit, since the one
+// ahead may have ended meanwhile in a transaction that could not see it
+// (see DB.QueueHead).
 func (t *tx) submitted(res *SubmitResult) {
 	switch {
 	case t.s.feed == nil:
 	case res.Created && res.Inserted.QueuedBehind == "":
 		t.publish(Fact{Kind: FactDue, ID: res.Operation.CommandID, Inserted: &res.Inserted})
-	case res.Created || res.Retried:
+	case res.Created && res.Inserted.QueuedBehind != "":
+		t.publish(Fact{Kind: FactQueue, ID: res.Inserted.DeviceID})
+	case res.Retried:
 		t.publish(Fact{Kind: FactDue, ID: res.Operation.CommandID})
 	}
 }
