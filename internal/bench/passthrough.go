@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,9 +16,10 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
-	"github.com/oklog/ulid/v2"
 
 	"github.com/fleetctl/fleetctl/internal/benchwire"
+	"github.com/fleetctl/fleetctl/internal/command"
+	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
@@ -143,13 +143,13 @@ func (p *passthrough) submit(w http.ResponseWriter, r *http.Request) {
 		ptError(w, http.StatusBadRequest, "invalid_request", "body: "+err.Error())
 		return
 	}
-	if b.TaskID == "" || b.Step == "" || b.Target == "" || b.BusinessVersion == "" || b.Action == "" {
-		ptError(w, http.StatusBadRequest, "invalid_request", "task_id, step, target, business_version and action are required")
+	id, err := domain.DeriveOperationID(domain.OperationParts{TaskID: b.TaskID, Step: b.Step, Target: b.Target, BusinessVersion: b.BusinessVersion})
+	if err != nil || b.Action == "" {
+		ptError(w, http.StatusBadRequest, "invalid_request", "task_id, step, target and business_version make the operation_id; action is required")
 		return
 	}
-	id := b.TaskID + ":" + b.Step + ":" + b.Target + ":" + b.BusinessVersion
 	now := time.Now().UTC()
-	cmd := wire.Command{CommandID: "c-" + ulid.MustNew(ulid.Timestamp(now), rand.Reader).String(), OperationID: id,
+	cmd := wire.Command{CommandID: command.NewCommandID(now), OperationID: id,
 		Action: b.Action, Params: b.Params, IssuedAt: now, ExpiresAt: now.Add(benchwire.CommandTTL), Attempt: 1}
 	payload, err := wire.Encode(cmd)
 	if err != nil {

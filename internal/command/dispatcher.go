@@ -331,7 +331,7 @@ func Decide(c domain.Command, dev domain.Device, pol Policy, now time.Time) Deci
 		if c.QueuedBehind != "" {
 			// Queued: the one ahead's end wakes it (the post-commit feed);
 			// the check set here is the fallback, never past its expiry.
-			return Decision{Kind: Postpone, Until: earliest(c.ExpiresAt, now.Add(pol.Backoff(3)))}
+			return Decision{Kind: Postpone, Until: earliest(c.ExpiresAt, now.Add(pol.QueuedRecheck()))}
 		}
 		// Its turn came: decide now, whatever check its wait had set.
 	} else if now.Before(c.NextCheckAt) {

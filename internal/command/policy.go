@@ -92,6 +92,11 @@ func (p Policy) Backoff(n int) time.Duration {
 	return p.AckTimeout << n
 }
 
+// QueuedRecheck is how long a serial command queued behind another waits
+// before it looks at its queue again by itself (the capped backoff): the
+// fallback, since the end of the one ahead wakes it through the feed.
+func (p Policy) QueuedRecheck() time.Duration { return p.Backoff(3) }
+
 // Policies maps actions to policies, with defaults for the others.
 type Policies struct {
 	Defaults Policy

@@ -173,7 +173,7 @@ func (s *Service) prepare(ctx context.Context, id string, in Intent,
 		TaskID: in.TaskID, Step: in.Step, BusinessVersion: in.BusinessVersion,
 		CommandID: command.NewCommandID(s.cfg.Now()), CommandTTL: pol.TTL, QoS: command.QoS(dev),
 		Owner: s.cfg.Instance, LeaseTTL: s.cfg.LeaseTTL, Serial: pol.Serial(), Supersede: pol.Supersede,
-		SendAtSubmit: dev.Online, FirstCheck: s.cfg.Now().Add(pol.Backoff(0)), QueuedCheck: s.cfg.Now().Add(pol.Backoff(3)),
+		SendAtSubmit: dev.Online, FirstCheck: s.cfg.Now().Add(pol.Backoff(0)), QueuedCheck: s.cfg.Now().Add(pol.QueuedRecheck()),
 	}, nil
 }
 

@@ -229,27 +229,17 @@ func (s *DB) ClaimSend(ctx context.Context, commandID string, expect fsm.Command
 				return t.refuse("command", commandID, string(expect), string(to), ReasonIllegal, f.Token)
 			}
 		}
-		return t.claimSend(ctx, commandID, expect, to, expectAttempt, qos, f, nextCheck, t.decided(ctx, &d))
+		now := ms(t.now)
+		ch := t.decision(ctx, commandID, expect, to, f)
+		ch.explain = t.queueExplainer(ctx, commandID, ch.explain)
+		err := t.cas(ctx, ch, t.decided(ctx, &d), t.s.q.CommandClaimSend,
+			append([]any{to, qos, ms(nextCheck), now, now, commandID, expect, expectAttempt}, fenceArgs(f, t.now)...)...)
+		if err != nil {
+			return err
+		}
+		return t.event("command", commandID, string(expect), string(to), fmt.Sprintf("publish attempt %d", expectAttempt+1), f.Token)
 	})
 	return d, err
-}
-
-// claimSend is the fenced, conditional publish decision of ClaimSend and
-// of a submit's own claim (claimAtSubmit): expect → to with attempt
-// expectAttempt → +1 (a serial command's first only as the head of its
-// device's queue; a refusal for that is explained as queued), and its
-// event. scan reads the row the write returned.
-func (t *tx) claimSend(ctx context.Context, commandID string, expect, to fsm.CommandState, expectAttempt, qos int,
-	f domain.Fence, nextCheck time.Time, scan func(rowScanner) error) error {
-	now := ms(t.now)
-	ch := t.decision(ctx, commandID, expect, to, f)
-	ch.explain = t.queueExplainer(ctx, commandID, ch.explain)
-	err := t.cas(ctx, ch, scan, t.s.q.CommandClaimSend,
-		append([]any{to, qos, ms(nextCheck), now, now, commandID, expect, expectAttempt}, fenceArgs(f, t.now)...)...)
-	if err != nil {
-		return err
-	}
-	return t.event("command", commandID, string(expect), string(to), fmt.Sprintf("publish attempt %d", expectAttempt+1), f.Token)
 }
 
 // ClaimQuery commits the decision to ask the device about a command: the

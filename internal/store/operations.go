@@ -241,11 +241,12 @@ func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, a
 	}
 	claimed := claim != nil && ahead == ""
 	if claimed {
-		c.Status, c.Attempt, c.Version, c.NextCheckAt, c.LastSentAt = fsm.CmdSent, 1, 2, fromMS(ms(*claim)), fromNullMS(sql.NullInt64{Int64: now, Valid: true})
+		sent := fromMS(now)
+		c.Status, c.Attempt, c.Version, c.NextCheckAt, c.LastSentAt = fsm.CmdSent, 1, 2, fromMS(ms(*claim)), &sent
 	}
 	_, err := t.Exec(t.s.q.CommandInsert,
 		commandID, operationID, device, action, string(params), now, expires, c.Status, c.Attempt, qos, c.Version,
-		ms(c.NextCheckAt), lastSent(c), now, now, seq, reason)
+		ms(c.NextCheckAt), nullTime(c.LastSentAt), now, now, seq, reason)
 	if err != nil {
 		return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
 	}
@@ -260,14 +261,6 @@ func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, a
 		return c, t.event("command", commandID, string(fsm.CmdPending), string(fsm.CmdSent), "publish attempt 1", 1)
 	}
 	return c, nil
-}
-
-// lastSent is a command's last_sent_at column (NULL before its first publish).
-func lastSent(c domain.Command) any {
-	if c.LastSentAt == nil {
-		return nil
-	}
-	return ms(*c.LastSentAt)
 }
 
 // getOperationRow reads an operation's own row, without the lists of its
