@@ -314,6 +314,24 @@ func parseJournal(b []byte, each func(journalEntry)) {
 // changed snapshot durably. The caller holds idx (or runs before the writer
 // starts).
 func (j *Journal) fold(b []byte) error {
+	staged, err := j.stage(b)
+	if err != nil {
+		return err
+	}
+	if len(staged) == 0 {
+		return nil
+	}
+	if err := renameAll(staged); err != nil {
+		return err
+	}
+	return j.syncDir(j.dir)
+}
+
+// stage applies journal bytes to the snapshots they name and writes every
+// changed snapshot under its tmp name, fsynced: the slow part of a fold,
+// which holds no lock. Only one fold of a directory runs at a time (the
+// snapshots it reads are written by folds alone).
+func (j *Journal) stage(b []byte) ([]staged, error) {
 	states := map[string]*durableState{}
 	var ferr error
 	parseJournal(b, func(e journalEntry) {
@@ -329,34 +347,47 @@ func (j *Journal) fold(b []byte) error {
 		e.apply(st)
 	})
 	if ferr != nil {
-		return fmt.Errorf("device: journal: %w", ferr)
-	}
-	if len(states) == 0 {
-		return nil
+		return nil, fmt.Errorf("device: journal: %w", ferr)
 	}
 	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-		sem  = make(chan struct{}, snapshotParallelism)
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		errs   []error
+		staged []staged
+		sem    = make(chan struct{}, snapshotParallelism)
 	)
 	for _, st := range states {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := st.save(j.dir, j.syncFile); err != nil {
-				mu.Lock()
+			s, err := st.stage(j.dir, j.syncFile)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
 				errs = append(errs, err)
-				mu.Unlock()
+			} else {
+				staged = append(staged, s)
 			}
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("device: journal: %w", err)
+		return nil, fmt.Errorf("device: journal: %w", err)
 	}
-	return j.syncDir(j.dir)
+	return staged, nil
+}
+
+// renameAll makes staged snapshots visible. It stops at the first failure:
+// the generation they came from then stays in the index and on disk, and
+// replaying it on a snapshot that already holds it changes nothing.
+func renameAll(staged []staged) error {
+	for _, s := range staged {
+		if err := s.rename(); err != nil {
+			return fmt.Errorf("device: journal: %w", err)
+		}
+	}
+	return nil
 }
 
 func (j *Journal) syncFile(f *os.File) error {

@@ -89,16 +89,20 @@ func (st *durableState) fill() {
 	}
 }
 
-// save writes the snapshot file atomically: a crash leaves the old file or
-// the new one, never a mix. The caller fsyncs the directory afterwards.
-func (st *durableState) save(dir string, syncFile func(*os.File) error) error {
+// staged is a snapshot file written and fsynced under its tmp name, not yet
+// visible: rename makes it the device's snapshot.
+type staged struct{ tmp, file, device string }
+
+// stage writes the snapshot under a tmp name and fsyncs it: the slow half
+// of an atomic save, done before the caller takes any lock.
+func (st *durableState) stage(dir string, syncFile func(*os.File) error) (staged, error) {
 	b, err := json.Marshal(st)
 	if err != nil {
-		return fmt.Errorf("device: save state of %s: %w", st.DeviceID, err)
+		return staged{}, fmt.Errorf("device: save state of %s: %w", st.DeviceID, err)
 	}
-	file := statePath(dir, st.DeviceID)
-	tmp := file + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	s := staged{file: statePath(dir, st.DeviceID), device: st.DeviceID}
+	s.tmp = s.file + ".tmp"
+	f, err := os.OpenFile(s.tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err == nil {
 		_, err = f.Write(b)
 		if err == nil {
@@ -106,11 +110,17 @@ func (st *durableState) save(dir string, syncFile func(*os.File) error) error {
 		}
 		err = errors.Join(err, f.Close())
 	}
-	if err == nil {
-		err = os.Rename(tmp, file)
-	}
 	if err != nil {
-		return fmt.Errorf("device: save state of %s: %w", st.DeviceID, err)
+		return staged{}, fmt.Errorf("device: save state of %s: %w", st.DeviceID, err)
+	}
+	return s, nil
+}
+
+// rename makes a staged snapshot the device's: a crash leaves the old file
+// or the new one, never a mix. The caller fsyncs the directory afterwards.
+func (s staged) rename() error {
+	if err := os.Rename(s.tmp, s.file); err != nil {
+		return fmt.Errorf("device: save state of %s: %w", s.device, err)
 	}
 	return nil
 }
