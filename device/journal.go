@@ -2,6 +2,7 @@ package device
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -199,11 +201,22 @@ func OpenJournal(dir string, o *JournalOptions) (*Journal, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: journal: %w", err)
 	}
+	var left []string
 	for _, e := range entries {
-		if e.IsDir() || !strings.HasSuffix(e.Name(), journalExt) {
-			continue
+		if !e.IsDir() && strings.HasSuffix(e.Name(), journalExt) {
+			left = append(left, e.Name())
 		}
-		if err := j.recoverFile(filepath.Join(dir, e.Name())); err != nil {
+	}
+	// Oldest first: journals must be replayed in the order they were
+	// written, and their names do not sort that way as strings (nanos of
+	// different lengths).
+	slices.SortFunc(left, func(a, b string) int {
+		pa, na := parseJournalName(a)
+		pb, nb := parseJournalName(b)
+		return cmp.Or(cmp.Compare(na, nb), cmp.Compare(pa, pb), strings.Compare(a, b))
+	})
+	for _, name := range left {
+		if err := j.recoverFile(filepath.Join(dir, name)); err != nil {
 			return nil, err
 		}
 	}
@@ -244,7 +257,7 @@ func (j *Journal) recoverFile(name string) error {
 		return fmt.Errorf("device: journal: %w", err)
 	}
 	defer f.Close()
-	pid := journalPID(name)
+	pid, _ := parseJournalName(name)
 	deadline := time.Now().Add(j.lockWait)
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
@@ -280,16 +293,14 @@ func (j *Journal) recoverFile(name string) error {
 	return j.syncDir(filepath.Dir(name))
 }
 
-// journalPID is the process id in a journal's name, <pid>-<nanos>.journal
-// (0 if there is none).
-func journalPID(name string) int {
+// parseJournalName is the process id and the nanos in a journal's name,
+// <pid>-<nanos>.journal (0 for what is missing or not a number).
+func parseJournalName(name string) (pid int, nanos int64) {
 	base := strings.TrimSuffix(filepath.Base(name), journalExt)
-	pid, _, _ := strings.Cut(base, "-")
-	n, err := strconv.Atoi(pid)
-	if err != nil {
-		return 0
-	}
-	return n
+	p, n, _ := strings.Cut(base, "-")
+	pid, _ = strconv.Atoi(p)
+	nanos, _ = strconv.ParseInt(n, 10, 64)
+	return pid, nanos
 }
 
 // parseJournal splits journal bytes into entries. It stops at a torn or
