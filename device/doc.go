@@ -144,9 +144,11 @@
 //
 // StateDir (or the Journal's directory) holds <id>.json, each device's
 // snapshot, and <pid>-<nanos>.journal, the journal: one JSON line per
-// change, folded into the snapshots (written atomically) when it passes 64
-// MiB and at Close. The journal is flocked while open; OpenJournal folds
-// what a dead process's journal left, up to its first torn line; a journal
+// change. When it passes 64 MiB the writer moves on to a new journal file
+// and folds the old one into the snapshots (written atomically) in the
+// background, without stalling commits; Close folds the last one. A
+// journal is flocked while open; OpenJournal folds what a dead process's
+// journals left, oldest first, each up to its first torn line; a journal
 // another process still holds locked is waited for (JournalOptions.LockWait,
 // default 5s: a process killed a moment ago may still be exiting), and
 // OpenJournal fails if the lock stays held rather than skip records. One

@@ -21,9 +21,14 @@ import (
 // journalExt ends the name of a journal file in a journal's directory.
 const journalExt = ".journal"
 
-// defaultCompactAt is the journal size past which the writer folds it into
-// the devices' snapshot files and starts it again.
+// defaultCompactAt is the journal size past which the writer moves on to a
+// new journal file and folds the old one into the devices' snapshot files in
+// the background.
 const defaultCompactAt = 64 << 20
+
+// foldRetryWait is how long the writer waits after a failed fold (or a new
+// journal file it could not create) before it tries again.
+const foldRetryWait = time.Second
 
 // snapshotParallelism bounds the snapshot files written (and fsynced) at
 // once when a journal is folded.
@@ -43,8 +48,9 @@ type JournalOptions struct {
 	// SyncHook, for tests and simulators, runs before every fsync with the
 	// file's name; an error fails the fsync (and the batch).
 	SyncHook func(file string) error
-	// CompactAt is the journal size past which it is folded into the
-	// snapshot files (default 64 MiB).
+	// CompactAt is the journal size past which the writer moves on to a
+	// new journal file and folds the old one into the snapshot files in the
+	// background (default 64 MiB).
 	CompactAt int64
 	// LockWait is how long OpenJournal waits for the lock of a journal
 	// another process left in the directory (default 5s): a process killed
@@ -64,11 +70,13 @@ const defaultLockWait = 5 * time.Second
 // Its directory holds one snapshot file per device, <id>.json, and the
 // journal itself, <pid>-<nanos>.journal, flocked while it is open: one JSON
 // line per change of a device's record. A device's durable record is its
-// snapshot with its journal lines applied in order. The journal is folded
-// into the snapshots (each written atomically: tmp file, fsync, rename; then
-// an fsync of the directory) when it passes 64 MiB and at Close, when the
-// file is removed. OpenJournal first folds what a journal left by a dead
-// process holds (its lock is free), up to its first torn or malformed line:
+// snapshot with its journal lines applied in order. When the journal passes
+// 64 MiB the writer moves on to a new file and folds the old one into the
+// snapshots in the background (each written atomically: tmp file, fsync,
+// rename; then an fsync of the directory), then removes it: batches go on
+// committing meanwhile. Close folds the last file and removes it.
+// OpenJournal first folds what journals left by a dead process hold (their
+// lock is free), oldest first, each up to its first torn or malformed line:
 // what follows belongs to a batch whose fsync never returned, so nothing of
 // it was ever announced.
 type Journal struct {
@@ -78,9 +86,10 @@ type Journal struct {
 	compactAt int64
 	lockWait  time.Duration
 
-	file *os.File // written by the writer only
-	size int64
-	side map[string]*os.File // side files (AppendLine, Hooks.SaveLine), by name; the writer's
+	gen     *generation         // the file the writer appends to; swapped by the writer under idx
+	side    map[string]*os.File // side files (AppendLine, Hooks.SaveLine), by name; the writer's
+	folding *foldRun            // the last background fold started; the writer's (Close's once it exited)
+	retryAt time.Time           // no rotation or fold before it, after a failure; the writer's
 
 	mu      sync.Mutex
 	cur     *batch
@@ -89,15 +98,42 @@ type Journal struct {
 	exited  chan struct{}
 	running map[string]bool // device ids running on this journal
 
-	// idx guards index and the snapshot files: loads read under it, the
-	// writer updates the index and folds the journal under it.
-	idx   sync.RWMutex
-	index map[string][]span
+	// idx guards the generations' indexes, old, foldStop and the snapshot
+	// files' names: loads read under it, the writer indexes its batches and
+	// rotates under it, a fold renames its snapshots and drops its
+	// generation under it.
+	idx      sync.RWMutex
+	old      *generation // a rotated file until its fold removed it
+	foldStop bool        // set by abandon: a fold stops before its renames
+}
+
+// generation is one journal file and where its records are.
+type generation struct {
+	file   *os.File
+	nanos  int64             // from its name: a later generation has a larger one
+	size   int64             // bytes written; fixed once rotated
+	index  map[string][]span // records by device; nil once folded into the snapshots
+	closed bool
+}
+
+func (g *generation) close() error {
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	return g.file.Close()
 }
 
 type span struct {
 	off int64
 	n   int
+}
+
+// foldRun is a background fold; err is set before done is closed.
+type foldRun struct {
+	done chan struct{}
+	err  error
+	end  time.Time
 }
 
 // batch is what the writer commits at once; a caller's ticket.
@@ -186,7 +222,7 @@ func OpenJournal(dir string, o *JournalOptions) (*Journal, error) {
 	j := &Journal{
 		dir: dir, log: log, syncHook: o.SyncHook, compactAt: o.CompactAt, lockWait: o.LockWait,
 		cur: newBatch(), kick: make(chan struct{}, 1), exited: make(chan struct{}),
-		index: map[string][]span{}, running: map[string]bool{}, side: map[string]*os.File{},
+		running: map[string]bool{}, side: map[string]*os.File{},
 	}
 	if j.compactAt <= 0 {
 		j.compactAt = defaultCompactAt
@@ -207,9 +243,9 @@ func OpenJournal(dir string, o *JournalOptions) (*Journal, error) {
 			left = append(left, e.Name())
 		}
 	}
-	// Oldest first: journals must be replayed in the order they were
-	// written, and their names do not sort that way as strings (nanos of
-	// different lengths).
+	// Oldest first: a process's generations must be replayed in the order
+	// they were written (see foldGen), and their names do not sort that
+	// way as strings (nanos of different lengths).
 	slices.SortFunc(left, func(a, b string) int {
 		pa, na := parseJournalName(a)
 		pb, nb := parseJournalName(b)
@@ -220,23 +256,48 @@ func OpenJournal(dir string, o *JournalOptions) (*Journal, error) {
 			return nil, err
 		}
 	}
-	name := filepath.Join(dir, fmt.Sprintf("%d-%d%s", os.Getpid(), time.Now().UnixNano(), journalExt))
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_RDWR|os.O_APPEND, 0o644)
+	g, err := j.newGeneration(0)
+	if err != nil {
+		return nil, err
+	}
+	j.gen = g
+	go j.run()
+	return j, nil
+}
+
+// newGeneration creates, locks and makes durable a new journal file, named
+// <pid>-<nanos>.journal with nanos after the one given: the order of a
+// process's generations does not depend on the clock going forward.
+func (j *Journal) newGeneration(after int64) (*generation, error) {
+	nanos := max(time.Now().UnixNano(), after+1)
+	var (
+		name string
+		f    *os.File
+		err  error
+	)
+	for range 100 { // another Journal of this process may have taken the name
+		name = filepath.Join(j.dir, fmt.Sprintf("%d-%d%s", os.Getpid(), nanos, journalExt))
+		f, err = os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_RDWR|os.O_APPEND, 0o644)
+		if !errors.Is(err, fs.ErrExist) {
+			break
+		}
+		nanos++
+	}
 	if err != nil {
 		return nil, fmt.Errorf("device: journal: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
+		os.Remove(name)
 		return nil, fmt.Errorf("device: journal: lock %s: %w", name, err)
 	}
 	// The new file's name must be durable before records in it count.
-	if err := j.syncDir(dir); err != nil {
+	if err := j.syncDir(j.dir); err != nil {
 		f.Close()
+		os.Remove(name)
 		return nil, fmt.Errorf("device: journal: %w", err)
 	}
-	j.file = f
-	go j.run()
-	return j, nil
+	return &generation{file: f, nanos: nanos, index: map[string][]span{}}, nil
 }
 
 // Dir is the journal's directory.
@@ -322,8 +383,7 @@ func parseJournal(b []byte, each func(journalEntry)) {
 }
 
 // fold applies journal bytes to the snapshots they name and writes every
-// changed snapshot durably. The caller holds idx (or runs before the writer
-// starts).
+// changed snapshot durably. It runs before the writer starts (recoverFile).
 func (j *Journal) fold(b []byte) error {
 	staged, err := j.stage(b)
 	if err != nil {
@@ -528,7 +588,11 @@ func (j *Journal) run() {
 		j.cur = newBatch()
 		j.mu.Unlock()
 		if !b.empty() {
-			j.commit(b)
+			b.err = j.commit(b)
+			close(b.done)
+			if b.err == nil && j.gen.size >= j.compactAt {
+				j.startFold()
+			}
 			continue
 		}
 		close(b.done) // nothing in it: Sync's waiters are done
@@ -540,44 +604,175 @@ func (j *Journal) run() {
 }
 
 // commit makes one batch durable: side lines first, then the device
-// records; the waiters are released with the outcome.
-func (j *Journal) commit(b *batch) {
-	defer close(b.done)
+// records; the caller releases the waiters with the outcome.
+func (j *Journal) commit(b *batch) error {
 	if err := j.writeSide(b); err != nil {
 		// The records are not written: one of them may count on a line
 		// that is not durable.
-		b.err = err
 		j.log.Error("device journal: side file batch failed; its records are dropped", "err", err)
-		return
+		return err
 	}
 	if len(b.journal) == 0 {
-		return
+		return nil
 	}
-	off := j.size
-	if _, err := j.file.Write(b.journal); err != nil {
+	g := j.gen
+	off := g.size
+	if _, err := g.file.Write(b.journal); err != nil {
 		// Take back a partial write, so the next batch starts a line.
-		b.err = errors.Join(fmt.Errorf("append journal: %w", err), j.file.Truncate(off))
-		j.log.Error("device journal: batch failed", "err", b.err)
-		return
+		err = errors.Join(fmt.Errorf("append journal: %w", err), g.file.Truncate(off))
+		j.log.Error("device journal: batch failed", "err", err)
+		return err
 	}
-	j.size += int64(len(b.journal))
+	g.size += int64(len(b.journal))
 	j.idx.Lock()
 	for _, s := range b.spans {
-		j.index[s.device] = append(j.index[s.device], span{off: off + int64(s.off), n: s.n})
+		g.index[s.device] = append(g.index[s.device], span{off: off + int64(s.off), n: s.n})
 	}
 	j.idx.Unlock()
-	if err := j.syncFile(j.file); err != nil {
+	if err := j.syncFile(g.file); err != nil {
 		// Written but not known durable: a device that boots reads it (it
 		// may be on disk), but nobody waiting may act on it.
-		b.err = fmt.Errorf("fsync journal: %w", err)
-		j.log.Error("device journal: batch failed", "err", b.err)
+		err = fmt.Errorf("fsync journal: %w", err)
+		j.log.Error("device journal: batch failed", "err", err)
+		return err
+	}
+	return nil
+}
+
+// startFold is called by the writer once the current file passed
+// compactAt: it moves on to a new file (the rotation: a create, a flock and
+// a directory fsync) and folds the old one on a goroutine of its own, so
+// no batch waits for a fold. One fold runs at a time: while it runs the
+// current file grows on. A fold that failed leaves its generation in the
+// index and on disk, and is tried again (after foldRetryWait) before the
+// next rotation, so at most two generations are ever open.
+func (j *Journal) startFold() {
+	if f := j.folding; f != nil {
+		select {
+		case <-f.done:
+		default:
+			return
+		}
+		if f.err != nil {
+			j.retryAt = f.end.Add(foldRetryWait)
+		}
+		j.folding = nil
+	}
+	if time.Now().Before(j.retryAt) {
 		return
 	}
-	if j.size >= j.compactAt {
-		if err := j.compact(); err != nil {
-			j.log.Error("device journal: compaction failed; the journal goes on growing", "err", err)
+	j.idx.RLock()
+	g := j.old // a generation whose fold failed: again
+	j.idx.RUnlock()
+	if g == nil {
+		next, err := j.newGeneration(j.gen.nanos)
+		if err != nil {
+			j.retryAt = time.Now().Add(foldRetryWait)
+			j.log.Error("device journal: cannot start a new journal file; this one goes on growing", "err", err)
+			return
+		}
+		j.idx.Lock()
+		g, j.old, j.gen = j.gen, j.gen, next
+		j.idx.Unlock()
+	}
+	f := &foldRun{done: make(chan struct{})}
+	j.folding = f
+	go func() {
+		defer close(f.done)
+		if f.err = j.foldGen(g); f.err != nil {
+			f.end = time.Now()
+			if errors.Is(f.err, errFoldStopped) {
+				return
+			}
+			j.log.Error("device journal: fold failed; it is tried again, the journal goes on growing", "err", f.err)
+		}
+	}()
+}
+
+// waitFold waits for the background fold, if one runs. Only the writer, or
+// Close and abandon once the writer exited, call it.
+func (j *Journal) waitFold() {
+	if j.folding != nil {
+		<-j.folding.done
+		j.folding = nil
+	}
+}
+
+// errFoldStopped ends a fold that abandon stopped before its renames.
+var errFoldStopped = errors.New("device: journal: fold stopped")
+
+// foldGen folds a generation that is no longer written into the snapshots
+// and removes its file: the fold of a rotated file (in the background) and
+// of the last one at Close. The slow part, reading, parsing and writing
+// each changed snapshot under a tmp name with its fsync, holds no lock;
+// under idx the snapshots are renamed and the generation leaves the index
+// at once, so a load reads either the old snapshots with this generation's
+// records or the new snapshots without them; then the directory is
+// fsynced, the file removed, the directory fsynced again.
+//
+// Why a crash at any point is safe: a journal line sets values (a Full
+// record, or a delta whose fields overwrite or delete), so replaying
+// generations k..n in write order on a snapshot that already holds
+// generations up to some m ≥ k-1 gives the state after n: every value ends
+// as the last line that sets it, and the lines already in the snapshot are
+// set again to the same. A generation's file is removed only once the
+// renames that hold it are durable (the first directory fsync), and the
+// files on disk are always the newest generations, with no gap: a rotation
+// happens only once the previous fold removed its file durably (the second
+// fsync), and Close removes the last file only after the one before. So the
+// next OpenJournal, folding the files it finds oldest first (by nanos, as
+// numbers), replays a suffix of the generations in order: a crash before
+// the renames, between them and the removal, or after it leaves the state
+// the journals say.
+func (j *Journal) foldGen(g *generation) error {
+	j.idx.RLock()
+	indexed := g.index != nil
+	j.idx.RUnlock()
+	renamed := !indexed // by an attempt that failed after its renames
+	if indexed {
+		b := make([]byte, g.size)
+		if _, err := g.file.ReadAt(b, 0); err != nil {
+			return fmt.Errorf("device: journal: read %s: %w", g.file.Name(), err)
+		}
+		staged, err := j.stage(b)
+		if err != nil {
+			return err
+		}
+		j.idx.Lock()
+		if j.foldStop {
+			j.idx.Unlock()
+			return errFoldStopped
+		}
+		err = renameAll(staged)
+		if err == nil {
+			g.index = nil
+		}
+		j.idx.Unlock()
+		if err != nil {
+			return err
+		}
+		renamed = len(staged) > 0
+	}
+	name := g.file.Name()
+	if renamed {
+		if err := j.syncDir(j.dir); err != nil {
+			return fmt.Errorf("device: journal: %w", err)
 		}
 	}
+	// Removed while still open and locked: another Journal of this process
+	// leaves a locked file of this process alone (recoverFile).
+	if err := os.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("device: journal: %w", err)
+	}
+	if err := j.syncDir(j.dir); err != nil {
+		return fmt.Errorf("device: journal: %w", err)
+	}
+	j.idx.Lock()
+	if j.old == g {
+		j.old = nil
+	}
+	j.idx.Unlock()
+	return g.close()
 }
 
 func (j *Journal) writeSide(b *batch) error {
@@ -624,32 +819,6 @@ func (j *Journal) writeSide(b *batch) error {
 	return errors.Join(append(errs, synced...)...)
 }
 
-// compact folds the journal into the snapshots and empties it. Only the
-// writer calls it (or Close, once the writer is gone).
-func (j *Journal) compact() error {
-	j.idx.Lock()
-	defer j.idx.Unlock()
-	if j.size == 0 {
-		return nil
-	}
-	b := make([]byte, j.size)
-	if _, err := j.file.ReadAt(b, 0); err != nil {
-		return fmt.Errorf("device: journal: read: %w", err)
-	}
-	if err := j.fold(b); err != nil {
-		return err
-	}
-	if err := j.file.Truncate(0); err != nil {
-		return fmt.Errorf("device: journal: truncate: %w", err)
-	}
-	if err := j.syncFile(j.file); err != nil {
-		return fmt.Errorf("device: journal: %w", err)
-	}
-	j.size = 0
-	j.index = map[string][]span{}
-	return nil
-}
-
 // load is a device's durable record: its snapshot with its journal records
 // applied. The caller first waits for the device's last ticket.
 func (j *Journal) load(id string) (*durableState, error) {
@@ -659,16 +828,22 @@ func (j *Journal) load(id string) (*durableState, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, s := range j.index[id] {
-		b := make([]byte, s.n)
-		if _, err := j.file.ReadAt(b, s.off); err != nil {
-			return nil, fmt.Errorf("device: load state of %s: journal: %w", id, err)
+	// The generation being folded, if any, then the current one.
+	for _, g := range [...]*generation{j.old, j.gen} {
+		if g == nil {
+			continue
 		}
-		var e journalEntry
-		if err := json.Unmarshal(b, &e); err != nil {
-			return nil, fmt.Errorf("device: load state of %s: journal: %w", id, err)
+		for _, s := range g.index[id] {
+			b := make([]byte, s.n)
+			if _, err := g.file.ReadAt(b, s.off); err != nil {
+				return nil, fmt.Errorf("device: load state of %s: journal: %w", id, err)
+			}
+			var e journalEntry
+			if err := json.Unmarshal(b, &e); err != nil {
+				return nil, fmt.Errorf("device: load state of %s: journal: %w", id, err)
+			}
+			e.apply(st)
 		}
-		e.apply(st)
 	}
 	return st, nil
 }
@@ -695,30 +870,52 @@ func (j *Journal) stopWriter() bool {
 	return true
 }
 
-// Close commits what is gathered, stops the writer, folds the journal into
-// the snapshots and removes it. Close it after every Device using it has
-// returned from Run.
+// Close commits what is gathered, stops the writer, waits for a background
+// fold, folds the journal into the snapshots and removes it. Close it after
+// every Device using it has returned from Run.
 func (j *Journal) Close() error {
 	if !j.stopWriter() {
 		return nil
 	}
-	err := j.compact()
-	if err == nil {
-		j.idx.Lock()
-		name := j.file.Name()
-		err = errors.Join(j.file.Close(), os.Remove(name), j.syncDir(filepath.Dir(name)))
-		j.idx.Unlock()
-		return err
+	j.waitFold()
+	j.idx.RLock()
+	old := j.old // its fold failed: again, and before the last file goes
+	j.idx.RUnlock()
+	var err error
+	if old != nil {
+		err = j.foldGen(old)
 	}
-	// Left for the next OpenJournal to fold.
-	return errors.Join(err, j.file.Close())
+	if err == nil {
+		err = j.foldGen(j.gen)
+	}
+	if err != nil {
+		// Left for the next OpenJournal to fold, in order.
+		if old != nil {
+			err = errors.Join(err, old.close())
+		}
+		return errors.Join(err, j.gen.close())
+	}
+	return nil
 }
 
 // abandon is a crash of the journal's process as seen from its files: what
-// is gathered is committed, the file is left unfolded and its lock released
-// (the next OpenJournal folds it).
+// is gathered is committed, and the files are left unfolded with their
+// locks released (the next OpenJournal folds them). A background fold is
+// stopped before its renames; one already past them is waited for: no
+// goroutine of the journal writes once abandon returns.
 func (j *Journal) abandon() {
-	if j.stopWriter() {
-		j.file.Close()
+	if !j.stopWriter() {
+		return
 	}
+	j.idx.Lock()
+	j.foldStop = true
+	j.idx.Unlock()
+	j.waitFold()
+	j.idx.RLock()
+	old := j.old
+	j.idx.RUnlock()
+	if old != nil {
+		old.close()
+	}
+	j.gen.close()
 }
