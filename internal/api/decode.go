@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"reflect"
-	"regexp"
 	"strings"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
@@ -106,15 +105,11 @@ func checkParams(field string, params []byte) error {
 	return nil
 }
 
-// Id rules, as the contract gives them.
-var (
-	partPattern      = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-	operationPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
-	// derivedPattern: an operation id the controller derives (a
-	// compensation's), up to 400 characters.
-	derivedPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,400}$`)
-	idPattern      = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
-)
+// ids is the check of the id rules, as the contract gives them:
+// [A-Za-z0-9._-]{1,max}, or with ':' too.
+func ids(max int, colon bool) func(string) bool {
+	return func(s string) bool { return wire.IDChars(s, max, colon) }
+}
 
 // idRule checks one kind of id.
 type idRule struct {
@@ -123,12 +118,12 @@ type idRule struct {
 }
 
 var (
-	partID      = idRule{"[A-Za-z0-9._-]{1,64}", partPattern.MatchString}
-	operationID = idRule{"[A-Za-z0-9._:-]{1,200}", operationPattern.MatchString}
-	anyOpID     = idRule{"[A-Za-z0-9._:-]{1,400}", derivedPattern.MatchString}
-	plainID     = idRule{"[A-Za-z0-9._:-]{1,200}", idPattern.MatchString}
+	partID      = idRule{"[A-Za-z0-9._-]{1,64}", ids(64, false)}
+	operationID = idRule{"[A-Za-z0-9._:-]{1,200}", ids(200, true)}
+	anyOpID     = idRule{"[A-Za-z0-9._:-]{1,400}", ids(400, true)} // derived (a compensation's)
+	plainID     = idRule{"[A-Za-z0-9._:-]{1,200}", ids(200, true)}
 	deviceID    = idRule{"[A-Za-z0-9._-]{1,64}, not controller-*", wire.ValidDeviceID}
-	actionName  = idRule{"[A-Za-z0-9._-]{1,64}", partPattern.MatchString}
+	actionName  = idRule{"[A-Za-z0-9._-]{1,64}", ids(64, false)}
 )
 
 // check refuses v (named field) when it breaks the rule (bad_id); an empty

@@ -23,16 +23,14 @@ import (
 	"strings"
 
 	"github.com/fleetctl/fleetctl/internal/jcs"
+	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
 var (
-	partPattern   = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-	wholeCharset  = regexp.MustCompile(`^[A-Za-z0-9._:-]+$`)
-	actionPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-	reserved      = regexp.MustCompile(`:approval-v[0-9]+$`)
-	rolloutShape  = regexp.MustCompile(`^[A-Za-z0-9._-]+:rollout:[A-Za-z0-9._-]+:v[0-9]+$`)
-	compensation  = regexp.MustCompile(`.:compensate:[A-Za-z0-9._-]{1,64}$`)
-	approvalLike  = regexp.MustCompile(`^approval-v[0-9]+$`)
+	reserved     = regexp.MustCompile(`:approval-v[0-9]+$`)
+	rolloutShape = regexp.MustCompile(`^[A-Za-z0-9._-]+:rollout:[A-Za-z0-9._-]+:v[0-9]+$`)
+	compensation = regexp.MustCompile(`.:compensate:[A-Za-z0-9._-]{1,64}$`)
+	approvalLike = regexp.MustCompile(`^approval-v[0-9]+$`)
 )
 
 // OperationParts are the business intent an operation_id is derived from.
@@ -49,7 +47,7 @@ func DeriveOperationID(p OperationParts) (string, error) {
 	for _, f := range []struct{ name, v string }{
 		{"task_id", p.TaskID}, {"step", p.Step}, {"target", p.Target}, {"business_version", p.BusinessVersion},
 	} {
-		if !partPattern.MatchString(f.v) {
+		if !wire.IDChars(f.v, 64, false) {
 			return "", invalid("%s %q must match [A-Za-z0-9._-]{1,64} (no ':')", f.name, f.v)
 		}
 	}
@@ -59,14 +57,17 @@ func DeriveOperationID(p OperationParts) (string, error) {
 // ValidateWhole checks a caller-given whole operation_id; maxLen is 200 for
 // a submit and 400 for derived ids such as compensations.
 func ValidateOperationID(id string, maxLen int) error {
-	if len(id) == 0 || len(id) > maxLen || !wholeCharset.MatchString(id) {
+	if !wire.IDChars(id, maxLen, true) {
 		return invalid("operation_id %q must match [A-Za-z0-9._:-]{1,%d}", id, maxLen)
 	}
 	return nil
 }
 
 // Reserved reports whether id ends in ":approval-v<N>", the task runner's ids.
-func TaskStepShaped(id string) bool { return reserved.MatchString(id) }
+func TaskStepShaped(id string) bool {
+	// Most ids lack the literal the pattern needs: no regexp for them.
+	return strings.Contains(id, ":approval-v") && reserved.MatchString(id)
+}
 
 // TaskStepOperationID is a task step's operation id,
 // {task_id}:{step}:{target}:approval-v{version}: the task runner's, reserved
@@ -106,7 +107,9 @@ func TaskOf(id string) (string, bool) {
 // insert: submitted first by anyone else, it would stand in for (and fail)
 // that device in a rollout created later. The parts are not held to their
 // 64-character limit: the shape alone is reserved, whatever its length.
-func RolloutShaped(id string) bool { return rolloutShape.MatchString(id) }
+func RolloutShaped(id string) bool {
+	return strings.Contains(id, ":rollout:") && rolloutShape.MatchString(id)
+}
 
 // CompensationShaped reports whether id has the shape of a compensation,
 // {operation_id}:compensate:{business_version}, which only POST
@@ -114,14 +117,16 @@ func RolloutShaped(id string) bool { return rolloutShape.MatchString(id) }
 // compensation's id without its link to the original (a derived id whose
 // target is a device named "compensate" has the shape too, and is refused
 // with it).
-func CompensationShaped(id string) bool { return compensation.MatchString(id) }
+func CompensationShaped(id string) bool {
+	return strings.Contains(id, ":compensate:") && compensation.MatchString(id)
+}
 
 // ApprovalLike reports whether a business_version looks like approval-v<N>.
 func ApprovalLike(v string) bool { return approvalLike.MatchString(v) }
 
 // ValidateAction checks an action name.
 func ValidateAction(a string) error {
-	if !actionPattern.MatchString(a) {
+	if !wire.IDChars(a, 64, false) {
 		return invalid("action %q must match [A-Za-z0-9._-]{1,64}", a)
 	}
 	return nil

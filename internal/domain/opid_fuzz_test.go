@@ -17,7 +17,7 @@ import (
 )
 
 // validPart is the contract's rule for one part of a derived id, written
-// out independently of partPattern: [A-Za-z0-9._-]{1,64}.
+// out independently of wire.IDChars: [A-Za-z0-9._-]{1,64}.
 func validPart(s string) bool {
 	if len(s) < 1 || len(s) > 64 {
 		return false

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -18,8 +17,6 @@ const DefaultTopicRoot = "fleet"
 // MaxPayload bounds every payload the controller or a device accepts.
 const MaxPayload = 256 << 10
 
-var deviceIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
 // ErrInvalidDeviceID is returned for a device id outside the contract's charset.
 var ErrInvalidDeviceID = errors.New("invalid device id")
 
@@ -28,7 +25,7 @@ var ErrInvalidDeviceID = errors.New("invalid device id")
 // ids), and not made only of dots ("." and ".." would make topics such as
 // fleet/../commands).
 func ValidDeviceID(id string) bool {
-	return deviceIDPattern.MatchString(id) && !strings.HasPrefix(id, "controller-") && strings.Trim(id, ".") != ""
+	return IDChars(id, 64, false) && !strings.HasPrefix(id, "controller-") && strings.Trim(id, ".") != ""
 }
 
 // Kind names the four per-device topics.
@@ -123,14 +120,6 @@ type Receipt struct {
 	QueryID     string          `json:"query_id,omitempty"`
 }
 
-// Id patterns of what a device echoes back: the controller's command and
-// query ids, and operation ids (derived ones, such as compensations, up to
-// 400 characters).
-var (
-	commandIDPattern   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
-	operationIDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,400}$`)
-)
-
 // MaxSafeInteger is 2^53-1, the largest integer every JSON reader holds exactly.
 const MaxSafeInteger = 1<<53 - 1
 
@@ -140,11 +129,11 @@ func (r *Receipt) Validate() error {
 	switch {
 	case r.CommandID == "":
 		return inputErr(ReasonBadID, "command_id", "missing")
-	case !commandIDPattern.MatchString(r.CommandID):
+	case !IDChars(r.CommandID, 200, true): // the controller's command ids
 		return inputErr(ReasonBadID, "command_id", "%q is not a command id ([A-Za-z0-9._:-]{1,200})", shorten(r.CommandID, 40))
-	case r.OperationID != "" && !operationIDPattern.MatchString(r.OperationID):
+	case r.OperationID != "" && !IDChars(r.OperationID, 400, true): // derived ones (compensations) up to 400
 		return inputErr(ReasonBadID, "operation_id", "%q is not an operation id ([A-Za-z0-9._:-]{1,400})", shorten(r.OperationID, 40))
-	case r.QueryID != "" && !commandIDPattern.MatchString(r.QueryID):
+	case r.QueryID != "" && !IDChars(r.QueryID, 200, true):
 		return inputErr(ReasonBadID, "query_id", "%q is not a query id ([A-Za-z0-9._:-]{1,200})", shorten(r.QueryID, 40))
 	case !r.Status.Valid():
 		return inputErr(ReasonInvalidValue, "status", "unknown status %q", shorten(string(r.Status), 40))
