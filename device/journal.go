@@ -713,11 +713,11 @@ var errFoldStopped = errors.New("device: journal: fold stopped")
 // and removes its file: the fold of a rotated file (in the background) and
 // of the last one at Close, with parallelism snapshot files written at
 // once. The slow part, reading, parsing and writing each changed snapshot
-// under a tmp name with its fsync, holds no lock;
-// under idx the snapshots are renamed and the generation leaves the index
-// at once, so a load reads either the old snapshots with this generation's
-// records or the new snapshots without them; then the directory is
-// fsynced, the file removed, the directory fsynced again.
+// under a tmp name with its fsync, holds no lock; under idx the snapshots
+// are renamed and the generation leaves the index at once, so a load reads
+// either the old snapshots with this generation's records or the new
+// snapshots without them; then the directory is fsynced, the file removed,
+// the directory fsynced again.
 //
 // Why a crash at any point is safe: a journal line sets values (a Full
 // record, or a delta whose fields overwrite or delete), so replaying

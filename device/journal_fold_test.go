@@ -151,6 +151,18 @@ func (g *foldGate) hook(file string) error {
 
 func (g *foldGate) open() { g.once.Do(func() { close(g.release) }) }
 
+// heldFold opens a journal in a directory of its own and appends rounds
+// until a fold is held in the gate's snapshot fsyncs.
+func heldFold(t *testing.T) (dir string, j *Journal, g *foldGate, f *foldFleet) {
+	t.Helper()
+	dir = t.TempDir()
+	g = newFoldGate()
+	j = openFoldJournal(t, dir, g)
+	f = newFoldFleet(t, j)
+	f.appendUntilBlocked(g)
+	return dir, j, g, f
+}
+
 // appendUntilBlocked appends rounds until a fold is blocked in the gate.
 func (f *foldFleet) appendUntilBlocked(g *foldGate) {
 	f.t.Helper()
@@ -171,12 +183,7 @@ func (f *foldFleet) appendUntilBlocked(g *foldGate) {
 // rotation starts, and loads see every record; once it ends, more folds
 // follow, and everything loads back, before and after Close.
 func TestJournalFoldsInTheBackground(t *testing.T) {
-	dir := t.TempDir()
-	g := newFoldGate()
-	j := openFoldJournal(t, dir, g)
-	f := newFoldFleet(t, j)
-
-	f.appendUntilBlocked(g)
+	dir, j, g, f := heldFold(t)
 	require.Len(t, journalFiles(t, dir), 2, "rotated: the old file is folding, the new one written")
 	for range 5 { // past the threshold again, several times over
 		f.round()
@@ -221,11 +228,7 @@ func TestJournalFoldsInTheBackground(t *testing.T) {
 // before its renames, and the next OpenJournal folds both files, the old
 // one first.
 func TestJournalCrashDuringFold(t *testing.T) {
-	dir := t.TempDir()
-	g := newFoldGate()
-	j := openFoldJournal(t, dir, g)
-	f := newFoldFleet(t, j)
-	f.appendUntilBlocked(g)
+	dir, j, g, f := heldFold(t)
 	f.round()
 	f.round()
 
