@@ -395,6 +395,24 @@ func (t *tx) finishOperation(ctx context.Context, cmd domain.Command, state fsm.
 	if !ok || (late && to == fsm.OpFailedRetryable) {
 		return nil
 	}
+	var res any
+	if result != nil {
+		res = string(result)
+	}
+	if !late && fsm.Operation.Can(fsm.OpStarted, to) {
+		// The common case first, in one statement: the operation is started
+		// and cmd is its current command. Anything else is decided below
+		// from the row as read.
+		ended, err := scanWholeOperation(t.QueryRowContext(ctx, t.s.q.OperationFinishCurrent,
+			to, res, reason, ms(t.now), cmd.OperationID, cmd.CommandID))
+		switch {
+		case err == nil:
+			t.ended(ended, fsm.OpStarted, cmd, state)
+			return nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("operation %s %s → %s: %w", cmd.OperationID, fsm.OpStarted, to, err)
+		}
+	}
 	op, err := getOperationRow(ctx, t, cmd.OperationID)
 	if err != nil {
 		return err
@@ -415,12 +433,8 @@ func (t *tx) finishOperation(ctx context.Context, cmd domain.Command, state fsm.
 		t.refuse("operation", op.OperationID, string(op.Status), string(to), ReasonIllegal, op.FencingToken)
 		return nil
 	}
-	var res any
-	if result != nil {
-		res = string(result)
-	}
 	ch := change{machine: "operation", id: op.OperationID, from: string(op.Status), to: string(to), token: op.FencingToken}
-	var ended domain.Operation // as committed: its ?wait= callers are answered with it
+	var ended domain.Operation
 	err = t.cas(ctx, ch, func(row rowScanner) (err error) {
 		ended, err = scanWholeOperation(row)
 		return err
@@ -431,14 +445,22 @@ func (t *tx) finishOperation(ctx context.Context, cmd domain.Command, state fsm.
 	if err != nil {
 		return err
 	}
-	t.logEvent("operation", op.OperationID, string(op.Status), string(to), "command "+cmd.CommandID+" "+string(state), op.FencingToken)
-	t.publish(Fact{Kind: FactChanged, Change: Change{Machine: "operation", ID: op.OperationID, From: string(op.Status),
-		To: string(to), At: t.now, Principal: t.principal, Operation: &ended}})
-	t.wake(WakeOperation, op.OperationID) // its ?wait= callers may wait on other instances
+	t.ended(ended, op.Status, cmd, state)
 	if superseded == "" {
 		return nil
 	}
 	return t.supersede(ctx, superseded, cmd.CommandID)
+}
+
+// ended records an operation that finishOperation moved from state from to
+// its end: its event, and its fact with the operation as committed (its
+// ?wait= callers are answered with it), and wakes whoever waits for it on
+// other instances.
+func (t *tx) ended(op domain.Operation, from fsm.OperationState, cmd domain.Command, state fsm.CommandState) {
+	t.logEvent("operation", op.OperationID, string(from), string(op.Status), "command "+cmd.CommandID+" "+string(state), op.FencingToken)
+	t.publish(Fact{Kind: FactChanged, Change: Change{Machine: "operation", ID: op.OperationID, From: string(from),
+		To: string(op.Status), At: t.now, Principal: t.principal, Operation: &op}})
+	t.wake(WakeOperation, op.OperationID)
 }
 
 // supersede cancels an operation's newer command after an earlier one was

@@ -208,36 +208,44 @@ func (t *tx) receiptsOneByOne(ctx context.Context, device string, rs []wire.Rece
 // its hook; the last state is written under the state and rank read. It
 // returns nil (and writes nothing) for receipts that are not such a run.
 func (t *tx) advanceRun(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptOutcome, error) {
-	c, err := getCommand(ctx, t, rs[0].CommandID)
-	if errors.Is(err, domain.ErrNotFound) {
-		return nil, nil
-	}
+	c, outs, err := t.advanceExpected(ctx, device, rs)
 	if err != nil {
 		return nil, err
 	}
-	if c.DeviceID != device {
-		return nil, nil
-	}
-	outs := make([]ReceiptOutcome, len(rs))
-	from, rank := c.Status, c.StatusRank
-	for k, r := range rs {
-		to, ok := fsm.CommandStateForReceipt(r.Status)
-		next := fsm.ReceiptRank(r.Status)
-		if !ok || from.Terminal() || next <= rank || !fsm.Command.Can(from, to) ||
-			r.Status == wire.ReceiptUnknown || (r.OperationID != "" && r.OperationID != c.OperationID) {
+	if outs == nil {
+		if c, err = getCommand(ctx, t, rs[0].CommandID); errors.Is(err, domain.ErrNotFound) {
 			return nil, nil
 		}
-		outs[k] = ReceiptOutcome{Effect: EffectApplied, CommandID: c.CommandID, OperationID: c.OperationID,
-			From: from, To: to, Terminal: to.Terminal()}
-		from, rank = to, next
+		if err != nil {
+			return nil, err
+		}
+		if c.DeviceID != device {
+			return nil, nil
+		}
+		if outs = runMoves(c.Status, c.StatusRank, rs); outs == nil {
+			return nil, nil
+		}
+		for _, r := range rs {
+			if r.OperationID != "" && r.OperationID != c.OperationID {
+				return nil, nil
+			}
+		}
+		last := rs[len(rs)-1]
+		final := outs[len(outs)-1].To
+		reason, result := outcomeOf(final, last)
+		err = t.cas(ctx, change{machine: "command", id: c.CommandID, from: string(c.Status), to: string(final)}, nil,
+			t.s.q.CommandAdvance, final, fsm.ReceiptRank(last.Status), last.Seq, reason, result, c.ExecutedAs, ms(t.now),
+			c.CommandID, c.Status, fsm.ReceiptRank(last.Status))
+		if err != nil {
+			return nil, err // refused too: the change runs again one by one
+		}
 	}
+	for k := range outs {
+		outs[k].CommandID, outs[k].OperationID = c.CommandID, c.OperationID
+	}
+	from := outs[len(outs)-1].To
 	last := rs[len(rs)-1]
-	reason, result := outcomeOf(from, last)
-	err = t.cas(ctx, change{machine: "command", id: c.CommandID, from: string(c.Status), to: string(from)}, nil,
-		t.s.q.CommandAdvance, from, rank, last.Seq, reason, result, c.ExecutedAs, ms(t.now), c.CommandID, c.Status, rank)
-	if err != nil {
-		return nil, err // refused too: the change runs again one by one
-	}
+	reason, _ := outcomeOf(from, last)
 	mark := len(t.notes)
 	for k, r := range rs {
 		if err := t.event("command", c.CommandID, string(outs[k].From), string(outs[k].To), "receipt "+string(r.Status), 0); err != nil {
@@ -275,6 +283,81 @@ func (t *tx) advanceRun(ctx context.Context, device string, rs []wire.Receipt, b
 		}
 	}
 	return outs, nil
+}
+
+// expectedBefore is the state a command is in when a receipt of status st
+// arrives on the common path: the publish was committed before the device
+// could answer, and a device reports received, executing and its outcome
+// in that order.
+func expectedBefore(st wire.ReceiptStatus) (fsm.CommandState, bool) {
+	switch st {
+	case wire.ReceiptReceived:
+		return fsm.CmdSent, true
+	case wire.ReceiptExecuting:
+		return fsm.CmdReceived, true
+	case wire.ReceiptSucceeded, wire.ReceiptFailed:
+		return fsm.CmdExecuting, true
+	}
+	return "", false
+}
+
+// runMoves is the outcome of each of rs applied one after the other to a
+// command in state from at rank: each of a higher rank than the one before
+// and a legal move from the state before it. Nil when they are not such a
+// run. The outcomes lack the command's ids.
+func runMoves(from fsm.CommandState, rank int, rs []wire.Receipt) []ReceiptOutcome {
+	outs := make([]ReceiptOutcome, len(rs))
+	for k, r := range rs {
+		to, ok := fsm.CommandStateForReceipt(r.Status)
+		next := fsm.ReceiptRank(r.Status)
+		if !ok || r.QueryID != "" || from.Terminal() || next <= rank || !fsm.Command.Can(from, to) {
+			return nil
+		}
+		outs[k] = ReceiptOutcome{Effect: EffectApplied, From: from, To: to, Terminal: to.Terminal()}
+		from, rank = to, next
+	}
+	return outs
+}
+
+// advanceExpected applies rs, receipts of one command on device, in one
+// statement (CommandAdvanceFrom) when the command is in the state expected
+// before the first of them: it skips the read that applyReceipt and
+// advanceRun decide from. The statement's conditions are what they would
+// check on that row (the state, a lower rank, the device, the operation),
+// so the outcome is theirs. It returns the command as it is after the
+// change and each receipt's outcome (without the command's ids); no
+// outcomes when the command was not in that state, or rs are not a run
+// that moves it forward, and then nothing was written.
+func (t *tx) advanceExpected(ctx context.Context, device string, rs []wire.Receipt) (domain.Command, []ReceiptOutcome, error) {
+	from, ok := expectedBefore(rs[0].Status)
+	if !ok {
+		return domain.Command{}, nil, nil
+	}
+	outs := runMoves(from, fsm.RankNone-1, rs) // the first's rank is the statement's
+	if outs == nil {
+		return domain.Command{}, nil, nil
+	}
+	op := ""
+	for _, r := range rs {
+		if r.OperationID != "" && op != "" && r.OperationID != op {
+			return domain.Command{}, nil, nil
+		}
+		if r.OperationID != "" {
+			op = r.OperationID
+		}
+	}
+	last := rs[len(rs)-1]
+	to := outs[len(outs)-1].To
+	reason, result := outcomeOf(to, last)
+	c, err := scanCommand(t.QueryRowContext(ctx, t.s.q.CommandAdvanceFrom, to, fsm.ReceiptRank(last.Status), last.Seq,
+		reason, result, ms(t.now), rs[0].CommandID, from, fsm.ReceiptRank(rs[0].Status), device, op))
+	if errors.Is(err, sql.ErrNoRows) {
+		return domain.Command{}, nil, nil
+	}
+	if err != nil {
+		return domain.Command{}, nil, fmt.Errorf("command %s %s → %s: %w", rs[0].CommandID, from, to, err)
+	}
+	return c, outs, nil
 }
 
 // receipt is the change of one receipt: applied, its wake-up noted, its
@@ -315,6 +398,11 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 			}
 		case !errors.Is(err, sql.ErrNoRows):
 			return ReceiptOutcome{}, fmt.Errorf("read query %s: %w", r.QueryID, err)
+		}
+	}
+	if r.QueryID == "" {
+		if out, ok, err := t.receiptExpected(ctx, device, r); ok || err != nil {
+			return out, err
 		}
 	}
 	out := ReceiptOutcome{CommandID: target, OperationID: r.OperationID}
@@ -384,6 +472,29 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 	return out, t.logReceipt(target, sentAs, device, r, out.Effect)
 }
 
+// receiptExpected is applyReceipt in one write when the receipt's command
+// is in the state expected before it (advanceExpected); ok false: it was
+// not, nothing was written, and applyReceipt reads the command and decides.
+func (t *tx) receiptExpected(ctx context.Context, device string, r wire.Receipt) (out ReceiptOutcome, ok bool, err error) {
+	c, outs, err := t.advanceExpected(ctx, device, []wire.Receipt{r})
+	if err != nil || outs == nil {
+		return ReceiptOutcome{}, false, err
+	}
+	out = outs[0]
+	out.CommandID, out.OperationID = c.CommandID, c.OperationID
+	reason, _ := outcomeOf(out.To, r)
+	c.Status = out.From // as it was before
+	if err := t.advanced(ctx, c, out.To, r, reason); err != nil {
+		return out, true, err
+	}
+	if !out.Terminal && !c.NextCheckAt.Before(c.ExpiresAt) { // parked: see applyReceipt
+		if out.Due, err = t.unpark(c.CommandID); err != nil {
+			return out, true, err
+		}
+	}
+	return out, true, t.logReceipt(c.CommandID, "", device, r, out.Effect)
+}
+
 // unpark makes a command parked until its expiry due now: the device's
 // progress changes what the lease holder would decide.
 func (t *tx) unpark(commandID string) (bool, error) {
@@ -417,20 +528,27 @@ func (t *tx) advance(ctx context.Context, c domain.Command, r wire.Receipt, rank
 	if err != nil {
 		return "", "", err
 	}
+	if err := t.advanced(ctx, c, to, r, reason); err != nil {
+		return "", "", err
+	}
+	return EffectApplied, to, nil
+}
+
+// advanced records a receipt that moved command c (as it was before) to
+// state to, and ends its operation when the command ended.
+func (t *tx) advanced(ctx context.Context, c domain.Command, to fsm.CommandState, r wire.Receipt, reason string) error {
 	why := "receipt " + string(r.Status)
 	if r.QueryID != "" {
 		why += " (query " + r.QueryID + ")"
 	}
 	if err := t.event("command", c.CommandID, string(c.Status), string(to), why, 0); err != nil {
-		return "", "", err
+		return err
 	}
-	if to.Terminal() {
-		c.Status = to
-		if err := t.finishOperation(ctx, c, to, reason, r.Result, false); err != nil {
-			return "", "", err
-		}
+	if !to.Terminal() {
+		return nil
 	}
-	return EffectApplied, to, nil
+	c.Status = to
+	return t.finishOperation(ctx, c, to, reason, r.Result, false)
 }
 
 // lateReceipt keeps a receipt that arrives after a terminal state: a final

@@ -390,6 +390,83 @@ func TestReceiptsMoveForwardOnly(t *testing.T) {
 	})
 }
 
+// A receipt on a command in the state expected before it is applied in one
+// write (advanceExpected), with every check of the read path: another
+// device, another operation or a rank already reached change nothing there
+// either, alone or in a run.
+func TestReceiptInTheExpectedStateKeepsEveryCheck(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		state := func() (fsm.CommandState, int) {
+			c, err := b.s.GetCommand(b.ctx, "c-1")
+			require.NoError(t, err)
+			return c.Status, c.StatusRank
+		}
+		out, err := b.s.ApplyReceipt(b.ctx, "device-2", receipt("c-1", wire.ReceiptReceived, 1), nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectMismatch, out.Effect, "another device")
+		other := receipt("c-1", wire.ReceiptReceived, 1)
+		other.OperationID = "op-2"
+		out, err = b.s.ApplyReceipt(b.ctx, "device-1", other, nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectMismatch, out.Effect, "another operation")
+		run := []wire.Receipt{receipt("c-1", wire.ReceiptReceived, 1), receipt("c-1", wire.ReceiptExecuting, 2)}
+		run[1].OperationID = "op-2"
+		res, err := b.s.ApplyReceipts(b.ctx, "device-1", run, nil)
+		require.NoError(t, err)
+		require.Len(t, res, 2)
+		require.Equal(t, EffectApplied, res[0].Out.Effect, "the first alone")
+		require.Equal(t, EffectMismatch, res[1].Out.Effect, "a run with another operation's receipt")
+		st, rank := state()
+		require.Equal(t, fsm.CmdReceived, st)
+		require.Equal(t, fsm.RankReceived, rank)
+
+		// Back in sent with a receipt's rank reached (as after a resend):
+		// an executing receipt is applied, a received one is not.
+		require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+			_, err := t.ExecContext(ctx, "UPDATE commands SET status = 'sent', status_rank = 2 WHERE command_id = 'c-1'")
+			return err
+		}))
+		out, err = b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptReceived, 3), nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectStale, out.Effect, "below the rank reached")
+		out, err = b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptExecuting, 4), nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectDuplicate, out.Effect, "at the rank reached")
+		st, rank = state()
+		require.Equal(t, fsm.CmdSent, st)
+		require.Equal(t, fsm.RankExecuting, rank)
+		op, err := b.s.GetOperation(b.ctx, "op-1")
+		require.NoError(t, err)
+		require.Equal(t, fsm.OpStarted, op.Status)
+	})
+}
+
+// A command's final receipt ends its operation only while it is the
+// operation's current command (finishOperation's one-statement case keeps
+// the read path's condition).
+func TestOperationEndsOnlyByItsCurrentCommand(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+			_, err := t.ExecContext(ctx, "UPDATE operations SET command_id = 'c-other' WHERE operation_id = 'op-1'")
+			return err
+		}))
+		out, err := b.s.ApplyReceipts(b.ctx, "device-1", []wire.Receipt{receipt("c-1", wire.ReceiptReceived, 1),
+			receipt("c-1", wire.ReceiptExecuting, 2), receipt("c-1", wire.ReceiptSucceeded, 3)}, nil)
+		require.NoError(t, err)
+		require.Len(t, out, 3)
+		require.Equal(t, fsm.CmdSucceeded, out[2].Out.To)
+		op, err := b.s.GetOperation(b.ctx, "op-1")
+		require.NoError(t, err)
+		require.Equal(t, fsm.OpStarted, op.Status)
+	})
+}
+
 func TestBeforeReceiptCommitErrorRecordsNothing(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
@@ -1021,9 +1098,11 @@ func TestReceiptsTouchTheirDeviceOnceASecond(t *testing.T) {
 }
 
 // A command's receipts that arrive together, each moving it forward, are
-// applied with one read and one write of the command: the same states,
-// events and receipt log as one by one, one statement more than a single
-// final receipt (its three log rows take two inserts instead of one).
+// applied with one write of the command (and no read: it is in the state
+// expected before the first): the same states, events and receipt log as
+// one by one, one statement more than a single final receipt on a command
+// in the state expected before it (the run's three log rows take two
+// inserts instead of one).
 func TestApplyReceiptsWritesACommandsRunOnce(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
@@ -1068,7 +1147,15 @@ func TestApplyReceiptsWritesACommandsRunOnce(t *testing.T) {
 		}
 
 		b.clk.Advance(time.Second)
-		of2 := receipt("c-2", wire.ReceiptSucceeded, 1)
+		for seq, st := range []wire.ReceiptStatus{wire.ReceiptReceived, wire.ReceiptExecuting} {
+			r := receipt("c-2", st, seq+1)
+			r.OperationID = "op-2"
+			out, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
+			require.NoError(t, err)
+			require.Equal(t, EffectApplied, out.Effect)
+		}
+		b.clk.Advance(time.Second) // the device is touched, as for the run
+		of2 := receipt("c-2", wire.ReceiptSucceeded, 3)
 		of2.OperationID = "op-2"
 		require.Equal(t, receiptTrips(t, b, of2)+1, run)
 	})

@@ -42,7 +42,7 @@ type Statements struct {
 	ReceiptList, OperationLeaseExpiry, QueryInsert, CommandWakeDevice string
 
 	// operations.go: submit, commands' insert, outcomes
-	OperationInsert, CommandInsert, OperationFinish, CommandSupersede string
+	OperationInsert, CommandInsert, OperationFinish, OperationFinishCurrent, CommandSupersede string
 
 	// queues.go: per-device ordering and supersede
 	QueueNext, QueueAhead, QueueHead, QueueSupersedable, QueueInFlight, QueueWaiting string
@@ -59,8 +59,8 @@ type Statements struct {
 	DeviceGet, DeviceInsert, DeviceStalePresence, DevicePresence, DeviceResetPresence string
 
 	// receipts.go: receipts and answers
-	QueryCommand, QueryAnswer, CommandLastAnswer, CommandDueNow            string
-	CommandUnpark, CommandAdvance, CommandLateConflict, CommandLateOutcome string
+	QueryCommand, QueryAnswer, CommandLastAnswer, CommandDueNow                                string
+	CommandUnpark, CommandAdvance, CommandAdvanceFrom, CommandLateConflict, CommandLateOutcome string
 
 	// rollouts.go: rollouts, their devices, starts and history
 	RolloutCounts, RolloutStartsSince, RolloutHistoryInsert               string

@@ -269,6 +269,20 @@ RETURNING operation_id, action, target, params, request_hash, status, result, re
 	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
 		FROM operations k WHERE k.compensates = operations.operation_id), '')
 
+-- name: OperationFinishCurrent
+-- OperationFinish in one statement for the common case: a started
+-- operation ended by its current command; no row when it is not that.
+UPDATE operations SET status = $1, result = $2, reason = $3, retry_until = NULL, version = version + 1, updated_at = $4
+	WHERE operation_id = $5 AND status = 'started' AND command_id = $6
+RETURNING operation_id, action, target, params, request_hash, status, result, reason, attempt,
+	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
+	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0),
+	COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
+		FROM commands c WHERE c.operation_id = operations.operation_id), ''),
+	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
+		FROM operations k WHERE k.compensates = operations.operation_id), '')
+
 -- name: CommandSupersede
 UPDATE commands SET status = $1, reason = $2, version = version + 1, updated_at = $3
 	WHERE command_id = $4 AND status = $5 AND version = $6 AND attempt = 0
@@ -401,6 +415,20 @@ UPDATE commands SET next_check_at = $1 WHERE command_id = $2 AND next_check_at >
 UPDATE commands SET status = $1, status_rank = $2, last_seq = $3, reason = $4,
 		result = COALESCE($5, result), executed_as = $6, version = version + 1, updated_at = $7
 	WHERE command_id = $8 AND status = $9 AND status_rank < $10
+
+-- name: CommandAdvanceFrom
+-- A receipt's change in one statement, when its command is in the state
+-- expected before the receipt (store: advanceExpected): it moves on only
+-- from that state, below the receipt's rank, on the receipt's device and of
+-- the receipt's operation (any, when the receipt names none). It returns the
+-- command as CommandGet reads it, after the change; no row: nothing changed.
+UPDATE commands SET status = $1, status_rank = $2, last_seq = $3, reason = $4,
+		result = COALESCE($5, result), version = version + 1, updated_at = $6
+	WHERE command_id = $7 AND status = $8 AND status_rank < $9 AND device_id = $10
+		AND operation_id = COALESCE(NULLIF($11, ''), operation_id)
+RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
+	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- name: CommandLateConflict
 UPDATE commands SET late_conflict = 1, updated_at = $1 WHERE command_id = $2

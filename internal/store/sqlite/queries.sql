@@ -249,6 +249,20 @@ RETURNING operation_id, action, target, params, request_hash, status, result, re
 	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
 		FROM operations k WHERE k.compensates = operations.operation_id), '')
 
+-- name: OperationFinishCurrent
+-- OperationFinish in one statement for the common case: a started
+-- operation ended by its current command; no row when it is not that.
+UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
+	WHERE operation_id = ? AND status = 'started' AND command_id = ?
+RETURNING operation_id, action, target, params, request_hash, status, result, reason, attempt,
+	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
+	COALESCE(compensates, ''), started_at, updated_at,
+	submitted_by, via, approved_by, COALESCE(approved_version, 0),
+	COALESCE((SELECT string_agg(c.command_id, ',' ORDER BY c.created_at, c.command_id)
+		FROM commands c WHERE c.operation_id = operations.operation_id), ''),
+	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
+		FROM operations k WHERE k.compensates = operations.operation_id), '')
+
 -- name: CommandSupersede
 UPDATE commands SET status = ?, reason = ?, version = version + 1, updated_at = ?
 	WHERE command_id = ? AND status = ? AND version = ? AND attempt = 0
@@ -381,6 +395,20 @@ UPDATE commands SET next_check_at = ? WHERE command_id = ? AND next_check_at >= 
 UPDATE commands SET status = ?, status_rank = ?, last_seq = ?, reason = ?,
 		result = COALESCE(?, result), executed_as = ?, version = version + 1, updated_at = ?
 	WHERE command_id = ? AND status = ? AND status_rank < ?
+
+-- name: CommandAdvanceFrom
+-- A receipt's change in one statement, when its command is in the state
+-- expected before the receipt (store: advanceExpected): it moves on only
+-- from that state, below the receipt's rank, on the receipt's device and of
+-- the receipt's operation (any, when the receipt names none). It returns the
+-- command as CommandGet reads it, after the change; no row: nothing changed.
+UPDATE commands SET status = ?, status_rank = ?, last_seq = ?, reason = ?,
+		result = COALESCE(?, result), version = version + 1, updated_at = ?
+	WHERE command_id = ? AND status = ? AND status_rank < ? AND device_id = ?
+		AND operation_id = COALESCE(NULLIF(?, ''), operation_id)
+RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
+	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
+	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 -- name: CommandLateConflict
 UPDATE commands SET late_conflict = 1, updated_at = ? WHERE command_id = ?
