@@ -210,7 +210,9 @@ func LoadPolicies(path string, base Policy) (Policies, error) {
 
 // QoS is the one QoS rule for commands: a device that cannot deduplicate
 // (and a device never seen, which is assumed unable to) gets each command
-// at most once, at QoS 0; every other device gets QoS 1.
+// at most once, at QoS 0; every other device gets QoS 1. A submit's own
+// publish decision applies it in SQL, to the device's row as its
+// transaction reads it (the store's CommandInsertForDevice).
 func QoS(dev domain.Device) int {
 	if dev.Capabilities.Dedupe {
 		return 1

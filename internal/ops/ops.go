@@ -126,8 +126,8 @@ func reserved(id string) error {
 
 // Prepare validates target, action and params and builds the record a
 // first submission of id inserts: the request hash, a new command id (used
-// only if the operation is new), the action's ttl, the device's QoS and
-// this instance's lease.
+// only if the operation is new), the action's ttl and this instance's
+// lease; the device's QoS and presence are the transaction's to read.
 func (s *Service) Prepare(ctx context.Context, id string, in Intent) (store.NewOperation, error) {
 	return s.prepare(ctx, id, in, domain.SplitParams)
 }
@@ -161,19 +161,14 @@ func (s *Service) prepare(ctx context.Context, id string, in Intent,
 	if err := s.checkSize(id, in.Action, params, pol); err != nil {
 		return store.NewOperation{}, err
 	}
-	dev, err := s.cfg.Store.GetDevice(ctx, in.Target)
-	if errors.Is(err, domain.ErrNotFound) {
-		dev, err = store.UnseenDevice(in.Target), nil
-	}
-	if err != nil {
-		return store.NewOperation{}, err
-	}
+	// The device's presence and capabilities (the first publish decision,
+	// the QoS) are read by the submit's own transaction (FromDevice).
 	return store.NewOperation{
 		OperationID: id, Action: in.Action, Target: in.Target, Params: params, RequestHash: hash,
 		TaskID: in.TaskID, Step: in.Step, BusinessVersion: in.BusinessVersion,
-		CommandID: command.NewCommandID(s.cfg.Now()), CommandTTL: pol.TTL, QoS: command.QoS(dev),
+		CommandID: command.NewCommandID(s.cfg.Now()), CommandTTL: pol.TTL, FromDevice: true,
 		Owner: s.cfg.Instance, LeaseTTL: s.cfg.LeaseTTL, Serial: pol.Serial(), Supersede: pol.Supersede,
-		SendAtSubmit: dev.Online, FirstCheck: s.cfg.Now().Add(pol.Backoff(0)), QueuedCheck: s.cfg.Now().Add(pol.QueuedRecheck()),
+		FirstCheck: s.cfg.Now().Add(pol.Backoff(0)), QueuedCheck: s.cfg.Now().Add(pol.QueuedRecheck()),
 	}, nil
 }
 

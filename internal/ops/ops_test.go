@@ -152,17 +152,25 @@ func TestGrantsAreEnforcedOnlyWithAuth(t *testing.T) {
 }
 
 // One QoS rule: 0 for a device that cannot deduplicate and for one never
-// seen, 1 for a conforming device.
-func TestPrepareQoS(t *testing.T) {
+// seen, 1 for a conforming device, read by the submit's transaction; an
+// online device's command is published at submit, an unseen one's waits.
+func TestSubmitQoS(t *testing.T) {
 	b := setup(t, false)
 	b.birth(t, "conforming", wire.Capabilities{Dedupe: true, Query: true})
 	b.birth(t, "legacy", wire.Capabilities{Query: true})
 	for device, want := range map[string]int{"conforming": 1, "legacy": 0, "never-seen": 0} {
 		n, err := b.svc.Prepare(b.ctx, "op:"+device, Intent{Target: device, Action: "restart"})
 		require.NoError(t, err)
-		require.Equal(t, want, n.QoS, device)
 		require.Equal(t, time.Minute, n.CommandTTL)
 		require.Equal(t, "i1", n.Owner)
+		res, err := b.st.Submit(b.ctx, n, nil)
+		require.NoError(t, err)
+		require.Equal(t, want, res.Inserted.Command.QoS, device)
+		c, err := b.st.GetCommand(b.ctx, n.CommandID)
+		require.NoError(t, err)
+		require.Equal(t, want, c.QoS, device)
+		require.Equal(t, device != "never-seen", res.Inserted.Claimed, device)
+		require.Equal(t, res.Inserted.Command.Status, c.Status, device)
 	}
 }
 

@@ -45,6 +45,12 @@ type NewOperation struct {
 	// when the sweeper looks again if no final receipt came.
 	SendAtSubmit bool
 	FirstCheck   time.Time
+	// FromDevice: SendAtSubmit and QoS are not the caller's but the
+	// device's row, as the submit's transaction reads it: the first publish
+	// decision commits in it when the device is online, and the command
+	// has QoS 1 when the device deduplicates (command.QoS). No read comes
+	// before the transaction.
+	FromDevice bool
 	// QueuedCheck is the next check of a serial command inserted behind
 	// another (capped at its expiry): the fallback, since the end of the
 	// one ahead wakes its queue through the feed.
@@ -147,10 +153,10 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 		}
 	}
 	var claim *time.Time
-	if n.SendAtSubmit {
+	if n.SendAtSubmit || n.FromDevice {
 		claim = &n.FirstCheck
 	}
-	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial, claim, n.QueuedCheck)
+	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial, claim, n.QueuedCheck, n.FromDevice)
 	if err != nil {
 		return SubmitResult{}, err
 	}
@@ -215,7 +221,7 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 // the other. The publish follows the commit; from then on a cancel gets
 // already_published, as for any command published. A queued one's next
 // check is queuedCheck (capped at its expiry; zero: now).
-func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time, queuedCheck time.Time) (domain.Command, error) {
+func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time, queuedCheck time.Time, fromDevice bool) (domain.Command, error) {
 	now, expires := ms(t.now), ms(t.now.Add(ttl))
 	var (
 		seq    sql.NullInt64
@@ -240,15 +246,32 @@ func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, a
 		c.NextCheckAt = fromMS(min(ms(queuedCheck), expires))
 	}
 	claimed := claim != nil && ahead == ""
+	if fromDevice {
+		// The device's row decides, in the statement (CommandInsertForDevice).
+		var status string
+		mayClaim, claimAt := 0, int64(0)
+		if claimed {
+			mayClaim, claimAt = 1, ms(*claim)
+		}
+		err := t.QueryRowContext(ctx, t.s.q.CommandInsertForDevice,
+			commandID, operationID, device, action, string(params), now, expires,
+			claimAt, ms(c.NextCheckAt), now, now, now, seq, reason, mayClaim).Scan(&status, &c.QoS)
+		if err != nil {
+			return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
+		}
+		claimed = status == string(fsm.CmdSent)
+	}
 	if claimed {
 		sent := fromMS(now)
 		c.Status, c.Attempt, c.Version, c.NextCheckAt, c.LastSentAt = fsm.CmdSent, 1, 2, fromMS(ms(*claim)), &sent
 	}
-	_, err := t.Exec(t.s.q.CommandInsert,
-		commandID, operationID, device, action, string(params), now, expires, c.Status, c.Attempt, qos, c.Version,
-		ms(c.NextCheckAt), nullTime(c.LastSentAt), now, now, seq, reason)
-	if err != nil {
-		return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
+	if !fromDevice {
+		_, err := t.Exec(t.s.q.CommandInsert,
+			commandID, operationID, device, action, string(params), now, expires, c.Status, c.Attempt, qos, c.Version,
+			ms(c.NextCheckAt), nullTime(c.LastSentAt), now, now, seq, reason)
+		if err != nil {
+			return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
+		}
 	}
 	why := "submitted"
 	if ahead != "" {

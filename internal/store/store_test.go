@@ -1021,10 +1021,30 @@ func TestOperationEndCarriesItsCommittedRow(t *testing.T) {
 func TestSubmitClaimsTheFirstPublishInItsInsert(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
-		b := setup(t, be)
+		for _, fromDevice := range []bool{false, true} {
+			t.Run("from_device="+strconv.FormatBool(fromDevice), func(t *testing.T) {
+				submitClaims(t, setup(t, be), fromDevice)
+			})
+		}
+	})
+}
+
+// submitClaims is TestSubmitClaimsTheFirstPublishInItsInsert, with the
+// decision the caller's (SendAtSubmit) or the device's row's (FromDevice:
+// device-1 online and deduplicating).
+func submitClaims(t *testing.T, b *testBundle, fromDevice bool) {
+	{
+		if fromDevice {
+			_, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 1,
+				Capabilities: &wire.Capabilities{Dedupe: true}})
+			require.NoError(t, err)
+		}
 		first := b.clk.Now().Add(3 * time.Second)
 		claimed := func(n NewOperation) NewOperation {
-			n.SendAtSubmit, n.FirstCheck = true, first
+			n.SendAtSubmit, n.FromDevice, n.FirstCheck = !fromDevice, fromDevice, first
+			if fromDevice {
+				n.QoS = 0 // the device's row says 1
+			}
 			return n
 		}
 		res, err := b.s.Submit(b.ctx, claimed(newOp("op-1", "c-1")), nil)
@@ -1055,6 +1075,42 @@ func TestSubmitClaimsTheFirstPublishInItsInsert(t *testing.T) {
 		require.Equal(t, fsm.CmdPending, queued.Status)
 		require.Equal(t, 0, queued.Attempt)
 		require.Equal(t, ReasonQueued, queued.Reason)
+		require.Equal(t, 1, queued.QoS)
+	}
+}
+
+// A submit that leaves the decision to the device's row (FromDevice) reads
+// it in its transaction: an offline device's command waits (pending), at
+// QoS 1 if it deduplicates; a device that does not, or was never seen, gets
+// QoS 0.
+func TestSubmitFromTheDevicesRow(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		for device, online := range map[string]bool{"offline-dedupe": false, "online-legacy": true} {
+			_, err := b.s.ApplyPresence(b.ctx, device, wire.Presence{Online: true, Session: 1,
+				Capabilities: &wire.Capabilities{Dedupe: device == "offline-dedupe"}})
+			require.NoError(t, err)
+			if !online {
+				_, err := b.s.ApplyPresence(b.ctx, device, wire.Presence{Online: false, Session: 1})
+				require.NoError(t, err)
+			}
+		}
+		for device, want := range map[string]struct {
+			status fsm.CommandState
+			qos    int
+		}{"offline-dedupe": {fsm.CmdPending, 1}, "online-legacy": {fsm.CmdSent, 0}, "never-seen": {fsm.CmdPending, 0}} {
+			n := newOp("op-"+device, "c-"+device)
+			n.Target, n.FromDevice, n.QoS, n.FirstCheck = device, true, 7, b.clk.Now().Add(time.Second)
+			res, err := b.s.Submit(b.ctx, n, nil)
+			require.NoError(t, err)
+			c, err := b.s.GetCommand(b.ctx, n.CommandID)
+			require.NoError(t, err)
+			require.Equal(t, want.status, c.Status, device)
+			require.Equal(t, want.qos, c.QoS, device)
+			require.Equal(t, c, res.Inserted.Command, device)
+			require.Equal(t, want.status == fsm.CmdSent, res.Inserted.Claimed, device)
+		}
 	})
 }
 

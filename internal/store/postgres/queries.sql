@@ -257,6 +257,22 @@ INSERT INTO commands (command_id, operation_id, device_id, action, params, issue
 		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
 
+-- name: CommandInsertForDevice
+-- CommandInsert with the first publish decision made from the device's row
+-- as this transaction reads it: claimed (sent, attempt 1, its next check
+-- and last send the claim's) when the caller may claim it and the device
+-- is online, pending otherwise; QoS 1 when the device deduplicates. It
+-- returns the status and QoS it wrote.
+INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
+		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason)
+	SELECT $1, $2, $3, $4, $5, $6, $7,
+		CASE WHEN d.claim THEN 'sent' ELSE 'pending' END, CASE WHEN d.claim THEN 1 ELSE 0 END, d.dedupe,
+		CASE WHEN d.claim THEN 2 ELSE 1 END, CASE WHEN d.claim THEN $8::bigint ELSE $9::bigint END,
+		CASE WHEN d.claim THEN $10::bigint END, $11, $12, $13, $14
+	FROM (SELECT $15::bigint = 1 AND COALESCE((SELECT online FROM devices WHERE device_id = $3), 0) = 1 AS claim,
+		COALESCE((SELECT dedupe FROM devices WHERE device_id = $3), 0) AS dedupe) d
+RETURNING status, qos
+
 -- name: OperationFinish
 UPDATE operations SET status = $1, result = $2, reason = $3, retry_until = NULL, version = version + 1, updated_at = $4
 	WHERE operation_id = $5 AND status = $6 AND version = $7

@@ -237,6 +237,22 @@ INSERT INTO commands (command_id, operation_id, device_id, action, params, issue
 		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason)
 	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
+-- name: CommandInsertForDevice
+-- CommandInsert with the first publish decision made from the device's row
+-- as this transaction reads it: claimed (sent, attempt 1, its next check
+-- and last send the claim's) when the caller may claim it and the device
+-- is online, pending otherwise; QoS 1 when the device deduplicates. It
+-- returns the status and QoS it wrote.
+INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
+		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason)
+	SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7,
+		CASE WHEN d.claim THEN 'sent' ELSE 'pending' END, CASE WHEN d.claim THEN 1 ELSE 0 END, d.dedupe,
+		CASE WHEN d.claim THEN 2 ELSE 1 END, CASE WHEN d.claim THEN ?8 ELSE ?9 END, CASE WHEN d.claim THEN ?10 END,
+		?11, ?12, ?13, ?14
+	FROM (SELECT ?15 = 1 AND COALESCE((SELECT online FROM devices WHERE device_id = ?3), 0) = 1 AS claim,
+		COALESCE((SELECT dedupe FROM devices WHERE device_id = ?3), 0) AS dedupe) d
+RETURNING status, qos
+
 -- name: OperationFinish
 UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
 	WHERE operation_id = ? AND status = ? AND version = ?
