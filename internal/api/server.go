@@ -46,8 +46,9 @@ type Config struct {
 	Failpoints *failpoint.Set
 	// Rollouts applies the domain rules of rollouts.
 	Rollouts *rollout.Service
-	// WaitPoll is how often a ?wait= call re-reads its operation for
-	// changes no wake-up announced (another instance's); 250 ms by default.
+	// WaitPoll is how often the ?wait= callers look, in one read for all,
+	// for changes no wake-up announced (another instance's); 250 ms by
+	// default.
 	WaitPoll time.Duration
 	// Hosts are the Host values the API answers to (the browser rules,
 	// browser.go); nil: any (no Host check, and an Origin must equal the
@@ -86,6 +87,9 @@ func New(cfg Config) *Server {
 		cfg.WaitPoll = 250 * time.Millisecond
 	}
 	s := &Server{cfg: cfg, mux: newRouteMux(), hub: NewHub()}
+	if cfg.Store != nil {
+		s.hub.Poll(cfg.WaitPoll, cfg.Store.Ended, cfg.Logger)
+	}
 	// Each route's {id} is checked against its rule (400 invalid_request,
 	// bad_id), and its query string against the parameters it takes (400
 	// invalid_request: any other, or one given twice), before the handler
@@ -429,18 +433,14 @@ func (s *Server) handleGetOperation(r *http.Request) (int, any, error) {
 
 // waitOperation returns the operation once it leaves started, or when wait
 // ends. It wakes on this instance's changes, answered with the operation
-// as the change committed it, and (through the store's wake-ups, read
-// again) on other instances'. It reads the operation first, unless this
-// instance committed it as started and has not seen it end (the hub's
-// hint). For the changes of other instances that no wake-up reached it
-// polls, first after Config.WaitPoll, then at twice the interval before,
-// up to four times WaitPoll.
+// as the change committed it, and (read again) on other instances': by the
+// store's wake-ups, and for changes no wake-up reached, by the hub's poll,
+// one read every Config.WaitPoll for all the callers waiting that long. It
+// reads the operation first, unless this instance committed it as started
+// and has not seen it end (the hub's hint).
 func (s *Server) waitOperation(ctx context.Context, id string, wait time.Duration) (domain.Operation, error) {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	every := s.cfg.WaitPoll
-	poll := time.NewTimer(every)
-	defer poll.Stop()
 	for first := true; ; first = false {
 		ch, started := s.hub.Watch(id)
 		if !first || !started || wait == 0 {
@@ -456,9 +456,6 @@ func (s *Server) waitOperation(ctx context.Context, id string, wait time.Duratio
 				s.hub.Unwatch(id, ch)
 				return *committed, nil
 			}
-		case <-poll.C:
-			every = min(2*every, 4*s.cfg.WaitPoll)
-			poll.Reset(every)
 		case <-deadline.C:
 			s.hub.Unwatch(id, ch)
 			return s.cfg.Store.GetOperation(ctx, id)
@@ -580,10 +577,22 @@ func (s *Server) handleResetPresence(r *http.Request) (int, any, error) {
 // which operations this instance's store committed as started and has not
 // yet told ended: a hint that spares a waiter its first read, never an
 // answer (a lost end costs a poll).
+//
+// With Poll, it also looks for the changes no wake-up announced (another
+// instance's, on an SQLite file shared without notifications): every
+// interval, while anyone waits, one read names the operations waited for
+// at least that long that are no longer started, and their waiters read
+// them again.
 type Hub struct {
 	mu      sync.Mutex
 	waiters map[string]map[chan *domain.Operation]struct{}
+	since   map[string]time.Time // when the oldest current waiter of an id began
 	started map[string]struct{}
+
+	every   time.Duration
+	ended   func(ctx context.Context, ids []string) ([]string, error)
+	log     *slog.Logger
+	polling chan struct{} // closed to stop the running poll; nil: none runs
 }
 
 // maxStarted bounds the hint: beyond it (ends told elsewhere, on an SQLite
@@ -592,8 +601,57 @@ const maxStarted = 1 << 16
 
 // NewHub builds an empty Hub.
 func NewHub() *Hub {
-	return &Hub{waiters: map[string]map[chan *domain.Operation]struct{}{}, started: map[string]struct{}{}}
+	return &Hub{waiters: map[string]map[chan *domain.Operation]struct{}{}, since: map[string]time.Time{},
+		started: map[string]struct{}{}}
 }
+
+// Poll makes the hub look every interval, while anyone waits, for the
+// operations waited for that are no longer started (ended, one read for
+// all of them); a failed read wakes their waiters, who read for themselves.
+func (h *Hub) Poll(every time.Duration, ended func(ctx context.Context, ids []string) ([]string, error), log *slog.Logger) {
+	h.mu.Lock()
+	h.every, h.ended, h.log = every, ended, log
+	h.mu.Unlock()
+}
+
+// poll is the running poll: it stops once stop is closed, when the last
+// waiter left.
+func (h *Hub) poll(stop chan struct{}) {
+	t := time.NewTimer(h.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		h.mu.Lock()
+		cutoff := time.Now().Add(-h.every)
+		var ids []string
+		for id, at := range h.since {
+			if !at.After(cutoff) {
+				ids = append(ids, id)
+			}
+		}
+		h.mu.Unlock()
+		if len(ids) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), pollTimeout)
+			ended, err := h.ended(ctx, ids)
+			cancel()
+			if err != nil {
+				h.log.Warn("?wait= poll failed; its callers read for themselves", "operations", len(ids), "err", err)
+				ended = ids
+			}
+			for _, id := range ended {
+				h.Notify(id, nil)
+			}
+		}
+		t.Reset(h.every)
+	}
+}
+
+// pollTimeout bounds one poll's read.
+const pollTimeout = 10 * time.Second
 
 // Watch returns a channel that is given the next Notify of id, and whether
 // id is known started, both under one lock: an end told after it reaches
@@ -604,8 +662,13 @@ func (h *Hub) Watch(id string) (chan *domain.Operation, bool) {
 	defer h.mu.Unlock()
 	if h.waiters[id] == nil {
 		h.waiters[id] = map[chan *domain.Operation]struct{}{}
+		h.since[id] = time.Now()
 	}
 	h.waiters[id][ch] = struct{}{}
+	if h.ended != nil && h.polling == nil {
+		h.polling = make(chan struct{})
+		go h.poll(h.polling)
+	}
 	_, started := h.started[id]
 	return ch, started
 }
@@ -616,6 +679,11 @@ func (h *Hub) Unwatch(id string, ch chan *domain.Operation) {
 	delete(h.waiters[id], ch)
 	if len(h.waiters[id]) == 0 {
 		delete(h.waiters, id)
+		delete(h.since, id)
+	}
+	if len(h.waiters) == 0 && h.polling != nil {
+		close(h.polling)
+		h.polling = nil
 	}
 	h.mu.Unlock()
 }

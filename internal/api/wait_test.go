@@ -1,7 +1,9 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -88,4 +90,46 @@ func TestWaitIsAnsweredFromTheCommittedEnd(t *testing.T) {
 	b.srv.Started("op-w3")
 	b.srv.Reset()
 	require.Equal(t, string(fsm.OpSucceeded), endsWith("op-w3", readFirst("op-w3", "forgotten after a reset: read first")))
+}
+
+// Callers waiting for operations whose end no wake-up reaches (another
+// instance's, on a shared SQLite file) are found by the hub's poll: one
+// read every WaitPoll for all of them, not one read each.
+func TestWaitPollsOnceForAllItsCallers(t *testing.T) {
+	t.Parallel()
+	b := setupRoutes(t)
+	const callers = 20
+	ids := make([]string, callers)
+	dones := make([]<-chan *httptest.ResponseRecorder, callers)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("op-p%d", i)
+		rec := b.send(t, "POST", "/v1/operations", `{"operation_id":"`+ids[i]+`","target":"device-1","action":"restart"}`)
+		require.Equal(t, http.StatusCreated, rec.Code, rec.Body.String())
+		b.srv.Started(ids[i])
+		dones[i] = b.waiting(t, ids[i], "30s")
+	}
+	last := callers - 1 // waiting the shortest: found with all the others
+	op, err := b.st.GetOperation(context.Background(), ids[last])
+	require.NoError(t, err)
+
+	start, before := time.Now(), b.st.RoundTrips()
+	rec := b.send(t, "POST", "/v1/commands/"+op.CommandID+"/cancel", "")
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	cancelled := b.st.RoundTrips() - before
+	require.Equal(t, string(fsm.OpFailedFinal), answered(t, dones[last]).Status, "found by the poll")
+	polls := int64(time.Since(start)/(250*time.Millisecond)) + 1
+	reads := b.st.RoundTrips() - before - cancelled
+	require.LessOrEqual(t, reads, polls+1, "%d polls' reads and the caller's own, not one read per caller", polls)
+
+	for _, id := range ids[:last] { // the others end here
+		b.srv.Changed(id, &domain.Operation{OperationID: id, Status: fsm.OpSucceeded, CommandIDs: []string{}, Compensations: []string{}})
+	}
+	for _, done := range dones[:last] {
+		require.Equal(t, string(fsm.OpSucceeded), answered(t, done).Status)
+	}
+	require.Eventually(t, func() bool {
+		b.srv.hub.mu.Lock()
+		defer b.srv.hub.mu.Unlock()
+		return b.srv.hub.polling == nil && len(b.srv.hub.since) == 0
+	}, 5*time.Second, time.Millisecond, "no waiter left: the poll stopped")
 }

@@ -402,6 +402,32 @@ func (s *DB) GetOperation(ctx context.Context, id string) (domain.Operation, err
 	return getOperation(ctx, s.rq, id)
 }
 
+// Ended returns those of ids whose operation is no longer started, in one
+// read: the ?wait= callers' poll for changes no wake-up announced.
+func (s *DB) Ended(ctx context.Context, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	list, err := json.Marshal(ids)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.rq.QueryContext(ctx, s.q.OperationsEnded, string(list))
+	if err != nil {
+		return nil, fmt.Errorf("operations ended: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("operations ended: %w", err)
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
 // finishOperation applies a command's terminal outcome to its operation, if
 // the command is the operation's current one (or the operation is
 // failed_retryable, where a late final receipt of any of its commands

@@ -661,6 +661,7 @@ type Store interface {
 	// and its retry.
 	Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error)
 	GetOperation(ctx context.Context, id string) (domain.Operation, error)
+	Ended(ctx context.Context, ids []string) ([]string, error)
 	RetryingOf(ctx context.Context, commandID, owner string) (Retrying, error)
 	RetryingCommands(ctx context.Context, owner string, limit int) ([]string, error)
 	MintCommand(ctx context.Context, r Retrying, f domain.Fence, commandID string, ttl time.Duration, qos int, serial bool) error

@@ -467,6 +467,28 @@ func TestOperationEndsOnlyByItsCurrentCommand(t *testing.T) {
 	})
 }
 
+// Ended names, in one read, the operations of a list that are no longer
+// started.
+func TestEndedNamesTheOperationsThatLeftStarted(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		sentCommand(t, b)
+		sentAs(t, b, "op-2", "c-2")
+		ended, err := b.s.Ended(b.ctx, []string{"op-1", "op-2", "op-9"})
+		require.NoError(t, err)
+		require.Empty(t, ended)
+		_, err = b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptSucceeded, 3), nil)
+		require.NoError(t, err)
+		ended, err = b.s.Ended(b.ctx, []string{"op-1", "op-2", "op-9"})
+		require.NoError(t, err)
+		require.Equal(t, []string{"op-1"}, ended)
+		ended, err = b.s.Ended(b.ctx, nil)
+		require.NoError(t, err)
+		require.Empty(t, ended)
+	})
+}
+
 func TestBeforeReceiptCommitErrorRecordsNothing(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {

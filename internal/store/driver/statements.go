@@ -26,6 +26,7 @@ type Statements struct {
 	CommandGet, CommandGetForUpdate           string
 	OperationGetRow, OperationGetRowForUpdate string
 	OperationGet, OperationGetForUpdate       string
+	OperationsEnded                           string
 	RolloutGetRow, RolloutGetRowForUpdate     string
 
 	// Fenced decisions about a command, and the fences' explanations.

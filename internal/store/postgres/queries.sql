@@ -78,6 +78,12 @@ FOR NO KEY UPDATE
 -- An operation with the ids of its commands (by creation) and of its
 -- compensations (by start, then id), comma-joined.
 
+-- name: OperationsEnded
+-- Of the operations named in a JSON array of ids, those no longer started:
+-- one read for every ?wait= caller that polls.
+SELECT operation_id FROM operations
+	WHERE operation_id IN (SELECT jsonb_array_elements_text($1::jsonb)) AND status <> 'started'
+
 -- name: OperationGet
 SELECT operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
