@@ -157,7 +157,7 @@ func (in *Ingestor) Run(ctx context.Context) error {
 	work := make([]chan mqttx.Message, in.cfg.Workers)
 	done := make(chan struct{})
 	for i := range work {
-		work[i] = make(chan mqttx.Message, 8)
+		work[i] = make(chan mqttx.Message, workerQueue)
 		go func() {
 			defer func() { done <- struct{}{} }()
 			for m := range work[i] {
@@ -396,6 +396,15 @@ func (in *Ingestor) Handle(ctx context.Context, m mqttx.Message) {
 		delay = min(2*delay, time.Second)
 	}
 }
+
+// workerQueue is what a worker holds while it waits for a commit. It is
+// larger than a worker's share of the broker's in-flight window
+// (max_inflight_messages, 100 in the shipped configurations): a worker whose
+// devices' receipts queue up behind a commit must not hold back the loop
+// that feeds every other worker (with 8, that loop stalled at saturation),
+// and what queued goes in as one group, in fewer statements. The broker's
+// window bounds what all the workers hold together.
+const workerQueue = 128
 
 // maxGroup bounds the messages a worker takes at once.
 const maxGroup = 32

@@ -3,6 +3,7 @@ package receipt
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -406,4 +407,66 @@ func TestProbesOnControllerTopics(t *testing.T) {
 	require.Equal(t, 1, b.refused("receipts", "bad_id"))
 	require.Equal(t, 2, b.refused("receipts", "bad_topic"))
 	require.Equal(t, 3, b.malformed())
+}
+
+// slowStore holds every receipt of device "slow" until release is closed.
+type slowStore struct {
+	fakeStore
+	release chan struct{}
+}
+
+func (s *slowStore) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, bc func() error) (store.ReceiptOutcome, error) {
+	if device == "slow" {
+		<-s.release
+	}
+	return s.fakeStore.ApplyReceipt(ctx, device, r, bc)
+}
+
+func (s *slowStore) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt, bc func() error) ([]store.ReceiptResult, error) {
+	res := make([]store.ReceiptResult, len(rs))
+	for i, r := range rs {
+		res[i].Out, res[i].Err = s.ApplyReceipt(ctx, device, r, bc)
+	}
+	return res, nil
+}
+
+// A device whose receipts queue up behind a slow commit holds back only
+// its own worker: another device's receipt is applied meanwhile, even
+// with more of the slow device's waiting than a few.
+func TestASlowDeviceHoldsBackNoOtherWorker(t *testing.T) {
+	t.Parallel()
+	st := &slowStore{release: make(chan struct{})}
+	src := make(chanSource)
+	in := New(Config{Store: st, Source: src, TopicRoot: "fleet", Metrics: metrics.New(), Workers: 2, GroupReceipts: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	other := ""
+	for i := 0; other == ""; i++ {
+		if d := fmt.Sprint("fast-", i); maphash.String(in.seed, d)%2 != maphash.String(in.seed, "slow")%2 {
+			other = d
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = in.Run(ctx); close(done) }()
+	defer func() { close(st.release); cancel(); <-done }()
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for i := 0; i < 60; i++ {
+			select {
+			case src <- mqttx.NewMessage("fleet/slow/receipts", []byte(receiptJSON(fmt.Sprint("s", i), 1)), func() {}):
+			case <-ctx.Done():
+				return
+			}
+		}
+		select {
+		case src <- mqttx.NewMessage("fleet/"+other+"/receipts", []byte(receiptJSON("f1", 1)), func() {}):
+		case <-ctx.Done():
+		}
+	}()
+	require.Eventually(t, func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		return len(st.receipts) == 1 && st.receipts[0].CommandID == "f1"
+	}, 10*time.Second, time.Millisecond, "the other device's receipt is applied while the slow one's wait")
 }
