@@ -137,15 +137,21 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	// Most submissions are new: the INSERT comes first, and only one that
 	// meets the UNIQUE key reads what holds it.
 	now := ms(t.now)
-	r, err := t.Exec(t.s.q.OperationInsert,
-		n.OperationID, n.Action, n.Target, string(n.Params), n.RequestHash, n.CommandID,
+	opArgs := []any{n.OperationID, n.Action, n.Target, string(n.Params), n.RequestHash, n.CommandID,
 		n.Owner, ms(t.now.Add(n.LeaseTTL)), n.TaskID, n.Step, n.BusinessVersion, n.Compensates, now, now,
-		n.SubmittedBy, n.Via, n.ApprovedBy, n.ApprovedVersion)
-	if err != nil {
-		return SubmitResult{}, fmt.Errorf("insert operation %s: %w", n.OperationID, err)
-	}
-	if rows, _ := r.RowsAffected(); rows == 0 {
-		return t.resubmit(ctx, n)
+		n.SubmittedBy, n.Via, n.ApprovedBy, n.ApprovedVersion}
+	// Where the backend can, and nothing comes between the two inserts (a
+	// serial queue's place, a supersede), insertCommand inserts the
+	// operation with its command, in one statement.
+	if !t.s.caps.InsertsTogether || !n.FromDevice || n.Serial || n.Supersede {
+		r, err := t.Exec(t.s.q.OperationInsert, opArgs...)
+		if err != nil {
+			return SubmitResult{}, fmt.Errorf("insert operation %s: %w", n.OperationID, err)
+		}
+		if rows, _ := r.RowsAffected(); rows == 0 {
+			return t.resubmit(ctx, n)
+		}
+		opArgs = nil // inserted: the command goes in alone
 	}
 	if n.Supersede {
 		if err := t.supersedeOlder(ctx, n); err != nil {
@@ -156,7 +162,10 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	if n.SendAtSubmit || n.FromDevice {
 		claim = &n.FirstCheck
 	}
-	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial, claim, n.QueuedCheck, n.FromDevice)
+	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial, claim, n.QueuedCheck, n.FromDevice, opArgs)
+	if errors.Is(err, errOperationTaken) {
+		return t.resubmit(ctx, n)
+	}
 	if err != nil {
 		return SubmitResult{}, err
 	}
@@ -221,7 +230,11 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 // the other. The publish follows the commit; from then on a cancel gets
 // already_published, as for any command published. A queued one's next
 // check is queuedCheck (capped at its expiry; zero: now).
-func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time, queuedCheck time.Time, fromDevice bool) (domain.Command, error) {
+// errOperationTaken: insertCommand, inserting the operation too, found its
+// operation_id taken, and inserted nothing.
+var errOperationTaken = errors.New("operation_id taken")
+
+func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time, queuedCheck time.Time, fromDevice bool, opArgs []any) (domain.Command, error) {
 	now, expires := ms(t.now), ms(t.now.Add(ttl))
 	var (
 		seq    sql.NullInt64
@@ -253,9 +266,15 @@ func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, a
 		if claimed {
 			mayClaim, claimAt = 1, ms(*claim)
 		}
-		err := t.QueryRowContext(ctx, t.s.q.CommandInsertForDevice,
-			commandID, operationID, device, action, string(params), now, expires,
-			claimAt, ms(c.NextCheckAt), now, now, now, seq, reason, mayClaim).Scan(&status, &c.QoS)
+		query, args := t.s.q.CommandInsertForDevice, []any{commandID, operationID, device, action, string(params), now, expires,
+			claimAt, ms(c.NextCheckAt), now, now, now, seq, reason, mayClaim}
+		if opArgs != nil { // the operation too, in one statement (OperationCommandInsert)
+			query, args = t.s.q.OperationCommandInsert, append(opArgs, now, expires, claimAt, ms(c.NextCheckAt), mayClaim)
+		}
+		err := t.QueryRowContext(ctx, query, args...).Scan(&status, &c.QoS)
+		if opArgs != nil && errors.Is(err, sql.ErrNoRows) {
+			return domain.Command{}, errOperationTaken
+		}
 		if err != nil {
 			return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
 		}

@@ -1133,6 +1133,35 @@ func TestSubmitFromTheDevicesRow(t *testing.T) {
 			require.Equal(t, c, res.Inserted.Command, device)
 			require.Equal(t, want.status == fsm.CmdSent, res.Inserted.Claimed, device)
 		}
+
+		// Its operation_id taken, such a submit inserts nothing (on
+		// PostgreSQL the operation and its command are one statement, one
+		// round trip less than a submit that names its QoS).
+		trips := func(n NewOperation) int64 {
+			before := b.s.RoundTrips()
+			_, err := b.s.Submit(b.ctx, n, nil)
+			require.NoError(t, err)
+			return b.s.RoundTrips() - before
+		}
+		again := newOp("op-never-seen", "c-again")
+		again.Target, again.FromDevice = "never-seen", true
+		res, err := b.s.Submit(b.ctx, again, nil)
+		require.NoError(t, err)
+		require.False(t, res.Created)
+		require.Equal(t, "c-never-seen", res.Operation.CommandID)
+		_, err = b.s.GetCommand(b.ctx, "c-again")
+		require.ErrorIs(t, err, domain.ErrNotFound)
+		again.RequestHash = "h2"
+		_, err = b.s.Submit(b.ctx, again, nil)
+		require.ErrorIs(t, err, domain.ErrKeyReused)
+		fromDevice, named := newOp("op-t1", "c-t1"), newOp("op-t2", "c-t2")
+		fromDevice.FromDevice = true
+		together, apart := trips(fromDevice), trips(named)
+		if be == "postgres" {
+			require.Equal(t, apart-1, together)
+		} else {
+			require.Equal(t, apart, together)
+		}
 	})
 }
 

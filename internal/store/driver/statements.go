@@ -43,7 +43,8 @@ type Statements struct {
 	ReceiptList, OperationLeaseExpiry, QueryInsert, CommandWakeDevice string
 
 	// operations.go: submit, commands' insert, outcomes
-	OperationInsert, CommandInsert, CommandInsertForDevice, OperationFinish, OperationFinishCurrent, CommandSupersede string
+	OperationInsert, CommandInsert, CommandInsertForDevice, OperationCommandInsert string
+	OperationFinish, OperationFinishCurrent, CommandSupersede                      string
 
 	// queues.go: per-device ordering and supersede
 	QueueNext, QueueAhead, QueueHead, QueueSupersedable, QueueInFlight, QueueWaiting string

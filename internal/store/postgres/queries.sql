@@ -279,6 +279,30 @@ INSERT INTO commands (command_id, operation_id, device_id, action, params, issue
 		COALESCE((SELECT dedupe FROM devices WHERE device_id = $3), 0) AS dedupe) d
 RETURNING status, qos
 
+-- name: OperationCommandInsert
+-- OperationInsert and CommandInsertForDevice in one statement
+-- (Capabilities.InsertsTogether), for a submit of no serial queue and no
+-- supersede: the command is inserted only with its operation, and no row
+-- comes back when the operation_id is taken.
+WITH op AS (
+	INSERT INTO operations (operation_id, action, target, params, request_hash, status,
+			attempt, command_id, version, owner, lease_expires_at, fencing_token,
+			task_id, step, business_version, compensates, started_at, updated_at,
+			submitted_by, via, approved_by, approved_version)
+		VALUES ($1, $2, $3, $4, $5, 'started', 1, $6, 1, $7, $8, 1, $9, $10, $11, NULLIF($12, ''), $13, $14, $15, $16, $17, NULLIF($18, 0))
+		ON CONFLICT (operation_id) DO NOTHING
+	RETURNING operation_id
+)
+INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
+		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason)
+	SELECT $6, op.operation_id, $3, $2, $4, $19::bigint, $20::bigint,
+		CASE WHEN d.claim THEN 'sent' ELSE 'pending' END, CASE WHEN d.claim THEN 1 ELSE 0 END, d.dedupe,
+		CASE WHEN d.claim THEN 2 ELSE 1 END, CASE WHEN d.claim THEN $21::bigint ELSE $22::bigint END,
+		CASE WHEN d.claim THEN $19::bigint END, $19::bigint, $19::bigint, NULL, ''
+	FROM op, (SELECT $23::bigint = 1 AND COALESCE((SELECT online FROM devices WHERE device_id = $3), 0) = 1 AS claim,
+		COALESCE((SELECT dedupe FROM devices WHERE device_id = $3), 0) AS dedupe) d
+RETURNING status, qos
+
 -- name: OperationFinish
 UPDATE operations SET status = $1, result = $2, reason = $3, retry_until = NULL, version = version + 1, updated_at = $4
 	WHERE operation_id = $5 AND status = $6 AND version = $7

@@ -259,6 +259,10 @@ INSERT INTO commands (command_id, operation_id, device_id, action, params, issue
 		COALESCE((SELECT dedupe FROM devices WHERE device_id = ?3), 0) AS dedupe) d
 RETURNING status, qos
 
+-- name: OperationCommandInsert
+-- Not used: SQLite has no data-modifying WITH (Capabilities.InsertsTogether).
+SELECT NULL WHERE 0
+
 -- name: OperationFinish
 UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
 	WHERE operation_id = ? AND status = ? AND version = ?
