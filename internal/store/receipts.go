@@ -202,11 +202,13 @@ func (t *tx) receiptsOneByOne(ctx context.Context, device string, rs []wire.Rece
 
 // advanceRun applies receipts of one command that arrived together, each
 // of a higher rank than the one before and each a legal move, as they
-// would be one after the other, but with one read and one write of the
-// command: no one outside the transaction could see the states between.
-// Each receipt keeps its event, its line in the receipt log, its count and
-// its hook; the last state is written under the state and rank read. It
-// returns nil (and writes nothing) for receipts that are not such a run.
+// would be one after the other, but with one write of the command (and no
+// read, when it is in the state expected before the first:
+// advanceExpected): no one outside the transaction could see the states
+// between. Each receipt keeps its event, its line in the receipt log, its
+// count and its hook; the last state is written under the state and rank
+// read. It returns nil (and writes nothing) for receipts that are not such
+// a run.
 func (t *tx) advanceRun(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptOutcome, error) {
 	c, outs, err := t.advanceExpected(ctx, device, rs)
 	if err != nil {
