@@ -425,10 +425,7 @@ func TestReceiptInTheExpectedStateKeepsEveryCheck(t *testing.T) {
 
 		// Back in sent with a receipt's rank reached (as after a resend):
 		// an executing receipt is applied, a received one is not.
-		require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
-			_, err := t.ExecContext(ctx, "UPDATE commands SET status = 'sent', status_rank = 2 WHERE command_id = 'c-1'")
-			return err
-		}))
+		force(t, b, "UPDATE commands SET status = 'sent', status_rank = 2 WHERE command_id = 'c-1'")
 		out, err = b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptReceived, 3), nil)
 		require.NoError(t, err)
 		require.Equal(t, EffectStale, out.Effect, "below the rank reached")
@@ -444,6 +441,16 @@ func TestReceiptInTheExpectedStateKeepsEveryCheck(t *testing.T) {
 	})
 }
 
+// force puts rows in a state the store's own changes reach only by
+// another path (a resend, another instance), through its writer.
+func force(t *testing.T, b *testBundle, statement string) {
+	t.Helper()
+	require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+		_, err := t.ExecContext(ctx, statement)
+		return err
+	}))
+}
+
 // A command's final receipt ends its operation only while it is the
 // operation's current command (finishOperation's one-statement case keeps
 // the read path's condition).
@@ -452,10 +459,7 @@ func TestOperationEndsOnlyByItsCurrentCommand(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
 		sentCommand(t, b)
-		require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
-			_, err := t.ExecContext(ctx, "UPDATE operations SET command_id = 'c-other' WHERE operation_id = 'op-1'")
-			return err
-		}))
+		force(t, b, "UPDATE operations SET command_id = 'c-other' WHERE operation_id = 'op-1'")
 		out, err := b.s.ApplyReceipts(b.ctx, "device-1", []wire.Receipt{receipt("c-1", wire.ReceiptReceived, 1),
 			receipt("c-1", wire.ReceiptExecuting, 2), receipt("c-1", wire.ReceiptSucceeded, 3)}, nil)
 		require.NoError(t, err)
