@@ -218,6 +218,10 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 	return res, nil
 }
 
+// errOperationTaken: insertCommand, inserting the operation too, found its
+// operation_id taken, and inserted nothing.
+var errOperationTaken = errors.New("operation_id taken")
+
 // insertCommand inserts a new command and returns it as a read would find
 // it. A serial one takes its place in its device's queue: with a command
 // ahead of it, its reason is queued. It is inserted pending or, with claim
@@ -229,11 +233,11 @@ func (t *tx) resubmit(ctx context.Context, n NewOperation) (SubmitResult, error)
 // stays pending). Both moves are in the events log, as if made one after
 // the other. The publish follows the commit; from then on a cancel gets
 // already_published, as for any command published. A queued one's next
-// check is queuedCheck (capped at its expiry; zero: now).
-// errOperationTaken: insertCommand, inserting the operation too, found its
-// operation_id taken, and inserted nothing.
-var errOperationTaken = errors.New("operation_id taken")
-
+// check is queuedCheck (capped at its expiry; zero: now). With fromDevice
+// the device's row, as the statement reads it, decides the claim (online)
+// and the QoS (CommandInsertForDevice); with opArgs, OperationInsert's
+// arguments, the operation goes in by the same statement
+// (OperationCommandInsert), or errOperationTaken.
 func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time, queuedCheck time.Time, fromDevice bool, opArgs []any) (domain.Command, error) {
 	now, expires := ms(t.now), ms(t.now.Add(ttl))
 	var (
@@ -450,7 +454,9 @@ func (s *DB) Ended(ctx context.Context, ids []string) ([]string, error) {
 // finishOperation applies a command's terminal outcome to its operation, if
 // the command is the operation's current one (or the operation is
 // failed_retryable, where a late final receipt of any of its commands
-// decides it). The update names the state and version it read.
+// decides it). The update names the state and version it read; in the
+// common case (a started operation, ended by its current command) it reads
+// nothing first and names the state and the command.
 //
 // late marks an outcome learned after the command was already terminal (a
 // late receipt): it decides the operation only if it is final (succeeded or
