@@ -408,8 +408,8 @@ func (j *Journal) fold(b []byte) error {
 
 // stage applies journal bytes to the snapshots they name and writes every
 // changed snapshot under its tmp name, fsynced (parallelism at once): the
-// slow part of a fold, which holds no lock. Only one fold of a directory runs at a time (the
-// snapshots it reads are written by folds alone).
+// slow part of a fold, which holds no lock. Only one fold of a directory
+// runs at a time (the snapshots it reads are written by folds alone).
 func (j *Journal) stage(b []byte, parallelism int) ([]staged, error) {
 	states := map[string]*durableState{}
 	var ferr error

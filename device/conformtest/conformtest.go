@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"regexp"
 	"strings"
 	"time"
 
@@ -92,9 +91,7 @@ func (o Options) Validate() error {
 	return nil
 }
 
-var actionPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
-func validAction(a string) bool { return actionPattern.MatchString(a) }
+func validAction(a string) bool { return wire.IDChars(a, 64, false) }
 
 // Outcome is a rule's verdict.
 type Outcome string

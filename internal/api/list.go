@@ -5,12 +5,12 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/fleetctl/fleetctl/internal/store"
+	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
 // Every list (GET /v1/devices, GET /v1/grants) pages by id: ?limit= (1 to
@@ -19,9 +19,12 @@ import (
 // the number of items that match the filter, and a Link header with
 // rel="next" the next page, only when there is one.
 
-// cursorPattern is the charset of every id a list is keyed by (device ids,
-// grant ids); an after outside it cannot be an id and is refused.
-var cursorPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
+// validCursor: an after outside the charset of every id a list is keyed by
+// (device ids, grant ids) cannot be an id and is refused.
+func validCursor(v string) bool { return wire.IDChars(v, 200, true) }
+
+// cursorRule is validCursor's rule, as the OpenAPI document gives it.
+const cursorRule = `^[A-Za-z0-9._:-]{1,200}$`
 
 // listQuery is a list request's query string, checked: only the parameters
 // the list takes, each at most once.
@@ -46,7 +49,7 @@ func parseList(r *http.Request, filters ...string) (listQuery, error) {
 		return lq, err
 	}
 	if v, ok := q["after"]; ok && v[0] != "" { // an empty after is the start
-		if !cursorPattern.MatchString(v[0]) {
+		if !validCursor(v[0]) {
 			return lq, invalidParam("after", fmt.Sprintf("%q: an id, [A-Za-z0-9._:-]{1,200}", v[0]))
 		}
 		lq.page.After = v[0]

@@ -118,7 +118,7 @@ var (
 	limitParam = apiParam{name: "limit", in: "query", doc: fmt.Sprintf("page size, 1 to %d (%d when absent)", store.MaxPageLimit, store.DefaultPageLimit),
 		schema: map[string]any{"type": "integer", "minimum": 1, "maximum": store.MaxPageLimit, "default": store.DefaultPageLimit}}
 	afterParam = apiParam{name: "after", in: "query", doc: "the last id of the previous page (from the Link header); absent or empty: the start",
-		schema: map[string]any{"type": "string", "pattern": cursorPattern.String() + "|^$"}}
+		schema: map[string]any{"type": "string", "pattern": cursorRule + "|^$"}}
 	boolParam = func(name, doc string) apiParam {
 		return apiParam{name: name, in: "query", doc: doc, schema: map[string]any{"type": "string", "enum": []string{"true", "false", "1", "0"}}}
 	}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -156,10 +155,8 @@ func operatorListQuery(filters []string) []string {
 
 func validAction(v string) bool { return domain.ValidateAction(v) == nil }
 
-// taskIDPattern is a task id's form (an operation id's part).
-var taskIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
-
-func validPart(v string) bool { return taskIDPattern.MatchString(v) }
+// validPart is a task id's form (an operation id's part).
+func validPart(v string) bool { return wire.IDChars(v, 64, false) }
 
 func validOperationID(v string) bool { return domain.ValidateOperationID(v, 400) == nil }
 

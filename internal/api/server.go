@@ -86,10 +86,11 @@ func New(cfg Config) *Server {
 	if cfg.WaitPoll <= 0 {
 		cfg.WaitPoll = 250 * time.Millisecond
 	}
-	s := &Server{cfg: cfg, mux: newRouteMux(), hub: NewHub()}
+	var ended func(ctx context.Context, ids []string) ([]string, error)
 	if cfg.Store != nil {
-		s.hub.Poll(cfg.WaitPoll, cfg.Store.Ended, cfg.Logger)
+		ended = cfg.Store.Ended
 	}
+	s := &Server{cfg: cfg, mux: newRouteMux(), hub: NewHub(cfg.WaitPoll, ended, cfg.Logger)}
 	// Each route's {id} is checked against its rule (400 invalid_request,
 	// bad_id), and its query string against the parameters it takes (400
 	// invalid_request: any other, or one given twice), before the handler
@@ -578,7 +579,7 @@ func (s *Server) handleResetPresence(r *http.Request) (int, any, error) {
 // yet told ended: a hint that spares a waiter its first read, never an
 // answer (a lost end costs a poll).
 //
-// With Poll, it also looks for the changes no wake-up announced (another
+// With ended, it also looks for the changes no wake-up announced (another
 // instance's, on an SQLite file shared without notifications): every
 // interval, while anyone waits, one read names the operations waited for
 // at least that long that are no longer started, and their waiters read
@@ -599,19 +600,13 @@ type Hub struct {
 // file shared without wake-ups) it starts again empty.
 const maxStarted = 1 << 16
 
-// NewHub builds an empty Hub.
-func NewHub() *Hub {
+// NewHub builds an empty Hub that looks every interval, while anyone
+// waits, for the operations waited for that are no longer started (ended,
+// one read for all of them; nil: it never looks); a failed read wakes
+// their waiters, who read for themselves.
+func NewHub(every time.Duration, ended func(ctx context.Context, ids []string) ([]string, error), log *slog.Logger) *Hub {
 	return &Hub{waiters: map[string]map[chan *domain.Operation]struct{}{}, since: map[string]time.Time{},
-		started: map[string]struct{}{}}
-}
-
-// Poll makes the hub look every interval, while anyone waits, for the
-// operations waited for that are no longer started (ended, one read for
-// all of them); a failed read wakes their waiters, who read for themselves.
-func (h *Hub) Poll(every time.Duration, ended func(ctx context.Context, ids []string) ([]string, error), log *slog.Logger) {
-	h.mu.Lock()
-	h.every, h.ended, h.log = every, ended, log
-	h.mu.Unlock()
+		started: map[string]struct{}{}, every: every, ended: ended, log: log}
 }
 
 // poll is the running poll: it stops once stop is closed, when the last

@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -88,7 +87,7 @@ func (c Config) Validate() error {
 		return errors.New("--db is required")
 	case c.InstanceID == "":
 		return errors.New("--instance-id is required")
-	case !instancePattern.MatchString(c.InstanceID):
+	case !wire.IDChars(c.InstanceID, 64, false):
 		return fmt.Errorf("--instance-id %q: use [A-Za-z0-9._-]{1,64}", c.InstanceID)
 	case c.Offline != "wait" && c.Offline != "fail":
 		return fmt.Errorf("--offline %q: want wait or fail", c.Offline)
@@ -145,8 +144,6 @@ func (c Config) basePolicy() command.Policy {
 		OnUnknown: command.UnknownNeedsAttention, Approval: command.ApprovalNone,
 		Concurrency: command.ConcurrencyParallel}
 }
-
-var instancePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
 // ErrInstanceRunning: another live process holds this instance id.
 var ErrInstanceRunning = store.ErrInstanceRunning

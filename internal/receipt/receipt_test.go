@@ -38,9 +38,14 @@ type fakeStore struct {
 	mu       sync.Mutex
 	receipts []wire.Receipt
 	presence []wire.Presence
+	// hold, when set, runs first in each receipt's apply (a slow commit).
+	hold func(device string)
 }
 
-func (f *fakeStore) ApplyReceipt(_ context.Context, _ string, r wire.Receipt, _ func() error) (store.ReceiptOutcome, error) {
+func (f *fakeStore) ApplyReceipt(_ context.Context, device string, r wire.Receipt, _ func() error) (store.ReceiptOutcome, error) {
+	if f.hold != nil {
+		f.hold(device)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.receipts = append(f.receipts, r)
@@ -409,33 +414,17 @@ func TestProbesOnControllerTopics(t *testing.T) {
 	require.Equal(t, 3, b.malformed())
 }
 
-// slowStore holds every receipt of device "slow" until release is closed.
-type slowStore struct {
-	fakeStore
-	release chan struct{}
-}
-
-func (s *slowStore) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, bc func() error) (store.ReceiptOutcome, error) {
-	if device == "slow" {
-		<-s.release
-	}
-	return s.fakeStore.ApplyReceipt(ctx, device, r, bc)
-}
-
-func (s *slowStore) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt, bc func() error) ([]store.ReceiptResult, error) {
-	res := make([]store.ReceiptResult, len(rs))
-	for i, r := range rs {
-		res[i].Out, res[i].Err = s.ApplyReceipt(ctx, device, r, bc)
-	}
-	return res, nil
-}
-
 // A device whose receipts queue up behind a slow commit holds back only
 // its own worker: another device's receipt is applied meanwhile, even
 // with more of the slow device's waiting than a few.
 func TestASlowDeviceHoldsBackNoOtherWorker(t *testing.T) {
 	t.Parallel()
-	st := &slowStore{release: make(chan struct{})}
+	release := make(chan struct{})
+	st := &fakeStore{hold: func(device string) {
+		if device == "slow" {
+			<-release
+		}
+	}}
 	src := make(chanSource)
 	in := New(Config{Store: st, Source: src, TopicRoot: "fleet", Metrics: metrics.New(), Workers: 2, GroupReceipts: true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -448,7 +437,7 @@ func TestASlowDeviceHoldsBackNoOtherWorker(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = in.Run(ctx); close(done) }()
-	defer func() { close(st.release); cancel(); <-done }()
+	defer func() { close(release); cancel(); <-done }()
 	sent := make(chan struct{})
 	go func() {
 		defer close(sent)

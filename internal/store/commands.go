@@ -336,7 +336,7 @@ type OpenCommand struct {
 	Fence          domain.Fence
 	LeaseExpiresAt time.Time
 	// Claimed: its publish decision committed with its submit
-	// (NewOperation.SendAtSubmit) and the publish is still to be made.
+	// (NewOperation.FromDevice) and the publish is still to be made.
 	// Only a submit's copy as inserted has it; a read never does.
 	Claimed bool
 }

@@ -37,20 +37,17 @@ type NewOperation struct {
 	Via             string
 	ApprovedBy      string
 	ApprovedVersion int
-	// SendAtSubmit: the device was online when the submit was prepared, so
-	// the command's first publish decision (pending → sent, attempt 1,
-	// under this operation's new lease and token) commits in the submit's
-	// own transaction, unless the device's queue holds it back; the
-	// publish follows the commit (OpenCommand.Claimed). FirstCheck is then
-	// when the sweeper looks again if no final receipt came.
-	SendAtSubmit bool
-	FirstCheck   time.Time
-	// FromDevice: SendAtSubmit and QoS are not the caller's but the
-	// device's row, as the submit's transaction reads it: the first publish
-	// decision commits in it when the device is online, and the command
-	// has QoS 1 when the device deduplicates (command.QoS). No read comes
-	// before the transaction.
+	// FromDevice: the device's row, as the submit's transaction reads it,
+	// decides instead of the caller. When the device is online the
+	// command's first publish decision (pending → sent, attempt 1, under
+	// this operation's new lease and token) commits in the submit's own
+	// transaction, unless the device's queue holds it back; the publish
+	// follows the commit (OpenCommand.Claimed), and FirstCheck is when the
+	// sweeper looks again if no final receipt came. The command has QoS 1
+	// when the device deduplicates (command.QoS), whatever QoS says.
+	// Without it the command is inserted pending, at QoS.
 	FromDevice bool
+	FirstCheck time.Time
 	// QueuedCheck is the next check of a serial command inserted behind
 	// another (capped at its expiry): the fallback, since the end of the
 	// one ahead wakes its queue through the feed.
@@ -159,10 +156,10 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 		}
 	}
 	var claim *time.Time
-	if n.SendAtSubmit || n.FromDevice {
+	if n.FromDevice {
 		claim = &n.FirstCheck
 	}
-	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial, claim, n.QueuedCheck, n.FromDevice, opArgs)
+	c, err := insertCommand(ctx, t, n.CommandID, n.OperationID, n.Target, n.Action, n.Params, n.CommandTTL, n.QoS, n.Serial, claim, n.QueuedCheck, opArgs)
 	if errors.Is(err, errOperationTaken) {
 		return t.resubmit(ctx, n)
 	}
@@ -224,21 +221,21 @@ var errOperationTaken = errors.New("operation_id taken")
 
 // insertCommand inserts a new command and returns it as a read would find
 // it. A serial one takes its place in its device's queue: with a command
-// ahead of it, its reason is queued. It is inserted pending or, with claim
-// set, as its first publish decision leaves it (ClaimSend's pending →
-// sent, its next check at *claim): a submit's own claim, made in its
-// transaction under the lease and token it just took, so every condition
-// of ClaimSend's write holds by construction (a new row, the submit's own
-// fence; a serial one only as the head of its device's queue, else it
-// stays pending). Both moves are in the events log, as if made one after
-// the other. The publish follows the commit; from then on a cancel gets
-// already_published, as for any command published. A queued one's next
-// check is queuedCheck (capped at its expiry; zero: now). With fromDevice
-// the device's row, as the statement reads it, decides the claim (online)
-// and the QoS (CommandInsertForDevice); with opArgs, OperationInsert's
-// arguments, the operation goes in by the same statement
-// (OperationCommandInsert), or errOperationTaken.
-func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time, queuedCheck time.Time, fromDevice bool, opArgs []any) (domain.Command, error) {
+// ahead of it, its reason is queued. Without claim it is inserted pending,
+// at qos. With claim the device's row, as the statement reads it
+// (CommandInsertForDevice), decides the QoS and whether it is inserted as
+// its first publish decision leaves it (ClaimSend's pending → sent, its
+// next check at *claim): a submit's own claim, made in its transaction
+// under the lease and token it just took, so every condition of
+// ClaimSend's write holds by construction (a new row, the submit's own
+// fence, a device online; a serial one only as the head of its device's
+// queue, else it stays pending). Both moves are in the events log, as if
+// made one after the other. The publish follows the commit; from then on a
+// cancel gets already_published, as for any command published. A queued
+// one's next check is queuedCheck (capped at its expiry; zero: now). With
+// opArgs, OperationInsert's arguments, the operation goes in by the same
+// statement (OperationCommandInsert), or errOperationTaken.
+func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, action string, params json.RawMessage, ttl time.Duration, qos int, serial bool, claim *time.Time, queuedCheck time.Time, opArgs []any) (domain.Command, error) {
 	now, expires := ms(t.now), ms(t.now.Add(ttl))
 	var (
 		seq    sql.NullInt64
@@ -262,19 +259,24 @@ func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, a
 	if ahead != "" && !queuedCheck.IsZero() {
 		c.NextCheckAt = fromMS(min(ms(queuedCheck), expires))
 	}
-	claimed := claim != nil && ahead == ""
-	if fromDevice {
-		// The device's row decides, in the statement (CommandInsertForDevice).
-		var status string
-		mayClaim, claimAt := 0, int64(0)
-		if claimed {
-			mayClaim, claimAt = 1, ms(*claim)
+	if claim == nil {
+		_, err := t.Exec(t.s.q.CommandInsert,
+			commandID, operationID, device, action, string(params), now, expires, c.Status, c.Attempt, qos, c.Version,
+			ms(c.NextCheckAt), nullTime(c.LastSentAt), now, now, seq, reason)
+		if err != nil {
+			return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
+		}
+	} else {
+		mayClaim := 0
+		if ahead == "" {
+			mayClaim = 1
 		}
 		query, args := t.s.q.CommandInsertForDevice, []any{commandID, operationID, device, action, string(params), now, expires,
-			claimAt, ms(c.NextCheckAt), now, now, now, seq, reason, mayClaim}
+			ms(*claim), ms(c.NextCheckAt), now, now, now, seq, reason, mayClaim}
 		if opArgs != nil { // the operation too, in one statement (OperationCommandInsert)
-			query, args = t.s.q.OperationCommandInsert, append(opArgs, now, expires, claimAt, ms(c.NextCheckAt), mayClaim)
+			query, args = t.s.q.OperationCommandInsert, append(opArgs, now, expires, ms(*claim), ms(c.NextCheckAt), mayClaim)
 		}
+		var status string
 		err := t.QueryRowContext(ctx, query, args...).Scan(&status, &c.QoS)
 		if opArgs != nil && errors.Is(err, sql.ErrNoRows) {
 			return domain.Command{}, errOperationTaken
@@ -282,18 +284,9 @@ func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, a
 		if err != nil {
 			return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
 		}
-		claimed = status == string(fsm.CmdSent)
-	}
-	if claimed {
-		sent := fromMS(now)
-		c.Status, c.Attempt, c.Version, c.NextCheckAt, c.LastSentAt = fsm.CmdSent, 1, 2, fromMS(ms(*claim)), &sent
-	}
-	if !fromDevice {
-		_, err := t.Exec(t.s.q.CommandInsert,
-			commandID, operationID, device, action, string(params), now, expires, c.Status, c.Attempt, qos, c.Version,
-			ms(c.NextCheckAt), nullTime(c.LastSentAt), now, now, seq, reason)
-		if err != nil {
-			return domain.Command{}, fmt.Errorf("insert command %s: %w", commandID, err)
+		if status == string(fsm.CmdSent) {
+			sent := fromMS(now)
+			c.Status, c.Attempt, c.Version, c.NextCheckAt, c.LastSentAt = fsm.CmdSent, 1, 2, fromMS(ms(*claim)), &sent
 		}
 	}
 	why := "submitted"
@@ -303,7 +296,7 @@ func insertCommand(ctx context.Context, t *tx, commandID, operationID, device, a
 	if err := t.event("command", commandID, "", string(fsm.CmdPending), why, 0); err != nil {
 		return domain.Command{}, err
 	}
-	if claimed {
+	if c.Status == fsm.CmdSent {
 		return c, t.event("command", commandID, string(fsm.CmdPending), string(fsm.CmdSent), "publish attempt 1", 1)
 	}
 	return c, nil
@@ -435,20 +428,11 @@ func (s *DB) Ended(ctx context.Context, ids []string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.rq.QueryContext(ctx, s.q.OperationsEnded, string(list))
+	ended, err := queryStrings(ctx, s.rq, s.q.OperationsEnded, string(list))
 	if err != nil {
 		return nil, fmt.Errorf("operations ended: %w", err)
 	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, fmt.Errorf("operations ended: %w", err)
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
+	return ended, nil
 }
 
 // finishOperation applies a command's terminal outcome to its operation, if

@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/domain"
 	"github.com/fleetctl/fleetctl/internal/fsm"
+	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
 // The operators' lists (GET /v1/operations, GET /v1/commands) are newest
@@ -66,7 +66,7 @@ type StartCursor struct {
 
 // cursorID is the charset of the ids these lists are keyed by (command
 // ids, and operation ids up to a compensation's 400 characters).
-var cursorID = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,400}$`)
+func cursorID(id string) bool { return wire.IDChars(id, 400, true) }
 
 // String is the cursor as callers see it: base64url of "start,id". Ids
 // never hold a comma.
@@ -83,7 +83,7 @@ func ParseStartCursor(s string) (StartCursor, error) {
 		return StartCursor{}, bad
 	}
 	start, id, ok := strings.Cut(string(raw), ",")
-	if !ok || !cursorID.MatchString(id) {
+	if !ok || !cursorID(id) {
 		return StartCursor{}, bad
 	}
 	ms, err := strconv.ParseInt(start, 10, 64)

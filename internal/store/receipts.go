@@ -259,7 +259,7 @@ func (t *tx) advanceRun(ctx context.Context, device string, rs []wire.Receipt, b
 		if err := t.finishOperation(ctx, c, from, reason, last.Result, false); err != nil {
 			return nil, err
 		}
-	} else if !c.NextCheckAt.Before(c.ExpiresAt) { // parked: see applyReceipt
+	} else if parked(c) {
 		out := &outs[len(outs)-1]
 		if out.Due, err = t.unpark(c.CommandID); err != nil {
 			return nil, err
@@ -465,7 +465,7 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 		out.Terminal = out.To.Terminal()
 		// Only a parked command (its next check at its expiry, as read
 		// in this transaction) has anything to unpark.
-		if out.Effect == EffectApplied && !out.Terminal && !c.NextCheckAt.Before(c.ExpiresAt) {
+		if out.Effect == EffectApplied && !out.Terminal && parked(c) {
 			if out.Due, err = t.unpark(target); err != nil {
 				return out, err
 			}
@@ -489,13 +489,18 @@ func (t *tx) receiptExpected(ctx context.Context, device string, r wire.Receipt)
 	if err := t.advanced(ctx, c, out.To, r, reason); err != nil {
 		return out, true, err
 	}
-	if !out.Terminal && !c.NextCheckAt.Before(c.ExpiresAt) { // parked: see applyReceipt
+	if !out.Terminal && parked(c) {
 		if out.Due, err = t.unpark(c.CommandID); err != nil {
 			return out, true, err
 		}
 	}
 	return out, true, t.logReceipt(c.CommandID, "", device, r, out.Effect)
 }
+
+// parked reports whether c, as read in this transaction, was parked until
+// its expiry (sends and asks used up): a receipt that moves it on makes it
+// due (unpark).
+func parked(c domain.Command) bool { return !c.NextCheckAt.Before(c.ExpiresAt) }
 
 // unpark makes a command parked until its expiry due now: the device's
 // progress changes what the lease holder would decide.

@@ -94,7 +94,7 @@ func (s *DB) MintCommand(ctx context.Context, r Retrying, f domain.Fence, comman
 			fmt.Sprintf("retry: new command %s (last %s answered %q)", commandID, r.Last.CommandID, r.Last.LastAnswer), f.Token); err != nil {
 			return err
 		}
-		_, err := insertCommand(ctx, t, commandID, op.OperationID, op.Target, op.Action, op.Params, ttl, qos, serial, nil, time.Time{}, false, nil)
+		_, err := insertCommand(ctx, t, commandID, op.OperationID, op.Target, op.Action, op.Params, ttl, qos, serial, nil, time.Time{}, nil)
 		return err
 	})
 }

@@ -1040,37 +1040,21 @@ func TestOperationEndCarriesItsCommittedRow(t *testing.T) {
 	})
 }
 
-// A submit that may send claims the first publish in its own insert: the
-// command as the submit returns it is the row as read back (sent, attempt
-// 1, its first check), both moves are in the events log, and a serial one
+// A submit to a device online (and deduplicating) as its transaction reads
+// it claims the first publish in its own insert: the command as the submit
+// returns it is the row as read back (sent, attempt 1, its first check,
+// the device's QoS), both moves are in the events log, and a serial one
 // queued behind another stays pending.
 func TestSubmitClaimsTheFirstPublishInItsInsert(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
-		for _, fromDevice := range []bool{false, true} {
-			t.Run("from_device="+strconv.FormatBool(fromDevice), func(t *testing.T) {
-				submitClaims(t, setup(t, be), fromDevice)
-			})
-		}
-	})
-}
-
-// submitClaims is TestSubmitClaimsTheFirstPublishInItsInsert, with the
-// decision the caller's (SendAtSubmit) or the device's row's (FromDevice:
-// device-1 online and deduplicating).
-func submitClaims(t *testing.T, b *testBundle, fromDevice bool) {
-	{
-		if fromDevice {
-			_, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 1,
-				Capabilities: &wire.Capabilities{Dedupe: true}})
-			require.NoError(t, err)
-		}
+		b := setup(t, be)
+		_, err := b.s.ApplyPresence(b.ctx, "device-1", wire.Presence{Online: true, Session: 1,
+			Capabilities: &wire.Capabilities{Dedupe: true}})
+		require.NoError(t, err)
 		first := b.clk.Now().Add(3 * time.Second)
 		claimed := func(n NewOperation) NewOperation {
-			n.SendAtSubmit, n.FromDevice, n.FirstCheck = !fromDevice, fromDevice, first
-			if fromDevice {
-				n.QoS = 0 // the device's row says 1
-			}
+			n.FromDevice, n.FirstCheck, n.QoS = true, first, 0 // the device's row says 1
 			return n
 		}
 		res, err := b.s.Submit(b.ctx, claimed(newOp("op-1", "c-1")), nil)
@@ -1102,7 +1086,7 @@ func submitClaims(t *testing.T, b *testBundle, fromDevice bool) {
 		require.Equal(t, 0, queued.Attempt)
 		require.Equal(t, ReasonQueued, queued.Reason)
 		require.Equal(t, 1, queued.QoS)
-	}
+	})
 }
 
 // A submit that leaves the decision to the device's row (FromDevice) reads
