@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -65,6 +66,21 @@ func explain(err error) error {
 	return err
 }
 
+// serveGCPercent is the daemon's GOGC unless the environment sets one. Its
+// live heap is small (about 6 MB at saturation in make bench, beside
+// SQLite's page cache, which Go's collector does not see) and it allocates
+// fast (some 70 KB per operation), so at Go's default of 100 it collected
+// 10 to 20 times a second; at 400 the heap may grow to five times the live
+// one (some 30 MB) and the collector runs a quarter as often.
+const serveGCPercent = 400
+
+// tuneGC sets serveGCPercent unless the environment (getenv) names a GOGC.
+func tuneGC(getenv func(string) string) {
+	if getenv("GOGC") == "" {
+		debug.SetGCPercent(serveGCPercent)
+	}
+}
+
 func serveCmd() *cobra.Command {
 	cfg := controller.DefaultConfig()
 	var logLevel string
@@ -108,6 +124,7 @@ func serveCmd() *cobra.Command {
 				}
 				defer stopPprof()
 			}
+			tuneGC(os.Getenv)
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			c, err := controller.New(ctx, cfg, log, cmd.ErrOrStderr())

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -566,4 +567,13 @@ func TestDeviceListFollowsThePages(t *testing.T) {
 	require.Contains(t, stderr, "--page-size 10001")
 	code, _, stderr = run(t, "device", "list", "--online", "maybe", "--server", srv.URL)
 	require.Equal(t, 2, code, stderr)
+}
+
+// The daemon's collector target is serveGCPercent unless GOGC names one.
+func TestServeSetsGOGCUnlessTheEnvironmentDoes(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	tuneGC(func(string) string { return "" })
+	require.Equal(t, serveGCPercent, debug.SetGCPercent(50))
+	tuneGC(func(k string) string { return map[string]string{"GOGC": "50"}[k] })
+	require.Equal(t, 50, debug.SetGCPercent(100), "GOGC=50 in the environment stays")
 }

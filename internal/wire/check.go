@@ -334,11 +334,16 @@ func (c *checker) number() error {
 // (unknown_field). Without strict, unknown fields are ignored, as device
 // messages may carry fields of a later protocol version.
 func DecodeInto(data []byte, v any, strict bool) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
+	var err error
 	if strict {
+		dec := json.NewDecoder(bytes.NewReader(data))
 		dec.DisallowUnknownFields()
+		err = dec.Decode(v)
+	} else {
+		// One value (the checks before a decode make sure of it): Unmarshal
+		// decodes it as a Decoder would, without the Decoder's buffer.
+		err = json.Unmarshal(data, v)
 	}
-	err := dec.Decode(v)
 	if err == nil {
 		return nil
 	}
