@@ -450,9 +450,9 @@ func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 	rate := max(1, sat.PerS/2)
 	half := &Phase{Name: "controller_half_load", Target: "controller"}
 	r.logf("phase controller_half_load: open loop at %.1f/s, %s", rate, cfg.Window)
-	trips := r.roundTrips(ctx, load)
+	before := r.readStore(ctx, load)
 	openLoop(ctx, half, rate, cfg.MaxOutstanding, r.opts(), load.op("half"))
-	r.countRoundTrips(ctx, load, half, trips)
+	r.countStore(ctx, load, half, before)
 	half.Overloaded = load.overloaded.Swap(0)
 	if err := r.controllersAlive(ctx); err != nil {
 		return nil, nil, err
@@ -474,11 +474,11 @@ func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 // Config.Profile, a CPU profile written to OutDir/profile; the controllers
 // must still be alive after it.
 func (r *run) saturate(ctx context.Context, load *controllerLoad, p *Phase, tag, profile string) error {
-	trips := r.roundTrips(ctx, load)
+	before := r.readStore(ctx, load)
 	profiled := r.profile(ctx, profile)
 	closedLoop(ctx, p, r.cfg.Concurrency, r.opts(), load.op(tag))
 	profiled()
-	r.countRoundTrips(ctx, load, p, trips)
+	r.countStore(ctx, load, p, before)
 	p.Overloaded = load.overloaded.Swap(0)
 	return r.controllersAlive(ctx)
 }
@@ -790,39 +790,54 @@ func (r *run) stopControllers() {
 	r.ctls = nil
 }
 
-// roundTrips reads every instance's controller_store_round_trips_total;
-// nil if one could not be read (the figure is then left out).
-func (r *run) roundTrips(ctx context.Context, load *controllerLoad) []float64 {
-	var out []float64
+// storeReading is every instance's storeCounters at one moment.
+type storeReading struct {
+	at     time.Time
+	counts []storeCounters
+}
+
+// readStore reads every instance's storeCounters; nil if one could not be
+// read (the figures are then left out).
+func (r *run) readStore(ctx context.Context, load *controllerLoad) *storeReading {
+	out := &storeReading{at: time.Now()}
 	for i := range load.bases {
-		v, err := load.roundTrips(ctx, i)
+		v, err := load.storeCounters(ctx, i)
 		if err != nil {
-			r.logf("no database round trips: %v", err)
+			r.logf("no database round trips or commits: %v", err)
 			return nil
 		}
-		out = append(out, v)
+		out.counts = append(out.counts, v)
 	}
 	return out
 }
 
-// countRoundTrips sets p's database round trips: every instance's counter
-// after the phase less before it, over the operations the phase completed
-// (warm-up and drain included, as the counters span them).
-func (r *run) countRoundTrips(ctx context.Context, load *controllerLoad, p *Phase, before []float64) {
+// countStore sets p's database round trips and commits, every instance's
+// counters after the phase less before it, over the operations the phase
+// completed (warm-up and drain included, as the counters span them), and
+// the share of the phase's time the writers spent applying and committing
+// batches (their mean over the instances).
+func (r *run) countStore(ctx context.Context, load *controllerLoad, p *Phase, before *storeReading) {
 	if before == nil {
 		return
 	}
-	after := r.roundTrips(ctx, load)
+	after := r.readStore(ctx, load)
 	if after == nil {
 		return
 	}
-	var sum float64
-	for i := range before {
-		sum += after[i] - before[i]
+	var sum storeCounters
+	for i := range before.counts {
+		for k := range sum {
+			sum[k] += after.counts[i][k] - before.counts[i][k]
+		}
 	}
-	p.DBRoundTrips = int64(sum)
+	trips, commits, busy := sum[0], sum[1], sum[2]
+	p.DBRoundTrips, p.Commits = int64(trips), int64(commits)
 	if p.Completed > 0 {
-		p.DBRoundTripsPerOp = round(sum/float64(p.Completed), 2)
+		p.DBRoundTripsPerOp = round(trips/float64(p.Completed), 2)
+		p.CommitsPerOp = round(commits/float64(p.Completed), 3)
+	}
+	if span := after.at.Sub(before.at).Seconds() * float64(len(before.counts)); span > 0 {
+		p.WriterBusy = round(busy/span, 3)
 	}
 }
 

@@ -61,7 +61,9 @@ func TestRunWritesSaneFigures(t *testing.T) {
 		// The pass-through beside the controller, and the serial run.
 		"passthrough_per_s", "passthrough_cpu_ms_per_op", "controller_cpu_ms_per_op", "cpu_ratio",
 		"half_load_rate", "passthrough_half_load_p99_ms", "statements_per_op",
-		"serial_per_s", "serial_ratio", "serial_vs_parallel", "serial_cpu_ms_per_op", "serial_p50_ms", "serial_p99_ms"} {
+		"serial_per_s", "serial_ratio", "serial_vs_parallel", "serial_cpu_ms_per_op", "serial_p50_ms", "serial_p99_ms",
+		// The writer's commits and busy share.
+		"commits_per_op", "writer_busy", "half_load_commits_per_op", "half_load_writer_busy"} {
 		v, ok := got[k].(float64)
 		require.True(t, ok, "%s missing or not a number in %s", k, raw)
 		require.Greater(t, v, 0.0, k)
@@ -107,6 +109,11 @@ func TestRunWritesSaneFigures(t *testing.T) {
 	require.InDelta(t, res.SerialPerS/res.PassthroughPerS, res.SerialRatio, 0.001)
 	require.InDelta(t, res.SerialPerS/res.ControllerPerS, res.SerialVsParallel, 0.001)
 	require.InDelta(t, res.PassthroughCPUMSPerOp/res.ControllerCPUMSPerOp, res.CPURatio, 0.01)
+	// A commit is one of the statements; the writer is busy part of the time.
+	for _, p := range []*bench.Phase{res.Phases[3], res.Phases[4], res.Phases[6]} {
+		require.LessOrEqual(t, p.Commits, p.DBRoundTrips, p.Name)
+		require.LessOrEqual(t, p.WriterBusy, 1.0, p.Name)
+	}
 
 	html, err := os.ReadFile(filepath.Join(out, "latest.html"))
 	require.NoError(t, err)
@@ -149,6 +156,9 @@ func TestRunSeveralInstancesOnPostgres(t *testing.T) {
 	}
 	require.Positive(t, res.ControllerPerS)
 	require.Positive(t, res.StatementsPerOp)
+	require.Positive(t, res.CommitsPerOp, "both instances' commits")
+	require.Positive(t, res.WriterBusy)
+	require.LessOrEqual(t, res.WriterBusy, 1.0, "the writers' mean busy share")
 	require.Positive(t, res.PostgresCPUMSPerOp, "the local server's CPU")
 	require.Len(t, res.ControllerPeakRSSMBEach, 2)
 	require.Positive(t, res.SerialPerS, "the serial run on a database of its own")

@@ -50,6 +50,13 @@ type Phase struct {
 	// per completed operation.
 	DBRoundTrips      int64   `json:"db_round_trips,omitempty"`
 	DBRoundTripsPerOp float64 `json:"db_round_trips_per_op,omitempty"`
+	// Commits (controller phases): the batches every instance's writer
+	// committed over the same span, and per completed operation;
+	// WriterBusy the share of that span's time the writers spent applying
+	// and committing them (their mean), from 0 to 1.
+	Commits      int64   `json:"commits,omitempty"`
+	CommitsPerOp float64 `json:"commits_per_op,omitempty"`
+	WriterBusy   float64 `json:"writer_busy,omitempty"`
 
 	latencies []time.Duration
 }

@@ -283,49 +283,67 @@ func nextLink(base, h string) string {
 	return ""
 }
 
-// roundTripsMetric counts the statements a controller sent to its
-// database (BEGIN, SAVEPOINT, RELEASE and COMMIT included), at GET /metrics.
-const roundTripsMetric = "controller_store_round_trips_total"
+// storeMetrics are the counters of a controller's store the bench reads at
+// GET /metrics around each controller phase: the statements sent to the
+// database (BEGIN, SAVEPOINT, RELEASE and COMMIT included), the writer's
+// batches (one commit each) and the seconds it spent applying and
+// committing them.
+var storeMetrics = [...]string{"controller_store_round_trips_total", "controller_store_batch_seconds_count",
+	"controller_store_batch_seconds_sum"}
 
-// roundTrips reads instance i's roundTripsMetric.
-func (c *controllerLoad) roundTrips(ctx context.Context, i int) (float64, error) {
+// storeCounters are one instance's storeMetrics, in their order.
+type storeCounters [len(storeMetrics)]float64
+
+// storeCounters reads instance i's storeMetrics.
+func (c *controllerLoad) storeCounters(ctx context.Context, i int) (storeCounters, error) {
+	var out storeCounters
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.bases[i]+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return out, err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return 0, err
+		return out, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s/metrics: %d", c.bases[i], resp.StatusCode)
+		return out, fmt.Errorf("GET %s/metrics: %d", c.bases[i], resp.StatusCode)
 	}
-	v, err := metricValue(io.LimitReader(resp.Body, 16<<20), roundTripsMetric)
+	vs, err := metricValues(io.LimitReader(resp.Body, 16<<20), storeMetrics[:]...)
 	if err != nil {
-		return 0, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
+		return out, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
 	}
-	return v, nil
+	copy(out[:], vs)
+	return out, nil
 }
 
-// metricValue finds an unlabelled sample of name in the Prometheus text
-// format.
-func metricValue(r io.Reader, name string) (float64, error) {
+// metricValues finds the unlabelled sample of each name in the Prometheus
+// text format, in the order of names.
+func metricValues(r io.Reader, names ...string) ([]float64, error) {
+	out, seen := make([]float64, len(names)), make([]bool, len(names))
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), name)
-		if !ok || (rest != "" && rest[0] != ' ' && rest[0] != '\t') {
-			continue
+		for i, name := range names {
+			rest, ok := strings.CutPrefix(sc.Text(), name)
+			f := strings.Fields(rest)
+			if !ok || seen[i] || len(f) == 0 || (rest[0] != ' ' && rest[0] != '\t') {
+				continue
+			}
+			v, err := strconv.ParseFloat(f[0], 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			out[i], seen[i] = v, true
 		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			continue
-		}
-		return strconv.ParseFloat(f[0], 64)
 	}
 	if err := sc.Err(); err != nil {
-		return 0, err
+		return nil, err
 	}
-	return 0, fmt.Errorf("no %s (a controller without it?)", name)
+	for i, ok := range seen {
+		if !ok {
+			return nil, fmt.Errorf("no %s (a controller without it?)", names[i])
+		}
+	}
+	return out, nil
 }

@@ -146,21 +146,23 @@ func TestOperationsGoRoundRobinToInstances(t *testing.T) {
 	}
 }
 
-func TestMetricValue(t *testing.T) {
+func TestMetricValues(t *testing.T) {
 	text := `# HELP controller_store_round_trips_total Statements sent to the database.
 # TYPE controller_store_round_trips_total counter
 controller_store_round_trips_total_other 5
 controller_store_round_trips_total 123456
+controller_store_batch_seconds_bucket{le="0.001"} 40
+controller_store_batch_seconds_sum 2.5
+controller_store_batch_seconds_count 1.5e+06
 go_goroutines 12
 `
-	v, err := metricValue(strings.NewReader(text), roundTripsMetric)
+	v, err := metricValues(strings.NewReader(text), storeMetrics[:]...)
 	require.NoError(t, err)
-	require.Equal(t, 123456.0, v)
-	v, err = metricValue(strings.NewReader("controller_store_round_trips_total 1.5e+06\n"), roundTripsMetric)
-	require.NoError(t, err)
-	require.Equal(t, 1.5e6, v)
-	_, err = metricValue(strings.NewReader("go_goroutines 12\n"), roundTripsMetric)
-	require.ErrorContains(t, err, "no controller_store_round_trips_total")
+	require.Equal(t, []float64{123456, 1.5e6, 2.5}, v, "in the order asked, labelled and longer names skipped")
+	_, err = metricValues(strings.NewReader(text), "controller_store_round_trips_total", "controller_commits_total")
+	require.ErrorContains(t, err, "no controller_commits_total")
+	_, err = metricValues(strings.NewReader("controller_store_round_trips_total x\n"), "controller_store_round_trips_total")
+	require.ErrorContains(t, err, "controller_store_round_trips_total: ")
 }
 
 func TestSeveralInstancesNeedPostgres(t *testing.T) {

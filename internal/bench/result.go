@@ -96,6 +96,12 @@ type Result struct {
 	ControllerPeakRSSMBEach []float64 `json:"controller_peak_rss_mb_each,omitempty"`
 	// HalfLoadDBRoundTripsPerOp: StatementsPerOp at half load.
 	HalfLoadDBRoundTripsPerOp float64 `json:"half_load_db_round_trips_per_op"`
+	// CommitsPerOp and WriterBusy: the controller's commits per operation
+	// and its writer's busy share, saturated and at half load.
+	CommitsPerOp         float64 `json:"commits_per_op"`
+	WriterBusy           float64 `json:"writer_busy"`
+	HalfLoadCommitsPerOp float64 `json:"half_load_commits_per_op"`
+	HalfLoadWriterBusy   float64 `json:"half_load_writer_busy"`
 	// CPUMSPerOp: the controller processes' alone, saturated.
 	CPUMSPerOp float64 `json:"cpu_ms_per_op"`
 	// PostgresCPUMSPerOp: a PostgreSQL server's on this host, saturated.
@@ -203,6 +209,8 @@ func (r *Result) finish() {
 		}
 	}
 	r.HalfLoadDBRoundTripsPerOp = half.DBRoundTripsPerOp
+	r.CommitsPerOp, r.WriterBusy = ctl.CommitsPerOp, ctl.WriterBusy
+	r.HalfLoadCommitsPerOp, r.HalfLoadWriterBusy = half.CommitsPerOp, half.WriterBusy
 	for _, u := range ceil.CPU {
 		if u.Process == "mosquitto" {
 			r.CeilingBrokerCPUMSPer = round(u.MSPerOp, 3)
@@ -342,6 +350,8 @@ func (r *Result) figures() [][2]string {
 		{"statements_per_op (controller, saturated)", fmt.Sprintf("%.2f", r.StatementsPerOp)},
 		{"serial_statements_per_op", fmt.Sprintf("%.2f", r.SerialStatementsPerOp)},
 		{"half_load_db_round_trips_per_op", fmt.Sprintf("%.2f", r.HalfLoadDBRoundTripsPerOp)},
+		{"commits_per_op / writer_busy (controller, saturated)", fmt.Sprintf("%.3f / %.3f", r.CommitsPerOp, r.WriterBusy)},
+		{"half_load_commits_per_op / half_load_writer_busy", fmt.Sprintf("%.3f / %.3f", r.HalfLoadCommitsPerOp, r.HalfLoadWriterBusy)},
 		{"controller_peak_rss (largest instance)", fmt.Sprintf("%.1f MiB", r.ControllerPeakRSSMB)},
 		{"cpu_ms_per_op (controller processes alone)", fmt.Sprintf("%.3f", r.CPUMSPerOp)},
 		{"postgres_cpu_ms_per_op (server, saturated)", pgCPU},
