@@ -255,6 +255,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	if shared {
 		c.peers = peers.New(peers.Config{Self: cfg.InstanceID, Store: db, Logger: log})
 		db.SetAlone(c.peers.Alone)
+		met.ShowDivision(func() int { return len(c.peers.Members()) }, c.peers.Overlapping)
+	} else {
+		met.ShowDivision(func() int { return 1 }, func() int { return 0 }) // one instance applies every receipt
 	}
 	c.probe = newReceiptProbe(wire.Topic(cfg.TopicRoot, "controller-"+cfg.InstanceID, wire.KindReceipts), met, log)
 	mqttUser, mqttPassword, mqttTLS, err := cfg.mqttLogin()

@@ -3,8 +3,11 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -46,6 +49,13 @@ func TestThreeInstancesOnPostgresDivideTheWorkThroughKills(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
+	// The instances start one after another: the first applies every
+	// device alone, then keeps applying those it owned as alone for a
+	// grace after the others joined (package peers: an overlap, not a gap).
+	// The division counted below starts once each divides with all three.
+	for _, c := range ctls {
+		waitDivided(t, c.URL, 3)
+	}
 
 	// Submit round-robin, and kill -9 a random instance every 1 to 2 s
 	// (then restart it) until the submissions are done and at least
@@ -320,5 +330,33 @@ func killUntil(t *testing.T, ctx context.Context, rng *rand.Rand, ctls []*testen
 		ctls[victim].Kill()
 		ctls[victim].Restart()
 		kills[victim]++
+	}
+}
+
+// waitDivided waits until the instance at url divides the receipts with
+// members live instances and with no replaced membership in its grace
+// (its controller_receipt_division_* gauges).
+func waitDivided(t *testing.T, url string, members int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := map[string]string{}
+		if resp, err := http.Get(url + "/metrics"); err == nil {
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			for _, line := range strings.Split(string(raw), "\n") {
+				if name, v, ok := strings.Cut(line, " "); ok && strings.HasPrefix(name, "controller_receipt_division_") {
+					got[name] = v
+				}
+			}
+		}
+		if got["controller_receipt_division_members"] == strconv.Itoa(members) &&
+			got["controller_receipt_division_overlapping"] == "0" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never divided the receipts with %d instances and no grace: %v", url, members, got)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the condition, under the deadline above
 	}
 }

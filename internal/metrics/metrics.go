@@ -201,6 +201,21 @@ func (m *Metrics) CountRoundTrips(read func() int64) {
 	}, func() float64 { return float64(read()) }))
 }
 
+// ShowDivision exports, read when scraped, how this instance divides the
+// receipts with its peers (package peers): the live instances it counts
+// itself among, and the replaced memberships it still applies the devices
+// of (within their grace; each overlaps its successor, so receipts are
+// then applied by more than one instance).
+func (m *Metrics) ShowDivision(members, overlapping func() int) {
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "controller_receipt_division_members",
+		Help: "Live instances this one divides the devices' receipts with, itself included (0 before its first read of them).",
+	}, func() float64 { return float64(members()) }), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "controller_receipt_division_overlapping",
+		Help: "Replaced memberships whose devices this instance still applies, within their grace (receipts applied twice meanwhile).",
+	}, func() float64 { return float64(overlapping()) }))
+}
+
 // Deadlock implements store.Observer.
 func (m *Metrics) Deadlock() { m.BatchDeadlocks.Inc() }
 

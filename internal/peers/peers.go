@@ -192,6 +192,21 @@ func (d *Division) Alone() bool {
 	return true
 }
 
+// Overlapping counts the replaced memberships still within Grace: while
+// it is above zero this instance applies, beside its own devices, those it
+// owned under them.
+func (d *Division) Overlapping() int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	now, n := d.cfg.Now(), 0
+	for _, f := range d.former {
+		if now.Before(f.until) {
+			n++
+		}
+	}
+	return n
+}
+
 // Members is the current membership, sorted.
 func (d *Division) Members() []string {
 	d.mu.RLock()

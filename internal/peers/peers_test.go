@@ -79,6 +79,29 @@ func TestOwnsKeepsTheFormerShareForGrace(t *testing.T) {
 	}
 }
 
+// Overlapping counts the replaced memberships still within grace: an
+// instance that was alone applies every device until its grace ends.
+func TestOverlappingCountsTheFormerMembershipsWithinGrace(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	d := New(Config{Self: "a", Grace: 3 * time.Second, Now: c.now})
+	require.Zero(t, d.Overlapping(), "no membership yet")
+	d.Set([]string{"a"})
+	require.Zero(t, d.Overlapping(), "the first membership replaces none")
+	c.t = c.t.Add(time.Second)
+	d.Set([]string{"a", "b"})
+	require.Equal(t, 1, d.Overlapping())
+	for _, dev := range devices(50) {
+		require.True(t, d.Owns(dev), "device %s: owned by a alone, within grace", dev)
+	}
+	c.t = c.t.Add(time.Second)
+	d.Set([]string{"a", "b", "c"})
+	require.Equal(t, 2, d.Overlapping())
+	c.t = c.t.Add(2 * time.Second)
+	require.Equal(t, 1, d.Overlapping(), "{a} past its grace, {a b} not")
+	c.t = c.t.Add(time.Second)
+	require.Zero(t, d.Overlapping())
+}
+
 type lister []domain.InstanceInfo
 
 func (l lister) ListInstances(context.Context) ([]domain.InstanceInfo, error) { return l, nil }
