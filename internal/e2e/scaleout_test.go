@@ -27,9 +27,9 @@ import (
 // killed with SIGKILL (then restarted) every couple of seconds, at least 10
 // times: every accepted operation ends succeeded, none runs twice on a
 // device (the devices' execution log), no decision with a stale token is
-// applied (controller verify), and the instances divide the receipts: each
-// applies a share, and the receipt log holds each receipt once, not once
-// per instance.
+// applied (controller verify), and the instances divide the receipts: once
+// each divides with the other two, each applies a share, and the receipt
+// log holds each receipt once, not once per instance.
 func TestThreeInstancesOnPostgresDivideTheWorkThroughKills(t *testing.T) {
 	t.Parallel()
 	const ops, devices, minKills = 2000, 100, 10
