@@ -801,7 +801,7 @@ type storeReading struct {
 func (r *run) readStore(ctx context.Context, load *controllerLoad) *storeReading {
 	out := &storeReading{at: time.Now()}
 	for i := range load.bases {
-		v, err := load.storeCounters(ctx, i)
+		v, err := load.readCounters(ctx, i)
 		if err != nil {
 			r.logf("no database round trips or commits: %v", err)
 			return nil

@@ -294,8 +294,8 @@ var storeMetrics = [...]string{"controller_store_round_trips_total", "controller
 // storeCounters are one instance's storeMetrics, in their order.
 type storeCounters [len(storeMetrics)]float64
 
-// storeCounters reads instance i's storeMetrics.
-func (c *controllerLoad) storeCounters(ctx context.Context, i int) (storeCounters, error) {
+// readCounters reads instance i's storeMetrics.
+func (c *controllerLoad) readCounters(ctx context.Context, i int) (storeCounters, error) {
 	var out storeCounters
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.bases[i]+"/metrics", nil)
 	if err != nil {

@@ -69,7 +69,7 @@ func explain(err error) error {
 // serveGCPercent is the daemon's GOGC unless the environment sets one. Its
 // live heap is small (about 6 MB at saturation in make bench, beside
 // SQLite's page cache, which Go's collector does not see) and it allocates
-// fast (some 70 KB per operation), so at Go's default of 100 it collected
+// fast (tens of KB per operation), so at Go's default of 100 it collected
 // 10 to 20 times a second; at 400 the heap may grow to five times the live
 // one (some 30 MB) and the collector runs a quarter as often.
 const serveGCPercent = 400

@@ -3,11 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -338,25 +335,8 @@ func killUntil(t *testing.T, ctx context.Context, rng *rand.Rand, ctls []*testen
 // (its controller_receipt_division_* gauges).
 func waitDivided(t *testing.T, url string, members int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		got := map[string]string{}
-		if resp, err := http.Get(url + "/metrics"); err == nil {
-			raw, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			for _, line := range strings.Split(string(raw), "\n") {
-				if name, v, ok := strings.Cut(line, " "); ok && strings.HasPrefix(name, "controller_receipt_division_") {
-					got[name] = v
-				}
-			}
-		}
-		if got["controller_receipt_division_members"] == strconv.Itoa(members) &&
-			got["controller_receipt_division_overlapping"] == "0" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never divided the receipts with %d instances and no grace: %v", url, members, got)
-		}
-		time.Sleep(50 * time.Millisecond) // polling the condition, under the deadline above
-	}
+	eventually(t, fmt.Sprintf("%s to divide the receipts with %d instances and no grace", url, members), 30*time.Second, func() bool {
+		return metricAt(t, url, "controller_receipt_division_members") == float64(members) &&
+			metricAt(t, url, "controller_receipt_division_overlapping") == 0
+	})
 }

@@ -92,3 +92,34 @@ func TestStatementsStateLists(t *testing.T) {
 		}
 	}
 }
+
+// PostgreSQL's one-statement submit (OperationCommandInsert) repeats
+// OperationInsert whole and CommandInsertForDevice's columns, publish
+// decision and read of the device, with the command's arguments numbered
+// after the operation's (the statement files have no includes): the
+// copies must say the same.
+func TestOperationCommandInsertRepeatsItsTwoStatements(t *testing.T) {
+	q := postgres.New().Statements()
+	spaces := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	numbers := regexp.MustCompile(`\$\d+`)
+	unnumbered := func(s string) string { return numbers.ReplaceAllString(spaces(s), "$") }
+	require.Contains(t, spaces(q.OperationCommandInsert), spaces(q.OperationInsert), "OperationInsert, whole")
+	span := func(s, from, to string) string {
+		i := strings.Index(s, from)
+		require.GreaterOrEqual(t, i, 0, "%q in %s", from, s)
+		if to == "" {
+			return s[i:]
+		}
+		j := strings.Index(s[i:], to)
+		require.GreaterOrEqual(t, j, 0, "%q after %q in %s", to, from, s)
+		return s[i : i+j]
+	}
+	both, one := unnumbered(q.OperationCommandInsert), unnumbered(q.CommandInsertForDevice)
+	for _, part := range [][2]string{
+		{"INSERT INTO commands (", " SELECT "},                                    // the columns
+		{"CASE WHEN d.claim THEN 'sent'", "CASE WHEN d.claim THEN $::bigint END"}, // the publish decision
+		{"(SELECT $::bigint = 1 AND", ""},                                         // the device's row, to the end
+	} {
+		require.Equal(t, span(one, part[0], part[1]), span(both, part[0], part[1]))
+	}
+}
