@@ -317,24 +317,19 @@ func (d *Device) emit(r wire.Receipt) {
 }
 
 // publish sends a receipt (QoS 1, not retained) if the device is online,
-// else keeps it for the next connection.
+// else keeps it for the next connection. Receipts leave in the order they
+// were emitted: a new one queues behind those still waiting, so a final
+// receipt emitted while a reconnect's flush is under way never overtakes
+// the command's earlier receipts.
 func (d *Device) publish(r wire.Receipt) {
 	d.mu.Lock()
 	if d.killed {
 		d.mu.Unlock()
 		return
 	}
-	if !d.connectedLocked() || d.client == nil {
-		d.pending = append(d.pending, r)
-		d.mu.Unlock()
-		return
-	}
-	client, gen := d.client, d.gen.Load()
-	d.inflight++
+	d.pending = append(d.pending, r)
 	d.mu.Unlock()
-	payload, _ := wire.Encode(r)
-	tok := client.Publish(d.topics.receipts, 1, false, payload)
-	go d.confirm(tok, r, gen)
+	d.flushPending()
 }
 
 // confirm waits for the broker's acknowledgement. One not acknowledged on
@@ -371,7 +366,13 @@ func (d *Device) publishDone() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.inflight--
-	if d.inflight == 0 && d.idle != nil {
+	d.wakeIdleLocked()
+}
+
+// wakeIdleLocked ends waitIdle's wait once no publish is in flight and no
+// flush is under way.
+func (d *Device) wakeIdleLocked() {
+	if d.inflight == 0 && !d.flushing && d.idle != nil {
 		close(d.idle)
 		d.idle = nil
 	}
@@ -380,7 +381,7 @@ func (d *Device) publishDone() {
 // waitIdle waits until every publish is acknowledged, or the timeout.
 func (d *Device) waitIdle(timeout time.Duration) bool {
 	d.mu.Lock()
-	if d.inflight == 0 {
+	if d.inflight == 0 && !d.flushing {
 		d.mu.Unlock()
 		return true
 	}
@@ -399,19 +400,31 @@ func (d *Device) waitIdle(timeout time.Duration) bool {
 	}
 }
 
-// flushPending publishes, in order, the receipts that waited for a
-// connection.
+// flushPending publishes, in order, the receipts that wait, while the
+// device is online. One flush runs at a time: a receipt queued meanwhile is
+// taken by the running flush, after those before it.
 func (d *Device) flushPending() {
 	d.mu.Lock()
-	if d.killed || !d.connectedLocked() {
-		d.mu.Unlock()
+	defer d.mu.Unlock()
+	if d.flushing {
 		return
 	}
-	items := d.pending
-	d.pending = nil
-	d.mu.Unlock()
-	for _, r := range items {
-		d.publish(r)
+	d.flushing = true
+	defer func() {
+		d.flushing = false
+		d.wakeIdleLocked()
+	}()
+	for len(d.pending) > 0 && !d.killed && d.connectedLocked() && d.client != nil {
+		items, client, gen := d.pending, d.client, d.gen.Load()
+		d.pending = nil
+		d.inflight += len(items)
+		d.mu.Unlock()
+		for _, r := range items {
+			payload, _ := wire.Encode(r)
+			tok := client.Publish(d.topics.receipts, 1, false, payload)
+			go d.confirm(tok, r, gen)
+		}
+		d.mu.Lock()
 	}
 }
 

@@ -69,6 +69,7 @@ type Device struct {
 	onlineCh  chan struct{}
 	session   int64
 	pending   []wire.Receipt
+	flushing  bool // flushPending is publishing pending receipts
 	inflight  int
 	idle      chan struct{}
 	// last is the journal batch holding the device's latest record; once

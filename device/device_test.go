@@ -174,6 +174,91 @@ func TestPresenceSessionsBirthAndWill(t *testing.T) {
 	e.probe.WaitPresence("dev-1", func(p testenv.ProbePresence) bool { return p.Online && p.Session == 4 })
 }
 
+// Receipts leave in the order they were emitted, across a reconnect too: a
+// command's final receipt, emitted while the new connection is online but
+// before the receipts that waited for it are flushed, queues behind them.
+// The connection drops once "received" is recorded; the device stays away
+// until "received" and "executing" wait for it; the action ends from inside
+// Hooks.Online, that is before the flush. The broker's redelivery of the
+// command (its PUBACK went with the connection) is dropped, so that no
+// answer to a repeat joins the receipts.
+func TestReceiptsWaitingForAReconnectLeaveBeforeLaterOnes(t *testing.T) {
+	e := newEnv(t)
+	var runs atomic.Int64
+	o := e.options("dev-1", &runs)
+	var (
+		d        *device.Device
+		dropped  atomic.Bool
+		commands atomic.Int64
+		gate     = make(chan struct{}) // closed: the device may reconnect
+		release  = make(chan struct{}) // closed: the action may end
+		emitted  = make(chan device.Receipt, 8)
+		finalOut = make(chan struct{})
+	)
+	o.Actions["restart"] = func(ctx context.Context, _ *device.Command) (any, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return map[string]bool{"restarted": true}, nil
+	}
+	o.Hooks = &device.Hooks{
+		Command: func(device.Command) bool { return commands.Add(1) > 1 },
+		Point: func(p device.Point, _ device.Command) {
+			if p == device.PointReceived && dropped.CompareAndSwap(false, true) {
+				d.DropConnection()
+			}
+		},
+		Connect: func(done <-chan struct{}) bool {
+			if !dropped.Load() {
+				return true
+			}
+			select {
+			case <-gate:
+				return true
+			case <-done:
+				return false
+			}
+		},
+		Receipt: func(r device.Receipt, send func(device.Receipt)) {
+			send(r)
+			emitted <- r
+			if r.Status == device.Succeeded {
+				close(finalOut)
+			}
+		},
+		Online: func(session int64) {
+			if session != 2 {
+				return
+			}
+			close(release)
+			select {
+			case <-finalOut:
+			case <-time.After(10 * time.Second):
+				t.Error("the final receipt was not emitted")
+			}
+		},
+	}
+	r := start(t, o)
+	d = r.d
+
+	cmd := command("")
+	e.probe.Command("dev-1", cmd)
+	e.probe.WaitPresence("dev-1", func(p testenv.ProbePresence) bool { return !p.Online && p.Session == 1 })
+	for _, want := range []device.Status{device.Received, device.Executing} {
+		select {
+		case got := <-emitted:
+			require.Equal(t, want, got.Status, "emitted while offline")
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no %s receipt emitted", want)
+		}
+	}
+	close(gate)
+	e.probe.WaitReceipts(3, func(p testenv.ProbeReceipt) bool { return p.CommandID == cmd.CommandID })
+	assert.Equal(t, "received/1 executing/2 succeeded/3", statuses(e.receipts(cmd.CommandID)))
+}
+
 // TestExample runs Example's device against a test broker: online, a
 // command answered, a clean stop.
 func TestExample(t *testing.T) {

@@ -101,6 +101,19 @@ func statuses(rs []testenv.ProbeReceipt) []string {
 	return out
 }
 
+// firstOfEach keeps the first of each equal string, in order.
+func firstOfEach(ss []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range ss {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
 
 // executions returns the witness lines of one command.
