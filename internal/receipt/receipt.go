@@ -373,9 +373,20 @@ func topicSource(topic string) string {
 // find any receipt that was not recorded. When ctx ends first, the message
 // is left unacknowledged.
 func (in *Ingestor) Handle(ctx context.Context, m mqttx.Message) {
+	in.retry(ctx, m, func() error { return in.apply(ctx, m) })
+}
+
+// handleReceipt is Handle for a receipt message already decoded and
+// checked.
+func (in *Ingestor) handleReceipt(ctx context.Context, m mqttx.Message, device string, r wire.Receipt) {
+	in.retry(ctx, m, func() error { return in.applyReceipt(ctx, device, r) })
+}
+
+// retry runs apply until it succeeds, then acknowledges m (Handle).
+func (in *Ingestor) retry(ctx context.Context, m mqttx.Message, apply func() error) {
 	delay := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		err := in.apply(ctx, m)
+		err := apply()
 		if err == nil {
 			m.Ack()
 			return
@@ -441,50 +452,62 @@ func (in *Ingestor) handleGroup(ctx context.Context, group []mqttx.Message) {
 	wg.Wait()
 }
 
-// handleDevice applies one device's messages in their order.
+// handleDevice applies one device's messages in their order. Each message
+// is decoded once.
 func (in *Ingestor) handleDevice(ctx context.Context, device string, ms []mqttx.Message) {
-	for len(ms) > 0 {
-		var run []mqttx.Message // the receipts that come next
-		var rs []wire.Receipt
-		for _, m := range ms {
-			r, ok := in.isReceipt(m)
-			if !ok {
-				break
-			}
-			run, rs = append(run, m), append(rs, r)
+	rs := make([]wire.Receipt, len(ms))
+	ok := make([]bool, len(ms))
+	for k, m := range ms {
+		rs[k], ok[k] = in.isReceipt(m)
+	}
+	for i := 0; i < len(ms); {
+		end := i // the receipts that come next: ms[i:end]
+		for end < len(ms) && ok[end] {
+			end++
 		}
-		if len(run) < 2 {
-			in.Handle(ctx, ms[0])
-			ms = ms[1:]
+		if end-i < 2 {
+			in.handleOne(ctx, device, ms[i], rs[i], ok[i])
+			i++
 			continue
 		}
-		res, err := in.cfg.Store.ApplyReceipts(ctx, device, rs, in.beforeCommit(ctx))
+		res, err := in.cfg.Store.ApplyReceipts(ctx, device, rs[i:end], in.beforeCommit(ctx))
 		if err != nil {
 			if !errors.Is(err, context.Canceled) {
-				in.cfg.Logger.Warn("receipts not recorded; applied one at a time", "device", device, "receipts", len(rs), "err", err)
+				in.cfg.Logger.Warn("receipts not recorded; applied one at a time", "device", device, "receipts", end-i, "err", err)
 			}
-			res = nil // none applied: Handle takes each, with its retries
+			res = nil // none applied: each goes alone, with its retries
 		}
 		n := 0
 		for k, r := range res {
 			if r.Err != nil && !errors.Is(r.Err, store.ErrRefused) {
-				in.cfg.Logger.Warn("receipt not recorded", "device", device, "command_id", rs[k].CommandID, "err", r.Err)
-				break // it, and what follows it, go through Handle
+				in.cfg.Logger.Warn("receipt not recorded", "device", device, "command_id", rs[i+k].CommandID, "err", r.Err)
+				break // it, and what follows it, go alone
 			}
 			if r.Err == nil {
-				in.applied(device, rs[k], r.Out)
+				in.applied(device, rs[i+k], r.Out)
 			}
-			run[k].Ack()
+			ms[i+k].Ack()
 			n++
 		}
-		ms = ms[n:]
-		if n < len(run) {
-			for _, m := range ms {
-				in.Handle(ctx, m)
+		whole := n == end-i
+		i += n
+		if !whole {
+			for ; i < len(ms); i++ {
+				in.handleOne(ctx, device, ms[i], rs[i], ok[i])
 			}
 			return
 		}
 	}
+}
+
+// handleOne applies one message of handleDevice's, with Handle's retries:
+// a receipt as decoded (ok), anything else through Handle.
+func (in *Ingestor) handleOne(ctx context.Context, device string, m mqttx.Message, r wire.Receipt, ok bool) {
+	if ok {
+		in.handleReceipt(ctx, m, device, r)
+		return
+	}
+	in.Handle(ctx, m)
 }
 
 // isReceipt decodes a message that is a receipt and passes its checks;
@@ -509,6 +532,22 @@ func decodeReceipt(m mqttx.Message) (wire.Receipt, string, error) {
 		return r, wire.Reason(err, wire.ReasonInvalidValue), err
 	}
 	return r, "", nil
+}
+
+// applyReceipt applies one decoded and checked receipt (apply).
+func (in *Ingestor) applyReceipt(ctx context.Context, device string, r wire.Receipt) error {
+	out, err := in.cfg.Store.ApplyReceipt(ctx, device, r, in.beforeCommit(ctx))
+	if errors.Is(err, store.ErrRefused) {
+		return nil // recorded as refused; nothing more to do
+	}
+	if err != nil {
+		if !errors.Is(err, context.Canceled) {
+			in.cfg.Logger.Warn("receipt not recorded", "device", device, "command_id", r.CommandID, "err", err)
+		}
+		return err
+	}
+	in.applied(device, r, out)
+	return nil
 }
 
 // beforeCommit is a receipt's hook inside its transaction: the
@@ -544,17 +583,7 @@ func (in *Ingestor) apply(ctx context.Context, m mqttx.Message) error {
 			in.refuse(m, metrics.SourceReceipts, reason, err)
 			return nil
 		}
-		out, err := in.cfg.Store.ApplyReceipt(ctx, device, r, in.beforeCommit(ctx))
-		if errors.Is(err, store.ErrRefused) {
-			return nil // recorded as refused; nothing more to do
-		}
-		if err != nil {
-			if !errors.Is(err, context.Canceled) {
-				in.cfg.Logger.Warn("receipt not recorded", "device", device, "command_id", r.CommandID, "err", err)
-			}
-			return err
-		}
-		in.applied(device, r, out)
+		return in.applyReceipt(ctx, device, r)
 	case wire.KindPresence:
 		var p wire.Presence
 		if err := wire.DecodeDevice(m.Payload, &p); err != nil {
