@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+	"sync"
 
 	"github.com/fleetctl/fleetctl/internal/apiwire"
 	"github.com/fleetctl/fleetctl/internal/wire"
@@ -61,9 +62,11 @@ func decodeJSON(body []byte, v any) error {
 	}
 	// encoding/json matches names case-insensitively: "Target" beside
 	// "target" would be a duplicate resolved silently (found by FuzzDecodeBody).
-	if name, _ := inexactName(json.NewDecoder(bytes.NewReader(body)), reflect.TypeOf(v)); name != "" {
-		return refusal(http.StatusBadRequest, "invalid_request", wire.ReasonUnknownField,
-			fmt.Sprintf("request body: unknown field %q", name))
+	if t := reflect.TypeOf(v); mayHoldInexactName(body, foldedNames(t)) {
+		if name, _ := inexactName(json.NewDecoder(bytes.NewReader(body)), t); name != "" {
+			return refusal(http.StatusBadRequest, "invalid_request", wire.ReasonUnknownField,
+				fmt.Sprintf("request body: unknown field %q", name))
+		}
 	}
 	if err := wire.DecodeInto(body, v, true); err != nil {
 		return bodyError(err)
@@ -73,6 +76,72 @@ func decodeJSON(body []byte, v any) error {
 			fmt.Sprintf("request body: %s holds a NUL character (\\u0000), which the store cannot keep", field))
 	}
 	return nil
+}
+
+// foldedNamesOf caches foldedNames by type.
+var foldedNamesOf sync.Map // reflect.Type -> map[string]string
+
+// foldedNames maps the lower-case form of the JSON name of every field of
+// every struct reachable from t (through pointers, slices, arrays and
+// maps) to the name: the names inexactName compares member names with.
+func foldedNames(t reflect.Type) map[string]string {
+	if m, ok := foldedNamesOf.Load(t); ok {
+		return m.(map[string]string)
+	}
+	m := map[string]string{}
+	var add func(t reflect.Type, seen map[reflect.Type]bool)
+	add = func(t reflect.Type, seen map[reflect.Type]bool) {
+		for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct || seen[t] {
+			return
+		}
+		seen[t] = true
+		for i := range t.NumField() {
+			name := jsonName(t.Field(i))
+			m[strings.ToLower(name)] = name
+			add(t.Field(i).Type, seen)
+		}
+	}
+	add(t, map[reflect.Type]bool{})
+	foldedNamesOf.Store(t, m)
+	return m
+}
+
+// mayHoldInexactName is inexactName's quick test: false when no string of
+// the body (member names and values alike) is a field name of names in
+// another case, so that the walk could find nothing. It answers true,
+// leaving the decision to the walk, for any string with an escape or a
+// byte outside ASCII (encoding/json folds "ſ" to "s" and "K" to "k"), and
+// for any that matches a name in another case. body is valid JSON.
+func mayHoldInexactName(body []byte, names map[string]string) bool {
+	var lower [64]byte
+	for i := 0; i < len(body); i++ {
+		if body[i] != '"' {
+			continue
+		}
+		j := i + 1
+		for ; body[j] != '"'; j++ {
+			if c := body[j]; c == '\\' || c >= 0x80 {
+				return true
+			}
+		}
+		// Longer strings fold to no name (ASCII folding keeps the length).
+		if s := body[i+1 : j]; len(s) <= len(lower) {
+			for k, c := range s {
+				if 'A' <= c && c <= 'Z' {
+					c += 'a' - 'A'
+				}
+				lower[k] = c
+			}
+			if name, ok := names[string(lower[:len(s)])]; ok && name != string(s) {
+				return true
+			}
+		}
+		i = j
+	}
+	return false
 }
 
 // bodyError maps a wire.InputError to its status and code.
