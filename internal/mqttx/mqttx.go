@@ -237,6 +237,7 @@ func New(cfg Config) *Client {
 		SetConnectRetry(true).
 		SetConnectRetryInterval(500 * time.Millisecond).
 		SetMaxReconnectInterval(2 * time.Second).
+		SetCustomOpenConnectionFn(openConn).
 		SetDefaultPublishHandler(cl.handle).
 		SetOnConnectHandler(cl.onConnect).
 		SetReconnectingHandler(func(mqtt.Client, *mqtt.ClientOptions) { cl.loss.attempt() }).
