@@ -171,20 +171,20 @@ func SplitParams(params json.RawMessage) (sent, canonical json.RawMessage, err e
 	return b.Bytes(), canonical, nil
 }
 
-// RequestHash is the hex SHA-256 of the canonical JSON of {action, target, params}.
+// RequestHash is the hex SHA-256 of the canonical JSON of {action, target,
+// params}, canonicalParams being canonical already (CanonicalParams,
+// SplitParams). The document is written out, not encoded and canonicalized
+// again: its names sort as action, params, target, and action and target
+// are written as canonical strings.
 func RequestHash(action, target string, canonicalParams json.RawMessage) (string, error) {
-	body, err := json.Marshal(struct {
-		Action string          `json:"action"`
-		Target string          `json:"target"`
-		Params json.RawMessage `json:"params"`
-	}{action, target, canonicalParams})
-	if err != nil {
-		return "", err
-	}
-	canon, err := jcs.Canonicalize(body)
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(canon)
+	b := make([]byte, 0, len(`{"action":,"params":,"target":}`)+len(action)+len(target)+len(canonicalParams)+4)
+	b = append(b, `{"action":`...)
+	b = jcs.AppendString(b, action)
+	b = append(b, `,"params":`...)
+	b = append(b, canonicalParams...)
+	b = append(b, `,"target":`...)
+	b = jcs.AppendString(b, target)
+	b = append(b, '}')
+	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:]), nil
 }

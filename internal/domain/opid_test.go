@@ -77,6 +77,23 @@ func TestCanonicalParams(t *testing.T) {
 	require.Equal(t, `{"a":[10,10],"b":1}`, string(out))
 }
 
+// Hashes stored by earlier versions stay what they were (these were computed
+// by the version that encoded {action, target, params} and canonicalized
+// the result): a retry after an upgrade still matches its operation.
+func TestRequestHashIsStable(t *testing.T) {
+	for _, c := range []struct{ action, target, params, hash string }{
+		{"restart", "device-1", `{}`, "9af026209c2cc719f9257f99dc51b42d393dc128d59da125fa79f801c929ed9d"},
+		{"set_config", "pump-17", `{"bench_k":123}`, "a4802db77001112815352a72795a85ad2022aed4e7c632d2f2044857b73a2b4a"},
+		{"firmware.update", "dev_9", `{"a":[1,2.5,"x\"y\\z\n"],"b":{"é":"<&>","z":null},"n":1e+21}`, "ed72c5699b7cebb8ccb2aa5613f274e9b06c1d7433c4f320bdbb8e3100d21162"},
+	} {
+		p, err := CanonicalParams(json.RawMessage(c.params))
+		require.NoError(t, err)
+		h, err := RequestHash(c.action, c.target, p)
+		require.NoError(t, err)
+		require.Equal(t, c.hash, h, "%s %s %s", c.action, c.target, c.params)
+	}
+}
+
 func TestRequestHashIgnoresKeyOrderAndNumberSpelling(t *testing.T) {
 	p1, _ := CanonicalParams(json.RawMessage(`{"reason":"stuck","delay":1}`))
 	p2, _ := CanonicalParams(json.RawMessage(`{"delay":1.0e0, "reason":"stuck"}`))

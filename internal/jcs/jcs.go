@@ -310,6 +310,10 @@ func hex4(s []byte) (rune, bool) {
 
 const hexDigits = "0123456789abcdef"
 
+// AppendString appends s (valid UTF-8) to b as a canonical JSON string:
+// for a caller that writes a canonical document out itself.
+func AppendString(b []byte, s string) []byte { return appendString(b, s) }
+
 // appendString writes s (valid UTF-8) as ECMAScript's JSON.stringify does.
 func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
