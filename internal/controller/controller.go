@@ -95,6 +95,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--lease-ttl %s: at least 1s", c.LeaseTTL)
 	case c.MaxCommandBytes < 1024 || c.MaxCommandBytes > wire.MaxPayload:
 		return fmt.Errorf("--max-command-bytes %d: between 1024 and %d (what devices accept)", c.MaxCommandBytes, wire.MaxPayload)
+	case mqttx.CheckURL(c.MQTT) != nil:
+		return fmt.Errorf("--mqtt %q: %v", c.MQTT, mqttx.CheckURL(c.MQTT))
 	case c.MQTTCA != "" && !tlsURL(c.MQTT):
 		return fmt.Errorf("--mqtt-ca is for ssl:// broker URLs; %s is plain TCP", c.MQTT)
 	case c.ReceiptRate < 0:
@@ -109,7 +111,7 @@ func (c Config) Validate() error {
 // tlsURL: a broker URL that paho dials with TLS.
 func tlsURL(u string) bool {
 	scheme, _, _ := strings.Cut(u, "://")
-	return scheme == "ssl" || scheme == "tls" || scheme == "mqtts" || scheme == "tcps"
+	return mqttx.TLSScheme(scheme)
 }
 
 // mqttLogin returns the broker user name, password and TLS configuration

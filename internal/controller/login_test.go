@@ -3,6 +3,7 @@ package controller
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -36,6 +37,10 @@ func TestMQTTLogin(t *testing.T) {
 
 	cfg.MQTT = "tcp://127.0.0.1:1883"
 	require.ErrorContains(t, cfg.Validate(), "--mqtt-ca is for ssl://")
+	for _, bad := range []string{"ws://127.0.0.1:9001", "127.0.0.1:1883", "tcp://"} {
+		cfg.MQTT = bad
+		require.ErrorContains(t, cfg.Validate(), "--mqtt "+strconv.Quote(bad), bad)
+	}
 
 	cfg.MQTT, cfg.MQTTCA = "ssl://127.0.0.1:8883", files.Key // not a certificate
 	_, _, _, err = cfg.mqttLogin()

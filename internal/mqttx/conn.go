@@ -3,6 +3,7 @@ package mqttx
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -28,18 +29,39 @@ type bufferedConn struct {
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
+// TLSScheme reports whether a broker URL's scheme is one dialed over TLS:
+// ssl://, tls://, mqtts:// or tcps://.
+func TLSScheme(scheme string) bool {
+	return scheme == "ssl" || scheme == "tls" || scheme == "mqtts" || scheme == "tcps"
+}
+
+// CheckURL refuses a broker URL the client cannot dial: a scheme other
+// than tcp:// or mqtt:// (plain) and TLSScheme's, or no host.
+func CheckURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return err
+	}
+	if u.Scheme != "tcp" && u.Scheme != "mqtt" && !TLSScheme(u.Scheme) {
+		return fmt.Errorf("scheme %q: want tcp:// or ssl://", u.Scheme)
+	}
+	if u.Host == "" {
+		return errors.New("no host:port")
+	}
+	return nil
+}
+
 // openConn dials the broker for paho, as paho's own dialer does for the
-// schemes the controller takes (tcp:// and mqtt://; ssl://, tls://, mqtts://
-// and tcps:// over TLS with the options' TLS configuration), and buffers the
-// connection's reads.
+// schemes CheckURL takes (TLS with the options' TLS configuration), and
+// buffers the connection's reads.
 func openConn(uri *url.URL, o mqtt.ClientOptions) (net.Conn, error) {
 	d := &net.Dialer{Timeout: o.ConnectTimeout}
 	var c net.Conn
 	var err error
-	switch uri.Scheme {
-	case "tcp", "mqtt":
+	switch {
+	case uri.Scheme == "tcp" || uri.Scheme == "mqtt":
 		c, err = d.Dial("tcp", uri.Host)
-	case "ssl", "tls", "mqtts", "tcps":
+	case TLSScheme(uri.Scheme):
 		c, err = tls.DialWithDialer(d, "tcp", uri.Host, o.TLSConfig)
 	default:
 		return nil, fmt.Errorf("mqtt: scheme %q: want tcp:// or ssl://", uri.Scheme)
