@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -12,11 +11,12 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/testenv"
 )
 
 // These tests change the process's TMPDIR and working directory, so none of
@@ -27,24 +27,6 @@ func repoRoot(t *testing.T) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
-
-// lockedBuffer collects the demo's output while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // isolate points TMPDIR at an empty directory of the test's, and the working
@@ -89,7 +71,7 @@ func requirePortsClosed(t *testing.T, out string) {
 // broker it started; its output does not point at files it removed.
 func TestFailedRunRemovesItsFiles(t *testing.T) {
 	tmp := isolate(t)
-	var out lockedBuffer
+	var out testenv.SyncBuffer
 	err := Run(context.Background(), Config{Bin: t.TempDir(), Devices: 1, Operations: 1, Out: &out}) // no binaries there
 	require.ErrorContains(t, err, "start devicesim")
 	requireEmpty(t, tmp)
@@ -101,7 +83,7 @@ func TestFailedRunRemovesItsFiles(t *testing.T) {
 func TestNamedDirIsKept(t *testing.T) {
 	tmp := isolate(t)
 	dir := filepath.Join(t.TempDir(), "run")
-	var out lockedBuffer
+	var out testenv.SyncBuffer
 	err := Run(context.Background(), Config{Bin: t.TempDir(), Dir: dir, Devices: 1, Operations: 1, Out: &out})
 	require.ErrorContains(t, err, "start devicesim")
 	require.DirExists(t, filepath.Join(dir, "broker"))
@@ -130,7 +112,7 @@ func buildBinaries(t *testing.T) string {
 
 // waitOutput waits until the demo's output contains s, failing if the demo
 // ends first or the deadline passes.
-func waitOutput(t *testing.T, out *lockedBuffer, done <-chan error, s string, timeout time.Duration) {
+func waitOutput(t *testing.T, out *testenv.SyncBuffer, done <-chan error, s string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !strings.Contains(out.String(), s) {
@@ -152,7 +134,7 @@ func TestWholeRunLingersUntilInterrupted(t *testing.T) {
 	tmp := isolate(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out lockedBuffer
+	var out testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, Config{Bin: bin, Devices: 4, Operations: 40, Out: &out, Linger: true}) }()
 	waitOutput(t, &out, done, "press Ctrl-C to stop", 3*time.Minute)
@@ -196,7 +178,7 @@ func TestInterruptedRunCleansUp(t *testing.T) {
 	tmp := isolate(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out lockedBuffer
+	var out testenv.SyncBuffer
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, Config{Bin: bin, Devices: 3, Operations: 400, Out: &out}) }()
 

@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/testenv"
 )
 
 // The demo's binary, its output into a pipe as in `make demo | tee
@@ -97,8 +99,8 @@ func TestDemoBinaryLeavesNothingBehind(t *testing.T) {
 type demoProcess struct {
 	cmd    *exec.Cmd
 	r      *os.File
-	out    lockedBuffer
-	stderr lockedBuffer
+	out    testenv.SyncBuffer
+	stderr testenv.SyncBuffer
 	read   chan struct{} // closed when the reader has stopped reading
 	done   chan struct{}
 	err    error

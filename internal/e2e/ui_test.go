@@ -70,7 +70,7 @@ func startChrome(t *testing.T) *chrome {
 	// Its own process group, so that its helpers (zygote, renderers) go
 	// with it; and it dies with the test process.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	out := &lockedBuffer{}
+	out := &testenv.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	testenv.StartProcess(t, cmd)
 	pid := cmd.Process.Pid
@@ -183,23 +183,6 @@ func (c *chrome) exceptions() []string {
 		}
 	}
 	return out
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // q quotes a string for JavaScript.

@@ -20,6 +20,7 @@ import (
 	"github.com/fleetctl/fleetctl/internal/metrics"
 	"github.com/fleetctl/fleetctl/internal/store"
 	"github.com/fleetctl/fleetctl/internal/store/backend"
+	"github.com/fleetctl/fleetctl/internal/testenv"
 )
 
 func TestTrustMargin(t *testing.T) {
@@ -80,24 +81,6 @@ func (s *recordingStore) Calls() []string {
 	return append([]string(nil), s.calls...)
 }
 
-// syncBuffer is a log destination safe for the Keeper's goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (w *syncBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // TestBeat: one heartbeat renews this instance's leases, then takes over
 // the expired ones; a failed renewal still takes over; the
 // before-lease-renew failpoint skips the whole heartbeat (a stalled
@@ -135,7 +118,7 @@ func TestBeat(t *testing.T) {
 			require.NoError(t, err)
 			st := &recordingStore{renewErr: c.renewErr, taken: c.taken, takeErr: c.takeErr}
 			m := metrics.New()
-			var logs syncBuffer
+			var logs testenv.SyncBuffer
 			k := New(Config{Store: st, Instance: "i1", TTL: 9 * time.Second, Failpoints: fps, Metrics: m,
 				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			for range c.beats {
@@ -160,7 +143,7 @@ func TestBeatCancelledLogsNoError(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	st := &recordingStore{renewErr: context.Canceled, takeErr: context.Canceled}
-	var logs syncBuffer
+	var logs testenv.SyncBuffer
 	k := New(Config{Store: st, Instance: "i1", TTL: 9 * time.Second, Metrics: metrics.New(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	k.Beat(ctx)

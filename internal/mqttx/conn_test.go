@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,7 +23,7 @@ func TestOpenConnRefusesOtherSchemes(t *testing.T) {
 	_, err := openConn(&url.URL{Scheme: "ws", Host: "127.0.0.1:1"}, *mqtt.NewClientOptions())
 	require.ErrorContains(t, err, `scheme "ws": want tcp:// or ssl://`)
 
-	var out syncBuffer
+	var out testenv.SyncBuffer
 	cl := New(Config{URL: fmt.Sprintf("ws://127.0.0.1:%d", testenv.FreePort(t)), ClientID: "ws",
 		Logger: slog.New(slog.NewTextHandler(&out, nil))})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -32,24 +31,6 @@ func TestOpenConnRefusesOtherSchemes(t *testing.T) {
 	require.Error(t, cl.Start(ctx))
 	cl.Stop()
 	require.Contains(t, out.String(), `scheme \"ws\": want tcp:// or ssl://`)
-}
-
-// syncBuffer is a bytes.Buffer safe for paho's goroutines to log into.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Messages of every size, many at a time, arrive whole and in order

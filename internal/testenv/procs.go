@@ -45,19 +45,20 @@ func Binary(t testing.TB, name string) string {
 	return path
 }
 
-// syncBuffer is a goroutine-safe buffer for a child's output.
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer safe to write from several goroutines (a
+// child's output, a logger's) while a test reads it.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
@@ -79,7 +80,7 @@ type Controller struct {
 	Opts   ControllerOpts
 	URL    string
 	cmd    *exec.Cmd
-	out    *syncBuffer
+	out    *SyncBuffer
 	done   chan struct{}
 	status error
 }
@@ -119,7 +120,7 @@ func (c *Controller) start() {
 	cmd := exec.Command(Binary(c.t, "controller"), args...)
 	cmd.Env = append(os.Environ(), c.Opts.Env...)
 	if c.out == nil {
-		c.out = &syncBuffer{}
+		c.out = &SyncBuffer{}
 	}
 	cmd.Stdout, cmd.Stderr = c.out, c.out
 	if err := startTracked(cmd); err != nil {
