@@ -177,7 +177,8 @@ func SplitParams(params json.RawMessage) (sent, canonical json.RawMessage, err e
 // again: its names sort as action, params, target, and action and target
 // are written as canonical strings.
 func RequestHash(action, target string, canonicalParams json.RawMessage) (string, error) {
-	b := make([]byte, 0, len(`{"action":,"params":,"target":}`)+len(action)+len(target)+len(canonicalParams)+4)
+	// The names and punctuation, the two strings and their quotes, the params.
+	b := make([]byte, 0, len(`{"action":,"params":,"target":}`)+len(action)+len(target)+4+len(canonicalParams))
 	b = append(b, `{"action":`...)
 	b = jcs.AppendString(b, action)
 	b = append(b, `,"params":`...)
