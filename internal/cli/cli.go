@@ -70,9 +70,13 @@ func explain(err error) error {
 // live heap is small (about 6 MB at saturation in make bench, beside
 // SQLite's page cache, which Go's collector does not see) and it allocates
 // fast (tens of KB per operation), so at Go's default of 100 it collected
-// 10 to 20 times a second; at 400 the heap may grow to five times the live
-// one (some 30 MB) and the collector runs a quarter as often.
-const serveGCPercent = 400
+// 10 to 20 times a second; at 200 the heap may grow to three times the live
+// one and the collector runs half as often. 400 (a quarter as often, about
+// 6 % less CPU per operation in make bench) let the garbage of hostile
+// requests (bodies up to 1 MiB each) grow the RSS by 30 to 70 MB, beyond
+// TestHostileInputsChangeNothing's 50 MB in one run of four; at 200 it grew
+// by 6 to 16 MB in twelve runs, at 100 by 6.5 to 8.5 MB in four.
+const serveGCPercent = 200
 
 // tuneGC sets serveGCPercent unless the environment (getenv) names a GOGC.
 func tuneGC(getenv func(string) string) {
