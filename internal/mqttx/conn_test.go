@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,11 +27,14 @@ func TestOpenConnRefusesOtherSchemes(t *testing.T) {
 	var out testenv.SyncBuffer
 	cl := New(Config{URL: fmt.Sprintf("ws://127.0.0.1:%d", testenv.FreePort(t)), ClientID: "ws",
 		Logger: slog.New(slog.NewTextHandler(&out, nil))})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	require.Error(t, cl.Start(ctx))
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	started := make(chan error, 1)
+	go func() { started <- cl.Start(ctx) }()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), `scheme \"ws\": want tcp:// or ssl://`) },
+		10*time.Second, 10*time.Millisecond, "the refusal logged")
+	cancel()
+	require.Error(t, <-started, "never connected")
 	cl.Stop()
-	require.Contains(t, out.String(), `scheme \"ws\": want tcp:// or ssl://`)
 }
 
 // Messages of every size, many at a time, arrive whole and in order
