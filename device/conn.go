@@ -18,9 +18,6 @@ import (
 
 var errNotNow = errors.New("device: stopped or stopping")
 
-func plainScheme(s string) bool { return s == "tcp" || s == "mqtt" }
-func tlsScheme(s string) bool   { return s == "ssl" || s == "tls" || s == "mqtts" || s == "tcps" }
-
 // connectLoop makes the first connection; paho's auto-reconnect keeps it up
 // afterwards (see onReconnecting). Each attempt gets a new client, because a
 // client's will (which carries the session number) is fixed when it is made.

@@ -103,7 +103,7 @@ func New(o Options) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: Broker: %w", err)
 	}
-	if !plainScheme(u.Scheme) && !tlsScheme(u.Scheme) {
+	if !wire.PlainScheme(u.Scheme) && !wire.TLSScheme(u.Scheme) {
 		return nil, fmt.Errorf("device: Broker %q: want tcp://, mqtt://, ssl://, tls:// or mqtts://", o.Broker)
 	}
 	if o.StateDir == "" && o.Journal == nil {
@@ -129,7 +129,7 @@ func New(o Options) (*Device, error) {
 		}
 		d.pw = strings.TrimRight(string(b), "\r\n")
 	}
-	if tlsScheme(u.Scheme) {
+	if wire.TLSScheme(u.Scheme) {
 		d.tls = &tls.Config{MinVersion: tls.VersionTLS12}
 		switch {
 		case o.TLSConfig != nil:

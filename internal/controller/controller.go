@@ -111,7 +111,7 @@ func (c Config) Validate() error {
 // tlsURL: a broker URL that paho dials with TLS.
 func tlsURL(u string) bool {
 	scheme, _, _ := strings.Cut(u, "://")
-	return mqttx.TLSScheme(scheme)
+	return wire.TLSScheme(scheme)
 }
 
 // mqttLogin returns the broker user name, password and TLS configuration

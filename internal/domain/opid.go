@@ -176,7 +176,7 @@ func SplitParams(params json.RawMessage) (sent, canonical json.RawMessage, err e
 // SplitParams). The document is written out, not encoded and canonicalized
 // again: its names sort as action, params, target, and action and target
 // are written as canonical strings.
-func RequestHash(action, target string, canonicalParams json.RawMessage) (string, error) {
+func RequestHash(action, target string, canonicalParams json.RawMessage) string {
 	// The names and punctuation, the two strings and their quotes, the params.
 	b := make([]byte, 0, len(`{"action":,"params":,"target":}`)+len(action)+len(target)+4+len(canonicalParams))
 	b = append(b, `{"action":`...)
@@ -187,5 +187,5 @@ func RequestHash(action, target string, canonicalParams json.RawMessage) (string
 	b = jcs.AppendString(b, target)
 	b = append(b, '}')
 	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:]), nil
+	return hex.EncodeToString(sum[:])
 }

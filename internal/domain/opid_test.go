@@ -88,23 +88,21 @@ func TestRequestHashIsStable(t *testing.T) {
 	} {
 		p, err := CanonicalParams(json.RawMessage(c.params))
 		require.NoError(t, err)
-		h, err := RequestHash(c.action, c.target, p)
-		require.NoError(t, err)
-		require.Equal(t, c.hash, h, "%s %s %s", c.action, c.target, c.params)
+		require.Equal(t, c.hash, RequestHash(c.action, c.target, p), "%s %s %s", c.action, c.target, c.params)
 	}
 }
 
 func TestRequestHashIgnoresKeyOrderAndNumberSpelling(t *testing.T) {
-	p1, _ := CanonicalParams(json.RawMessage(`{"reason":"stuck","delay":1}`))
-	p2, _ := CanonicalParams(json.RawMessage(`{"delay":1.0e0, "reason":"stuck"}`))
-	h1, err := RequestHash("restart", "device-1", p1)
+	p1, err := CanonicalParams(json.RawMessage(`{"reason":"stuck","delay":1}`))
 	require.NoError(t, err)
-	h2, _ := RequestHash("restart", "device-1", p2)
+	p2, _ := CanonicalParams(json.RawMessage(`{"delay":1.0e0, "reason":"stuck"}`))
+	h1 := RequestHash("restart", "device-1", p1)
+	h2 := RequestHash("restart", "device-1", p2)
 	require.Equal(t, h1, h2)
 	require.Len(t, h1, 64)
-	h3, _ := RequestHash("restart", "device-2", p1)
+	h3 := RequestHash("restart", "device-2", p1)
 	require.NotEqual(t, h1, h3)
 	p4, _ := CanonicalParams(json.RawMessage(`{"reason":"stuck","delay":2}`))
-	h4, _ := RequestHash("restart", "device-1", p4)
+	h4 := RequestHash("restart", "device-1", p4)
 	require.NotEqual(t, h1, h4)
 }

@@ -101,7 +101,7 @@ func (v *value) append(b []byte) []byte {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, v.members[i].name)
+			b = AppendString(b, v.members[i].name)
 			b = append(b, ':')
 			b = v.members[i].value.append(b)
 		}
@@ -153,7 +153,7 @@ func (c *canonicalizer) token(tok json.Token, raw []byte) (value, error) {
 		if err != nil {
 			return value{}, err
 		}
-		return value{scalar: appendString(nil, s)}, nil
+		return value{scalar: AppendString(nil, s)}, nil
 	case json.Number:
 		f, err := strconv.ParseFloat(t.String(), 64)
 		if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
@@ -310,12 +310,10 @@ func hex4(s []byte) (rune, bool) {
 
 const hexDigits = "0123456789abcdef"
 
-// AppendString appends s (valid UTF-8) to b as a canonical JSON string:
-// for a caller that writes a canonical document out itself.
-func AppendString(b []byte, s string) []byte { return appendString(b, s) }
-
-// appendString writes s (valid UTF-8) as ECMAScript's JSON.stringify does.
-func appendString(b []byte, s string) []byte {
+// AppendString appends s (valid UTF-8) to b as a canonical JSON string, as
+// ECMAScript's JSON.stringify writes it: for Canonicalize, and for a caller
+// that writes a canonical document out itself.
+func AppendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	start := 0
 	for i := 0; i < len(s); i++ {

@@ -9,6 +9,8 @@ import (
 	"net/url"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
 // readBuffer is the size of a broker connection's read buffer: many
@@ -29,26 +31,25 @@ type bufferedConn struct {
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
-// TLSScheme reports whether a broker URL's scheme is one dialed over TLS:
-// ssl://, tls://, mqtts:// or tcps://.
-func TLSScheme(scheme string) bool {
-	return scheme == "ssl" || scheme == "tls" || scheme == "mqtts" || scheme == "tcps"
-}
-
-// CheckURL refuses a broker URL the client cannot dial: a scheme other
-// than tcp:// or mqtt:// (plain) and TLSScheme's, or no host.
+// CheckURL refuses a broker URL the client cannot dial: a scheme neither
+// wire.PlainScheme nor wire.TLSScheme, or no host.
 func CheckURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return err
 	}
-	if u.Scheme != "tcp" && u.Scheme != "mqtt" && !TLSScheme(u.Scheme) {
-		return fmt.Errorf("scheme %q: want tcp:// or ssl://", u.Scheme)
+	if !wire.PlainScheme(u.Scheme) && !wire.TLSScheme(u.Scheme) {
+		return schemeError(u.Scheme)
 	}
 	if u.Host == "" {
 		return errors.New("no host:port")
 	}
 	return nil
+}
+
+// schemeError refuses a broker URL's scheme (CheckURL, openConn).
+func schemeError(scheme string) error {
+	return fmt.Errorf("scheme %q: want tcp:// or ssl://", scheme)
 }
 
 // openConn dials the broker for paho, as paho's own dialer does for the
@@ -59,12 +60,12 @@ func openConn(uri *url.URL, o mqtt.ClientOptions) (net.Conn, error) {
 	var c net.Conn
 	var err error
 	switch {
-	case uri.Scheme == "tcp" || uri.Scheme == "mqtt":
+	case wire.PlainScheme(uri.Scheme):
 		c, err = d.Dial("tcp", uri.Host)
-	case TLSScheme(uri.Scheme):
+	case wire.TLSScheme(uri.Scheme):
 		c, err = tls.DialWithDialer(d, "tcp", uri.Host, o.TLSConfig)
 	default:
-		return nil, fmt.Errorf("mqtt: scheme %q: want tcp:// or ssl://", uri.Scheme)
+		return nil, fmt.Errorf("mqtt: %w", schemeError(uri.Scheme))
 	}
 	if err != nil {
 		return nil, err

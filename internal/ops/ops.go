@@ -153,10 +153,7 @@ func (s *Service) prepare(ctx context.Context, id string, in Intent,
 	if err != nil {
 		return store.NewOperation{}, err
 	}
-	hash, err := domain.RequestHash(in.Action, in.Target, canonical)
-	if err != nil {
-		return store.NewOperation{}, err
-	}
+	hash := domain.RequestHash(in.Action, in.Target, canonical)
 	pol := s.cfg.Policy(in.Action)
 	if err := s.checkSize(id, in.Action, params, pol); err != nil {
 		return store.NewOperation{}, err

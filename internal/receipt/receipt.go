@@ -376,12 +376,6 @@ func (in *Ingestor) Handle(ctx context.Context, m mqttx.Message) {
 	in.retry(ctx, m, func() error { return in.apply(ctx, m) })
 }
 
-// handleReceipt is Handle for a receipt message already decoded and
-// checked.
-func (in *Ingestor) handleReceipt(ctx context.Context, m mqttx.Message, device string, r wire.Receipt) {
-	in.retry(ctx, m, func() error { return in.applyReceipt(ctx, device, r) })
-}
-
 // retry runs apply until it succeeds, then acknowledges m (Handle).
 func (in *Ingestor) retry(ctx context.Context, m mqttx.Message, apply func() error) {
 	delay := 50 * time.Millisecond
@@ -504,7 +498,7 @@ func (in *Ingestor) handleDevice(ctx context.Context, device string, ms []mqttx.
 // a receipt as decoded (ok), anything else through Handle.
 func (in *Ingestor) handleOne(ctx context.Context, device string, m mqttx.Message, r wire.Receipt, ok bool) {
 	if ok {
-		in.handleReceipt(ctx, m, device, r)
+		in.retry(ctx, m, func() error { return in.applyReceipt(ctx, device, r) })
 		return
 	}
 	in.Handle(ctx, m)

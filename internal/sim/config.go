@@ -126,8 +126,6 @@ func (c Config) password(id string) string {
 	return c.Password
 }
 
-func tlsScheme(s string) bool { return s == "ssl" || s == "tls" || s == "mqtts" || s == "tcps" }
-
 // ids returns the device ids the config names.
 func (c Config) ids() []string {
 	if len(c.IDs) > 0 {
@@ -148,11 +146,11 @@ func (c Config) validate() error {
 		errs = append(errs, errors.New("mqtt: broker URL is required"))
 	case err != nil:
 		errs = append(errs, fmt.Errorf("mqtt: %w", err))
-	case u.Scheme != "tcp" && u.Scheme != "mqtt" && !tlsScheme(u.Scheme):
+	case !wire.PlainScheme(u.Scheme) && !wire.TLSScheme(u.Scheme):
 		errs = append(errs, fmt.Errorf("mqtt: scheme %q: want tcp://, mqtt:// or ssl://", u.Scheme))
 	case u.Port() == "":
 		errs = append(errs, fmt.Errorf("mqtt: %q has no port", c.MQTT))
-	case c.TLS != nil && !tlsScheme(u.Scheme):
+	case c.TLS != nil && !wire.TLSScheme(u.Scheme):
 		errs = append(errs, fmt.Errorf("mqtt: a TLS configuration (a CA) is for ssl:// URLs; %s is plain TCP", c.MQTT))
 	}
 	if len(c.IDs) == 0 && c.Devices < 1 {

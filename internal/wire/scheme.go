@@ -1,0 +1,12 @@
+package wire
+
+// The broker URL schemes devices and controllers dial: PlainScheme's over
+// TCP, TLSScheme's over TLS (paho's names for both).
+
+// PlainScheme reports whether a broker URL's scheme is plain TCP: tcp://
+// or mqtt://.
+func PlainScheme(s string) bool { return s == "tcp" || s == "mqtt" }
+
+// TLSScheme reports whether a broker URL's scheme is TLS: ssl://, tls://,
+// mqtts:// or tcps://.
+func TLSScheme(s string) bool { return s == "ssl" || s == "tls" || s == "mqtts" || s == "tcps" }
