@@ -269,6 +269,23 @@ func TestOperatorListCursor(t *testing.T) {
 	})
 }
 
+// queryPlan is SQLite's plan of q, a line for each step.
+func queryPlan(t *testing.T, b *testBundle, q string, args ...any) string {
+	t.Helper()
+	rows, err := b.s.r.QueryContext(b.ctx, "EXPLAIN QUERY PLAN "+q, args...)
+	require.NoError(t, err)
+	defer rows.Close()
+	var lines []string
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		require.NoError(t, rows.Scan(&id, &parent, &notused, &detail))
+		lines = append(lines, detail)
+	}
+	require.NoError(t, rows.Err())
+	return strings.Join(lines, "\n")
+}
+
 // TestOperatorListsUseAnIndex (SQLite's plans; PostgreSQL's are checked
 // over a million rows by BenchmarkOperatorLists, which logs them): each
 // filter's page is a range of an index in the list's order (no sort of
@@ -276,20 +293,7 @@ func TestOperatorListCursor(t *testing.T) {
 func TestOperatorListsUseAnIndex(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "sqlite")
-	plan := func(q string, args ...any) string {
-		rows, err := b.s.r.QueryContext(b.ctx, "EXPLAIN QUERY PLAN "+q, args...)
-		require.NoError(t, err)
-		defer rows.Close()
-		var lines []string
-		for rows.Next() {
-			var id, parent, notused int
-			var detail string
-			require.NoError(t, rows.Scan(&id, &parent, &notused, &detail))
-			lines = append(lines, detail)
-		}
-		require.NoError(t, rows.Err())
-		return strings.Join(lines, "\n")
-	}
+	plan := func(q string, args ...any) string { return queryPlan(t, b, q, args...) }
 	cursor := &StartCursor{Start: 1, ID: "x"}
 	check := func(name string, l interface {
 		queries(*StartCursor, int) (string, []any, string, []any)

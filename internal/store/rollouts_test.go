@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -460,4 +461,19 @@ func TestRolloutFollowsLateFinalReceipt(t *testing.T) {
 		require.NoError(t, err)
 		require.Empty(t, active)
 	})
+}
+
+// The scheduler's look, twice a second, reads the devices that may still
+// move and their operations by key: never a range of operations by status,
+// which holds the whole history (SQLite's plan; PostgreSQL's planner
+// chooses from its statistics).
+func TestActiveRolloutsReadNoOperationsHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "sqlite")
+	p := queryPlan(t, b, b.s.q.RolloutListActive)
+	require.NotContains(t, p, "SCAN", p)
+	require.NotContains(t, p, "operations_status_started", p)
+	require.Contains(t, p, "SEARCH o USING INDEX sqlite_autoindex_operations_1 (operation_id=?)", p)
+	require.Equal(t, 2, strings.Count(p, "USING COVERING INDEX rollout_devices_by_status (status=?)")+
+		strings.Count(p, "USING INDEX rollout_devices_by_status (status=?)"), p)
 }

@@ -543,13 +543,16 @@ SELECT d.device_id, d.operation_id, c.command_id FROM rollout_devices d
 UPDATE rollout_devices SET status = 'cancelled', reason = $1, finished_at = $2, updated_at = $3
 	WHERE rollout_id = $4 AND device_id = $5 AND status = 'started'
 
+-- The ended rollouts' devices are found by status (rollout_devices_by_status)
+-- and their operations by key, never by the operations' status.
 -- name: RolloutListActive
 SELECT rollout_id, status, owner, fencing_token, lease_expires_at FROM rollouts
 	WHERE status IN ('waiting_approval','scheduled','running','paused')
 		OR (ended_at IS NOT NULL AND rollout_id IN (SELECT rollout_id FROM rollout_devices
 			WHERE status IN ('started', 'needs_attention')))
 		OR (ended_at IS NOT NULL AND rollout_id IN (SELECT d.rollout_id FROM rollout_devices d
-			JOIN operations o ON o.operation_id = d.operation_id WHERE ((o.status = 'succeeded' AND d.status IN ('timeout', 'rejected', 'failed', 'retry')
+			JOIN operations o ON o.operation_id = d.operation_id
+			WHERE d.status IN ('timeout', 'rejected', 'failed', 'retry') AND ((o.status = 'succeeded' AND d.status IN ('timeout', 'rejected', 'failed', 'retry')
 				AND d.reason NOT LIKE 'idempotency_key_reused%')
 			OR (o.status = 'failed_final' AND d.status IN ('timeout', 'retry')))))
 	ORDER BY created_at, rollout_id
