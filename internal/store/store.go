@@ -158,6 +158,10 @@ type Config struct {
 	// (DefaultQueueSize); MaxBatch bounds the changes of one commit
 	// (DefaultMaxBatch).
 	QueueSize, MaxBatch int
+	// CommitDelay is how long the writer may wait for more changes before
+	// it commits a small batch while others are in flight (runWriter);
+	// DefaultCommitDelay when 0, never when negative.
+	CommitDelay time.Duration
 }
 
 // DB is the store, on either backend. It is safe for concurrent use.
@@ -181,6 +185,8 @@ type DB struct {
 	wstmts        *stmtCache
 	rq            readers
 	maxBatch      int
+	commitDelay   time.Duration // Config.CommitDelay; never when negative
+	delaying      func(n int)   // tests: called as a batch of n begins to wait for more
 	quit, stopped chan struct{}
 	trips         atomic.Int64 // statements sent to the database
 	// touched is when a committed change of this store last touched each
@@ -236,13 +242,16 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if cfg.MaxBatch <= 0 {
 		cfg.MaxBatch = DefaultMaxBatch
 	}
+	if cfg.CommitDelay == 0 {
+		cfg.CommitDelay = DefaultCommitDelay
+	}
 	d := cfg.Driver
 	w, r, err := d.Open(ctx, cfg.Path, cfg.Readers)
 	if err != nil {
 		return nil, err
 	}
 	s := &DB{d: d, q: d.Statements(), caps: d.Capabilities(), eventInserts: rowInserts(d, eventsHead, eventColumns), receiptInserts: rowInserts(d, receiptsHead, receiptColumns), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
-		feed: cfg.Feed, queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch,
+		feed: cfg.Feed, queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch, commitDelay: cfg.CommitDelay,
 		quit: make(chan struct{}), stopped: make(chan struct{}), touched: map[string]int64{}}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()

@@ -91,9 +91,17 @@ func setup(t *testing.T, be string) *testBundle {
 // setupFeed is setup with the store's facts published to feed.
 func setupFeed(t *testing.T, be string, feed Feed) *testBundle {
 	t.Helper()
+	return setupConfig(t, be, func(c *Config) { c.Feed = feed })
+}
+
+// setupConfig is setup with the store's Config changed by tweak.
+func setupConfig(t *testing.T, be string, tweak func(*Config)) *testBundle {
+	t.Helper()
 	clk := clock.NewFake(time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC))
 	obs := newObserver()
-	s, err := testOpen(context.Background(), Config{Path: testDSN(t, be), Instance: "i1", Now: clk.Now, Observer: obs, Feed: feed})
+	cfg := Config{Path: testDSN(t, be), Instance: "i1", Now: clk.Now, Observer: obs}
+	tweak(&cfg)
+	s, err := testOpen(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return &testBundle{s: s, clk: clk, obs: obs, ctx: context.Background()}

@@ -26,6 +26,17 @@ import (
 // *BatchError, and each caller retries as it would after any store error.
 // The queue is FIFO, so the changes of one caller (and of one command, which
 // its callers apply in order) commit in the order they were made.
+//
+// A commit has a cost of its own (on SQLite its fsync and the pages every
+// batch rewrites: the tails of the time-ordered indexes; on PostgreSQL a
+// round trip and the server's fsync). Under load the batches are large
+// and that cost is shared; at a moderate rate a writer that commits as
+// soon as anything waits makes many small batches, pays the cost for each,
+// and is busy nearly all the time, so changes queue behind it. So, as
+// PostgreSQL's commit_delay does, while others are in flight (the last
+// batch held at least commitSiblings changes) a batch smaller than
+// commitTarget waits up to CommitDelay for more before it begins. A lone
+// caller never waits: its batch of one has no siblings.
 
 var (
 	// ErrOverloaded (domain.ErrOverloaded): the writer's queue was full;
@@ -46,10 +57,19 @@ func (e *BatchError) Error() string {
 
 func (e *BatchError) Unwrap() error { return e.Err }
 
-// Defaults of Config.QueueSize and Config.MaxBatch.
+// Defaults of Config.QueueSize, Config.MaxBatch and Config.CommitDelay.
 const (
-	DefaultQueueSize = 1024
-	DefaultMaxBatch  = 256
+	DefaultQueueSize   = 1024
+	DefaultMaxBatch    = 256
+	DefaultCommitDelay = time.Millisecond
+)
+
+// A batch waits for more changes (Config.CommitDelay) only when the last
+// one held at least commitSiblings changes, and only until it holds
+// commitTarget.
+const (
+	commitSiblings = 4
+	commitTarget   = 16
 )
 
 // job is one change waiting for the writer.
@@ -138,6 +158,8 @@ func (s *DB) enqueue(ctx context.Context, locks rowLocks, fn func(context.Contex
 func (s *DB) runWriter() {
 	defer close(s.stopped)
 	batch := make([]*job, 0, s.maxBatch)
+	var delay *time.Timer
+	last := 0 // the last batch's changes
 	for {
 		select {
 		case j := <-s.queue:
@@ -154,6 +176,29 @@ func (s *DB) runWriter() {
 				break gather
 			}
 		}
+		if s.commitDelay > 0 && last >= commitSiblings && len(batch) < commitTarget {
+			if s.delaying != nil {
+				s.delaying(len(batch))
+			}
+			if delay == nil {
+				delay = time.NewTimer(s.commitDelay)
+			} else {
+				delay.Reset(s.commitDelay)
+			}
+		wait:
+			for len(batch) < commitTarget {
+				select {
+				case j := <-s.queue:
+					batch = append(batch, j)
+				case <-delay.C:
+					break wait
+				case <-s.quit:
+					break wait
+				}
+			}
+			delay.Stop()
+		}
+		last = len(batch)
 		s.commitBatch(batch)
 		clear(batch)
 		if s.caps.Prepares {

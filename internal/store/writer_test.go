@@ -94,6 +94,101 @@ func TestGroupCommitIsolatesAFailingChange(t *testing.T) {
 	})
 }
 
+// noop is a change that writes nothing.
+func noop(s *DB) func() error {
+	return func() error { return s.write(context.Background(), func(context.Context, *tx) error { return nil }) }
+}
+
+// start runs change in a goroutine; its error comes on the channel.
+func start(change func() error) <-chan error {
+	out := make(chan error, 1)
+	go func() { out <- change() }()
+	return out
+}
+
+// siblings commits n changes together, as when several callers are in
+// flight, so that the writer's next batch may wait for more.
+func siblings(t *testing.T, s *DB, n int) {
+	t.Helper()
+	release := holdWriter(t, s)
+	var all []<-chan error
+	for range n {
+		all = append(all, queued(t, s, noop(s)))
+	}
+	release()
+	for _, ch := range all {
+		require.NoError(t, <-ch)
+	}
+}
+
+// While others are in flight, a small batch waits (CommitDelay) for more
+// changes and commits them together: here a change the writer had already
+// taken when the fifteen others came, which would otherwise have
+// committed alone.
+func TestSmallBatchWaitsForMoreWhileOthersAreInFlight(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setupConfig(t, be, func(c *Config) { c.CommitDelay = time.Minute })
+		waiting := make(chan int, 1)
+		b.s.delaying = func(n int) { // set before the writer's next receive: no race
+			select {
+			case waiting <- n:
+			default:
+			}
+		}
+		siblings(t, b.s, commitSiblings)
+		b.obs.mu.Lock()
+		before := b.obs.batches
+		b.obs.mu.Unlock()
+
+		all := []<-chan error{start(noop(b.s))}
+		select {
+		case n := <-waiting:
+			require.Equal(t, 1, n, "the writer took the one change and waits")
+		case <-time.After(10 * time.Second):
+			t.Fatal("the writer never waited for more changes")
+		}
+		for range commitTarget - 1 {
+			all = append(all, start(noop(b.s)))
+		}
+		for _, ch := range all {
+			require.NoError(t, <-ch)
+		}
+		b.obs.mu.Lock()
+		defer b.obs.mu.Unlock()
+		require.Equal(t, before+1, b.obs.batches, "the taken change waited and committed with the %d after it", commitTarget-1)
+	})
+}
+
+// The wait ends after CommitDelay when no more changes come, and a lone
+// caller (a batch of one before it) never waits.
+func TestCommitDelayIsBoundedAndSparesALoneCaller(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		const delay = 300 * time.Millisecond
+		b := setupConfig(t, be, func(c *Config) { c.CommitDelay = delay })
+		siblings(t, b.s, commitSiblings)
+		start := time.Now()
+		require.NoError(t, noop(b.s)())
+		require.GreaterOrEqual(t, time.Since(start), delay, "after a batch of siblings a lone change waits for company")
+
+		// That batch held one change: the next ones do not wait. Each of
+		// five in a row would take 300 ms if it did.
+		start = time.Now()
+		for range 5 {
+			require.NoError(t, noop(b.s)())
+		}
+		require.Less(t, time.Since(start), 5*delay, "a lone caller's changes must not wait")
+
+		// Never, when the delay is negative.
+		off := setupConfig(t, be, func(c *Config) { c.CommitDelay = -1 })
+		siblings(t, off.s, commitSiblings)
+		start = time.Now()
+		require.NoError(t, noop(off.s)())
+		require.Less(t, time.Since(start), delay)
+	})
+}
+
 func TestGroupCommitFailsTheWholeBatchWhenTheDiskIsFull(t *testing.T) {
 	b := setup(t, "sqlite")
 	var pages int
