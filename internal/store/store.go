@@ -181,12 +181,21 @@ type DB struct {
 	instance string
 
 	// The writer goroutine (writer.go) owns w once Open returns.
-	queue         chan *job
-	wstmts        *stmtCache
-	rq            readers
-	maxBatch      int
-	commitDelay   time.Duration // Config.CommitDelay; never when negative
-	delaying      func(n int)   // tests: called as a batch of n begins to wait for more
+	queue       chan *job
+	wstmts      *stmtCache
+	rq          readers
+	maxBatch    int
+	commitDelay time.Duration // Config.CommitDelay; never when negative
+	// scratch holds the writer goroutine's buffers, reused from one batch
+	// to the next (cleared, so they keep no row alive): a batch's lists of
+	// wake-ups, events and receipt rows, and a multi-row insert's arguments.
+	scratch struct {
+		wakes    []string
+		events   []eventRow
+		receipts [][]any
+		args     []any
+	}
+	delaying      func(n int) // tests: called as a batch of n begins to wait for more
 	quit, stopped chan struct{}
 	trips         atomic.Int64 // statements sent to the database
 	// touched is when a committed change of this store last touched each
@@ -483,7 +492,8 @@ func (t *tx) insertReceipts(ctx context.Context, rows [][]any) error {
 }
 
 // insertRows writes n rows through stmts (rowInserts), the largest chunk
-// that fits first; row appends row i's columns to args.
+// that fits first; row appends row i's columns to args. The writer's
+// batches call it, in the writer goroutine (its arguments are scratch.args).
 func (t *tx) insertRows(ctx context.Context, stmts map[int]string, columns, n int, row func(args []any, i int) []any) error {
 	for done := 0; done < n; {
 		k := insertChunks[len(insertChunks)-1]
@@ -493,11 +503,14 @@ func (t *tx) insertRows(ctx context.Context, stmts map[int]string, columns, n in
 				break
 			}
 		}
-		args := make([]any, 0, columns*k)
+		args := t.s.scratch.args[:0]
 		for i := done; i < done+k; i++ {
 			args = row(args, i)
 		}
-		if _, err := t.ExecContext(ctx, stmts[k], args...); err != nil {
+		_, err := t.ExecContext(ctx, stmts[k], args...)
+		clear(args)
+		t.s.scratch.args = args[:0]
+		if err != nil {
 			return err
 		}
 		done += k

@@ -290,11 +290,14 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 	if err := s.preLock(ctx, sqlTx, batch); err != nil {
 		return nil, err
 	}
-	var (
-		wakes    []string
-		events   []eventRow
-		receipts [][]any
-	)
+	// The batch's lists reuse the writer's buffers of the last batch.
+	wakes, events, receipts := s.scratch.wakes[:0], s.scratch.events[:0], s.scratch.receipts[:0]
+	defer func() {
+		clear(wakes)
+		clear(events)
+		clear(receipts)
+		s.scratch.wakes, s.scratch.events, s.scratch.receipts = wakes[:0], events[:0], receipts[:0]
+	}()
 	for i, j := range batch {
 		if err := j.ctx.Err(); err != nil {
 			res[i].err = err // the caller gave up before its turn: nothing written
