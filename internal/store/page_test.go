@@ -3,7 +3,6 @@ package store
 import (
 	"fmt"
 	"sort"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -227,20 +226,7 @@ func TestListGrantsPages(t *testing.T) {
 func TestListQueriesUseAnIndex(t *testing.T) {
 	t.Parallel()
 	b := setup(t, "sqlite")
-	plan := func(q string, args ...any) string {
-		rows, err := b.s.r.QueryContext(b.ctx, "EXPLAIN QUERY PLAN "+q, args...)
-		require.NoError(t, err)
-		defer rows.Close()
-		var lines []string
-		for rows.Next() {
-			var id, parent, notused int
-			var detail string
-			require.NoError(t, rows.Scan(&id, &parent, &notused, &detail))
-			lines = append(lines, detail)
-		}
-		require.NoError(t, rows.Err())
-		return strings.Join(lines, "\n")
-	}
+	plan := func(q string, args ...any) string { return queryPlan(t, b, q, args...) }
 	on := true
 	count, page := deviceKeyset(DeviceFilter{Online: &on}).queries()
 	p := plan(page, true, "", 11)
