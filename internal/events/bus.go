@@ -29,7 +29,6 @@
 package events
 
 import (
-	"encoding/json"
 	"errors"
 	"slices"
 	"sync"
@@ -187,8 +186,8 @@ func (b *Bus) Publish(kind, id, status string, at time.Time) uint64 {
 
 // publish is Publish of a change made by principal ("" the controller).
 func (b *Bus) publish(kind, id, status, principal string, at time.Time) uint64 {
-	data, err := json.Marshal(apiwire.EventData{Kind: kind, ID: id, Status: status, At: at.UTC(), Principal: principal})
-	if err != nil {
+	data := encode(apiwire.EventData{Kind: kind, ID: id, Status: status, At: at.UTC(), Principal: principal})
+	if data == nil {
 		return 0 // strings and a time always encode
 	}
 	ev := Event{Kind: kind, ID: id, Status: status, At: at, Principal: principal, Data: data}

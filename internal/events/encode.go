@@ -1,0 +1,53 @@
+package events
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/fleetctl/fleetctl/internal/apiwire"
+)
+
+// encode is json.Marshal of d, byte for byte, written out by hand when
+// every string is plain (printable ASCII that encoding/json writes as it
+// is) and the time within the years json.Marshal writes: every event is
+// encoded on the store's writer goroutine, after its commit, and
+// json.Marshal's reflection cost about 1 % of the controller's CPU at
+// saturation. Anything else goes to json.Marshal.
+func encode(d apiwire.EventData) []byte {
+	if y := d.At.Year(); y < 0 || y > 9999 || !plain(d.Kind) || !plain(d.ID) || !plain(d.Status) || !plain(d.Principal) {
+		b, err := json.Marshal(d)
+		if err != nil {
+			return nil // only a time json.Marshal refuses, which the year check keeps out
+		}
+		return b
+	}
+	b := make([]byte, 0, 64+len(d.Kind)+len(d.ID)+len(d.Status)+len(d.Principal))
+	b = append(b, `{"kind":"`...)
+	b = append(b, d.Kind...)
+	b = append(b, `","id":"`...)
+	b = append(b, d.ID...)
+	b = append(b, `","status":"`...)
+	b = append(b, d.Status...)
+	b = append(b, `","at":"`...)
+	b = d.At.AppendFormat(b, time.RFC3339Nano)
+	b = append(b, '"')
+	if d.Principal != "" {
+		b = append(b, `,"principal":"`...)
+		b = append(b, d.Principal...)
+		b = append(b, '"')
+	}
+	return append(b, '}')
+}
+
+// plain says encoding/json writes s as it is, between quotes: printable
+// ASCII without the quote, the backslash and the characters it escapes
+// for HTML (<, >, &).
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
+}
