@@ -103,8 +103,8 @@ func New(o Options) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device: Broker: %w", err)
 	}
-	if !wire.PlainScheme(u.Scheme) && !wire.TLSScheme(u.Scheme) {
-		return nil, fmt.Errorf("device: Broker %q: want tcp://, mqtt://, ssl://, tls:// or mqtts://", o.Broker)
+	if err := wire.CheckScheme(u.Scheme); err != nil {
+		return nil, fmt.Errorf("device: Broker %q: %w", o.Broker, err)
 	}
 	if o.StateDir == "" && o.Journal == nil {
 		return nil, errors.New("device: neither StateDir nor Journal")

@@ -291,3 +291,18 @@ func TestExample(t *testing.T) {
 	}
 	e.probe.WaitPresence("pump-17", func(p testenv.ProbePresence) bool { return !p.Online && p.At != nil })
 }
+
+// A broker URL the device cannot dial is refused by New, naming the
+// schemes it can.
+func TestNewRefusesOtherBrokerSchemes(t *testing.T) {
+	opts := func(broker string) device.Options {
+		return device.Options{ID: "dev-1", Broker: broker, StateDir: t.TempDir(), Actions: map[string]device.Handler{
+			"restart": func(context.Context, *device.Command) (any, error) { return nil, nil }}}
+	}
+	_, err := device.New(opts("ws://127.0.0.1:1"))
+	require.ErrorContains(t, err, `scheme "ws": want tcp://, mqtt://, ssl://, tls://, mqtts:// or tcps://`)
+	for _, ok := range []string{"tcp", "mqtt", "ssl", "tls", "mqtts", "tcps"} {
+		_, err := device.New(opts(ok + "://127.0.0.1:1"))
+		require.NoError(t, err, ok)
+	}
+}

@@ -82,6 +82,7 @@ func DefaultConfig() Config {
 
 // Validate checks a Config.
 func (c Config) Validate() error {
+	brokerErr := mqttx.CheckURL(c.MQTT)
 	switch {
 	case c.DB == "":
 		return errors.New("--db is required")
@@ -95,8 +96,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--lease-ttl %s: at least 1s", c.LeaseTTL)
 	case c.MaxCommandBytes < 1024 || c.MaxCommandBytes > wire.MaxPayload:
 		return fmt.Errorf("--max-command-bytes %d: between 1024 and %d (what devices accept)", c.MaxCommandBytes, wire.MaxPayload)
-	case mqttx.CheckURL(c.MQTT) != nil:
-		return fmt.Errorf("--mqtt %q: %v", c.MQTT, mqttx.CheckURL(c.MQTT))
+	case brokerErr != nil:
+		return fmt.Errorf("--mqtt %q: %v", c.MQTT, brokerErr)
 	case c.MQTTCA != "" && !tlsURL(c.MQTT):
 		return fmt.Errorf("--mqtt-ca is for ssl:// broker URLs; %s is plain TCP", c.MQTT)
 	case c.ReceiptRate < 0:

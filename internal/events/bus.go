@@ -188,7 +188,7 @@ func (b *Bus) Publish(kind, id, status string, at time.Time) uint64 {
 func (b *Bus) publish(kind, id, status, principal string, at time.Time) uint64 {
 	data := encode(apiwire.EventData{Kind: kind, ID: id, Status: status, At: at.UTC(), Principal: principal})
 	if data == nil {
-		return 0 // strings and a time always encode
+		return 0 // a time beyond the year 9999 (encode): no change of this controller's
 	}
 	ev := Event{Kind: kind, ID: id, Status: status, At: at, Principal: principal, Data: data}
 	b.mu.Lock()

@@ -17,7 +17,7 @@ func encode(d apiwire.EventData) []byte {
 	if y := d.At.Year(); y < 0 || y > 9999 || !plain(d.Kind) || !plain(d.ID) || !plain(d.Status) || !plain(d.Principal) {
 		b, err := json.Marshal(d)
 		if err != nil {
-			return nil // only a time json.Marshal refuses, which the year check keeps out
+			return nil // a time beyond the years 0 to 9999, which json.Marshal refuses
 		}
 		return b
 	}

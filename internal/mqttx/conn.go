@@ -31,25 +31,20 @@ type bufferedConn struct {
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
-// CheckURL refuses a broker URL the client cannot dial: a scheme neither
-// wire.PlainScheme nor wire.TLSScheme, or no host.
+// CheckURL refuses a broker URL the client cannot dial: a scheme
+// wire.CheckScheme refuses, or no host.
 func CheckURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return err
 	}
-	if !wire.PlainScheme(u.Scheme) && !wire.TLSScheme(u.Scheme) {
-		return schemeError(u.Scheme)
+	if err := wire.CheckScheme(u.Scheme); err != nil {
+		return err
 	}
 	if u.Host == "" {
 		return errors.New("no host:port")
 	}
 	return nil
-}
-
-// schemeError refuses a broker URL's scheme (CheckURL, openConn).
-func schemeError(scheme string) error {
-	return fmt.Errorf("scheme %q: want tcp:// or ssl://", scheme)
 }
 
 // openConn dials the broker for paho, as paho's own dialer does for the
@@ -65,7 +60,7 @@ func openConn(uri *url.URL, o mqtt.ClientOptions) (net.Conn, error) {
 	case wire.TLSScheme(uri.Scheme):
 		c, err = tls.DialWithDialer(d, "tcp", uri.Host, o.TLSConfig)
 	default:
-		return nil, fmt.Errorf("mqtt: %w", schemeError(uri.Scheme))
+		return nil, fmt.Errorf("mqtt: %w", wire.CheckScheme(uri.Scheme))
 	}
 	if err != nil {
 		return nil, err

@@ -22,7 +22,7 @@ import (
 func TestOpenConnRefusesOtherSchemes(t *testing.T) {
 	t.Parallel()
 	_, err := openConn(&url.URL{Scheme: "ws", Host: "127.0.0.1:1"}, *mqtt.NewClientOptions())
-	require.ErrorContains(t, err, `scheme "ws": want tcp:// or ssl://`)
+	require.ErrorContains(t, err, `scheme "ws": want tcp://, mqtt://, ssl://, tls://, mqtts:// or tcps://`)
 
 	var out testenv.SyncBuffer
 	cl := New(Config{URL: fmt.Sprintf("ws://127.0.0.1:%d", testenv.FreePort(t)), ClientID: "ws",
@@ -30,7 +30,7 @@ func TestOpenConnRefusesOtherSchemes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	started := make(chan error, 1)
 	go func() { started <- cl.Start(ctx) }()
-	require.Eventually(t, func() bool { return strings.Contains(out.String(), `scheme \"ws\": want tcp:// or ssl://`) },
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), `scheme \"ws\": want tcp://, mqtt://`) },
 		10*time.Second, 10*time.Millisecond, "the refusal logged")
 	cancel()
 	require.Error(t, <-started, "never connected")

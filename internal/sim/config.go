@@ -141,13 +141,14 @@ func (c Config) ids() []string {
 func (c Config) validate() error {
 	var errs []error
 	u, err := url.Parse(c.MQTT)
+	if err == nil {
+		err = wire.CheckScheme(u.Scheme)
+	}
 	switch {
 	case c.MQTT == "":
 		errs = append(errs, errors.New("mqtt: broker URL is required"))
 	case err != nil:
 		errs = append(errs, fmt.Errorf("mqtt: %w", err))
-	case !wire.PlainScheme(u.Scheme) && !wire.TLSScheme(u.Scheme):
-		errs = append(errs, fmt.Errorf("mqtt: scheme %q: want tcp://, mqtt:// or ssl://", u.Scheme))
 	case u.Port() == "":
 		errs = append(errs, fmt.Errorf("mqtt: %q has no port", c.MQTT))
 	case c.TLS != nil && !wire.TLSScheme(u.Scheme):
