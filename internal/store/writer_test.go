@@ -44,8 +44,7 @@ func holdWriter(t *testing.T, s *DB) (release func()) {
 func queued(t *testing.T, s *DB, change func() error) <-chan error {
 	t.Helper()
 	before := len(s.queue)
-	out := make(chan error, 1)
-	go func() { out <- change() }()
+	out := start(change)
 	require.Eventually(t, func() bool { return len(s.queue) > before }, 10*time.Second, time.Millisecond,
 		"the change never reached the writer's queue")
 	return out
@@ -100,7 +99,8 @@ func noop(s *DB) func() error {
 	return func() error { return s.write(context.Background(), func(context.Context, *tx) error { return nil }) }
 }
 
-// start runs change in a goroutine; its error comes on the channel.
+// start runs change in a goroutine; its error comes on the channel (see
+// queued, to have it wait in the queue first).
 func start(change func() error) <-chan error {
 	out := make(chan error, 1)
 	go func() { out <- change() }()
