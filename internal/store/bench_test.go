@@ -241,17 +241,15 @@ func fillBenchRows(b *testing.B, s *DB, openEvery int) {
 			CASE WHEN i %% %[2]d = 7 THEN 'needs_attention' WHEN i %% 100 = 3 THEN 'failed' ELSE 'succeeded' END,
 			1, 3, CASE WHEN i %% 100 = 3 THEN 'boom' ELSE '' END, %[1]d + i, %[1]d + i, %[1]d + i FROM n`, base, openEvery)
 	start := time.Now()
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer tx.Rollback()
-	for _, q := range []string{ops, cmds} {
-		if _, err := tx.ExecContext(ctx, q); err != nil {
-			b.Fatal(err)
+	err := s.write(ctx, func(ctx context.Context, t *tx) error {
+		for _, q := range []string{ops, cmds} {
+			if _, err := t.ExecContext(ctx, q); err != nil {
+				return err
+			}
 		}
-	}
-	if err := tx.Commit(); err != nil {
+		return nil
+	})
+	if err != nil {
 		b.Fatal(err)
 	}
 	// What autovacuum would have done by the time an operator lists a
@@ -259,7 +257,7 @@ func fillBenchRows(b *testing.B, s *DB, openEvery int) {
 	// count read an index alone.
 	if s.Backend() == "postgres" {
 		for _, q := range []string{"VACUUM ANALYZE operations", "VACUUM ANALYZE commands"} {
-			if _, err := s.w.ExecContext(ctx, q); err != nil {
+			if _, err := s.r.ExecContext(ctx, q); err != nil { // the writer's connection is its own
 				b.Fatal(err)
 			}
 		}

@@ -210,13 +210,13 @@ func TestLostConnectionFailsTheBatchAndTheNextOneReconnects(t *testing.T) {
 	_, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil)
 	require.NoError(t, err)
 	var pid int
-	require.NoError(t, b.s.w.QueryRowContext(b.ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+		return t.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
+	}))
 
-	admin, err := testOpen(b.ctx, Config{Path: b.s.dsn, Instance: "admin"})
-	require.NoError(t, err)
-	defer admin.Close()
 	err = b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
-		if _, err := admin.w.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+		// From a connection of the read pool: the writer's is busy here.
+		if _, err := b.s.r.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
 			return err
 		}
 		_, err := t.ExecContext(ctx, `UPDATE operations SET reason = 'x' WHERE operation_id = ?`, "op-1")

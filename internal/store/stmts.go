@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"maps"
 	"sync"
 )
 
@@ -11,9 +12,15 @@ import (
 // saturation; each pool keeps its statements prepared instead (database/sql
 // prepares a *sql.Stmt again on any new connection by itself).
 
+// preparer prepares statements: the read pool (*sql.DB), or the writer's
+// connection (*sql.Conn), whose statements run on it alone.
+type preparer interface {
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
 // stmtCache holds one pool's prepared statements by query text.
 type stmtCache struct {
-	db *sql.DB
+	db preparer // nil: none to prepare on (the writer lost its connection)
 	mu sync.Mutex
 	m  map[string]*sql.Stmt
 	// missed: queries first run inside a writer transaction, prepared
@@ -21,7 +28,7 @@ type stmtCache struct {
 	missed map[string]bool
 }
 
-func newStmtCache(db *sql.DB) *stmtCache {
+func newStmtCache(db preparer) *stmtCache {
 	return &stmtCache{db: db, m: map[string]*sql.Stmt{}, missed: map[string]bool{}}
 }
 
@@ -64,32 +71,43 @@ func (c *stmtCache) prepareMissed(ctx context.Context) {
 	missed := c.missed
 	c.missed = map[string]bool{}
 	c.mu.Unlock()
+	if c.db == nil {
+		maps.Copy(c.missed, missed)
+		return
+	}
 	for q := range missed {
 		_, _ = c.getOrPrepare(ctx, q)
 	}
 }
 
-func (c *stmtCache) close() {
+// close closes every statement; the cache then prepares on db (nil: on
+// nothing until the next reset).
+func (c *stmtCache) reset(db preparer) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, st := range c.m {
+	for q, st := range c.m {
 		st.Close()
+		c.missed[q] = true // prepared again on db, after the next batch
 	}
 	c.m = map[string]*sql.Stmt{}
+	c.db = db
 }
+
+func (c *stmtCache) close() { c.reset(nil) }
 
 // readers runs the read pool's queries, through its prepared statements
 // where the backend wants them.
 type readers struct {
-	s *DB
-	c *stmtCache
+	s  *DB
+	db *sql.DB
+	c  *stmtCache
 }
 
 func (r readers) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	r.s.trips.Add(1)
 	query, args = r.s.d.Rebind(query), r.s.args(args)
 	if !r.s.caps.Prepares {
-		return r.c.db.QueryContext(ctx, query, args...)
+		return r.db.QueryContext(ctx, query, args...)
 	}
 	st, err := r.c.getOrPrepare(ctx, query)
 	if err != nil {
@@ -102,11 +120,11 @@ func (r readers) QueryRowContext(ctx context.Context, query string, args ...any)
 	r.s.trips.Add(1)
 	query, args = r.s.d.Rebind(query), r.s.args(args)
 	if !r.s.caps.Prepares {
-		return r.c.db.QueryRowContext(ctx, query, args...)
+		return r.db.QueryRowContext(ctx, query, args...)
 	}
 	st, err := r.c.getOrPrepare(ctx, query)
 	if err != nil {
-		return r.c.db.QueryRowContext(ctx, query, args...) // carries the same error
+		return r.db.QueryRowContext(ctx, query, args...) // carries the same error
 	}
 	return st.QueryRowContext(ctx, args...)
 }
@@ -133,9 +151,9 @@ func (t *tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 	t.s.trips.Add(1)
 	query, args = t.s.d.Rebind(query), t.s.args(args)
 	if st := t.stmt(query); st != nil {
-		return t.Tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		return st.ExecContext(ctx, args...)
 	}
-	return t.Tx.ExecContext(ctx, query, args...)
+	return t.c.ExecContext(ctx, query, args...)
 }
 
 func (t *tx) Exec(query string, args ...any) (sql.Result, error) {
@@ -146,16 +164,16 @@ func (t *tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.
 	t.s.trips.Add(1)
 	query, args = t.s.d.Rebind(query), t.s.args(args)
 	if st := t.stmt(query); st != nil {
-		return t.Tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+		return st.QueryContext(ctx, args...)
 	}
-	return t.Tx.QueryContext(ctx, query, args...)
+	return t.c.QueryContext(ctx, query, args...)
 }
 
 func (t *tx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	t.s.trips.Add(1)
 	query, args = t.s.d.Rebind(query), t.s.args(args)
 	if st := t.stmt(query); st != nil {
-		return t.Tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+		return st.QueryRowContext(ctx, args...)
 	}
-	return t.Tx.QueryRowContext(ctx, query, args...)
+	return t.c.QueryRowContext(ctx, query, args...)
 }

@@ -180,8 +180,11 @@ type DB struct {
 	feed     Feed // nil: no facts
 	instance string
 
-	// The writer goroutine (writer.go) owns w once Open returns.
+	// The writer goroutine (writer.go) owns w once Open returns: wconn is
+	// its one connection (nil until needed, and after it broke), wstmts
+	// the statements prepared on it.
 	queue       chan *job
+	wconn       *sql.Conn
 	wstmts      *stmtCache
 	rq          readers
 	maxBatch    int
@@ -272,8 +275,8 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 		r.Close()
 		return nil, err
 	}
-	s.rq = readers{s: s, c: newStmtCache(r)}
-	s.wstmts = newStmtCache(w)
+	s.rq = readers{s: s, db: r, c: newStmtCache(r)}
+	s.wstmts = newStmtCache(nil) // on the writer's connection, once it has one
 	go s.runWriter()
 	return s, nil
 }
@@ -339,7 +342,7 @@ func (s *DB) migrate(ctx context.Context) error {
 // tx is one write transaction with its single "now", the refusals it
 // recorded and the observations to report once it commits.
 type tx struct {
-	*sql.Tx
+	c        *sql.Conn // the writer's connection, in its open transaction
 	s        *DB
 	now      time.Time
 	instance string

@@ -612,11 +612,17 @@ func TestEventsAreAppendOnly(t *testing.T) {
 	eachBackend(t, func(t *testing.T, be string) {
 		b := setup(t, be)
 		sentCommand(t, b)
-		_, err := b.s.w.Exec(`UPDATE events SET reason = 'x'`)
+		exec := func(q string) error {
+			return b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+				_, err := t.ExecContext(ctx, q)
+				return err
+			})
+		}
+		err := exec(`UPDATE events SET reason = 'x'`)
 		require.ErrorContains(t, err, "append-only")
-		_, err = b.s.w.Exec(`DELETE FROM events`)
+		err = exec(`DELETE FROM events`)
 		require.ErrorContains(t, err, "append-only")
-		_, err = b.s.w.Exec(`UPDATE commands SET status = 'bogus'`)
+		err = exec(`UPDATE commands SET status = 'bogus'`)
 		require.Error(t, err)
 		require.Regexp(t, `(?i)check constraint`, err.Error())
 	})

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"errors"
 	"fmt"
 	"slices"
@@ -157,6 +158,7 @@ func (s *DB) enqueue(ctx context.Context, locks rowLocks, fn func(context.Contex
 // the store closes.
 func (s *DB) runWriter() {
 	defer close(s.stopped)
+	defer s.dropWriterConn(false)
 	batch := make([]*job, 0, s.maxBatch)
 	var delay *time.Timer
 	last := 0 // the last batch's changes
@@ -281,13 +283,22 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 		return nil, err
 	}
 	ctx := context.Background()
-	sqlTx, err := s.w.BeginTx(ctx, nil)
+	conn, err := s.writerConn(ctx)
 	if err != nil {
+		return nil, fmt.Errorf("writer connection: %w", err)
+	}
+	bt := &tx{c: conn, s: s}
+	if err := bt.execFixed(ctx, s.d.Begin()); err != nil {
+		s.dropWriterConn(true)
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	defer sqlTx.Rollback()
-	s.trips.Add(2) // BEGIN and COMMIT (or ROLLBACK)
-	if err := s.preLock(ctx, sqlTx, batch); err != nil {
+	committed := false
+	defer func() {
+		if !committed {
+			s.rollback(ctx, bt)
+		}
+	}()
+	if err := s.preLock(ctx, bt, batch); err != nil {
 		return nil, err
 	}
 	// The batch's lists reuse the writer's buffers of the last batch.
@@ -306,7 +317,7 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 		var t changeRun
 		switch {
 		case failed == nil:
-			if t, err = s.runOptimistic(ctx, sqlTx, j); err == nil && t.err != nil {
+			if t, err = s.runOptimistic(ctx, conn, j); err == nil && t.err != nil {
 				return &failedChange{index: i, run: t}, nil
 			}
 		case i == failed.index && !errors.Is(failed.run.err, errRunCarefully):
@@ -314,7 +325,7 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 			t.notes, t.wakes, t.events, t.receipts = nil, nil, nil, nil // rolled back with its run
 			t.recordRefusals()
 		default:
-			t, err = s.applyChange(ctx, sqlTx, j)
+			t, err = s.applyChange(ctx, conn, j)
 		}
 		if err != nil {
 			return nil, err
@@ -329,14 +340,13 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 	// The events and receipt rows of the whole batch in a few multi-row
 	// statements: a failure here is the transaction's, like a failed
 	// COMMIT, and every caller is told to try again.
-	bt := &tx{Tx: sqlTx, s: s}
 	if err := bt.insertEvents(ctx, events); err != nil {
 		return nil, err
 	}
 	if err := bt.insertReceipts(ctx, receipts); err != nil {
 		return nil, err
 	}
-	sent, err := s.d.Notify(ctx, sqlTx, wakes)
+	sent, err := s.d.Notify(ctx, conn, wakes)
 	if sent {
 		s.trips.Add(1)
 	}
@@ -350,9 +360,10 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 	if err := s.files.check(); err != nil {
 		return nil, fmt.Errorf("before commit: %w", err)
 	}
-	if err := sqlTx.Commit(); err != nil {
+	if err := bt.execFixed(ctx, "COMMIT"); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
+	committed = true
 	if err := s.files.check(); err != nil {
 		return nil, fmt.Errorf("after commit: %w", err)
 	}
@@ -383,7 +394,7 @@ func lockCommands(ids ...string) rowLocks { return rowLocks{commands: ids} }
 // ran again. An instance alone (SetAlone) takes none: on PostgreSQL each
 // row lock writes its tuple, and the pre-lock was the server's second
 // costliest statement (4.5 to 5 ms a batch at saturation).
-func (s *DB) preLock(ctx context.Context, sqlTx *sql.Tx, batch []*job) error {
+func (s *DB) preLock(ctx context.Context, t *tx, batch []*job) error {
 	if !s.caps.RowLocks || s.isAlone() {
 		return nil
 	}
@@ -395,7 +406,6 @@ func (s *DB) preLock(ctx context.Context, sqlTx *sql.Tx, batch []*job) error {
 		devRows = append(devRows, j.locks.deviceRows...)
 		queues = append(queues, j.locks.queues...)
 	}
-	t := &tx{Tx: sqlTx, s: s}
 	if len(cmds)+len(ops)+len(devs) > 0 {
 		if err := lockRows(ctx, t, s.q.PreLockCommands, cmds, ops, devs); err != nil {
 			return fmt.Errorf("lock the batch's commands: %w", err)
@@ -453,8 +463,8 @@ type changeRun struct {
 // conflict with another instance's batch (the rows this batch locked
 // earlier stay locked until it rolls back, so the change alone cannot win
 // by running again; the whole batch runs again instead).
-func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun, error) {
-	t := s.newTx(sqlTx, j)
+func (s *DB) applyChange(ctx context.Context, conn *sql.Conn, j *job) (changeRun, error) {
+	t := s.newTx(conn, j)
 	t.careful = true
 	ferr, err := t.savepoint(ctx, "change", func() error { return runChange(ctx, j.fn, t) }, func() error {
 		// A refused transition is on record whether or not its change stood.
@@ -470,8 +480,8 @@ func (s *DB) applyChange(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun,
 // runOptimistic runs one change without a savepoint. Its own error is in
 // the changeRun; the error returned is one that ends the whole batch, as
 // for applyChange.
-func (s *DB) runOptimistic(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRun, error) {
-	t := s.newTx(sqlTx, j)
+func (s *DB) runOptimistic(ctx context.Context, conn *sql.Conn, j *job) (changeRun, error) {
+	t := s.newTx(conn, j)
 	ferr := runChange(ctx, j.fn, t)
 	if ferr != nil && (s.d.EndsTransaction(ferr) || s.d.Conflict(ferr)) {
 		return changeRun{}, ferr
@@ -480,9 +490,9 @@ func (s *DB) runOptimistic(ctx context.Context, sqlTx *sql.Tx, j *job) (changeRu
 }
 
 // newTx is a change's view of the batch's transaction, with its own "now".
-func (s *DB) newTx(sqlTx *sql.Tx, j *job) *tx {
+func (s *DB) newTx(conn *sql.Conn, j *job) *tx {
 	j.hookAt = 0
-	return &tx{Tx: sqlTx, s: s, now: s.now().UTC(), instance: s.instance, j: j}
+	return &tx{c: conn, s: s, now: s.now().UTC(), instance: s.instance, j: j}
 }
 
 // hook calls h, a change's hook (a failpoint), once per change however
@@ -537,11 +547,56 @@ func (t *tx) savepoint(ctx context.Context, name string, fn, release func() erro
 func (t *tx) execFixed(ctx context.Context, query string) error {
 	t.s.trips.Add(1)
 	if st := t.stmt(query); st != nil {
-		_, err := t.Tx.StmtContext(ctx, st).ExecContext(ctx)
+		_, err := st.ExecContext(ctx)
 		return err
 	}
-	_, err := t.Tx.ExecContext(ctx, query)
+	_, err := t.c.ExecContext(ctx, query)
 	return err
+}
+
+// The writer's connection. The writer sends BEGIN, COMMIT and ROLLBACK on
+// it itself: every query of a *sql.Tx started a goroutine that watched the
+// transaction's context for its rows (database/sql), and a statement had
+// to be bound to the transaction before each run; the two cost about a
+// sixth of the writer's CPU.
+
+// writerConn is the writer's connection, taken from its pool of one when
+// it has none: at the first batch, and after one that broke it.
+func (s *DB) writerConn(ctx context.Context) (*sql.Conn, error) {
+	if s.wconn != nil {
+		return s.wconn, nil
+	}
+	c, err := s.w.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.wconn = c
+	s.wstmts.reset(c)
+	return c, nil
+}
+
+// rollback ends a batch's transaction that did not commit. A connection
+// that fails to roll back (broken, or its transaction already ended by
+// the error that stopped the batch) is closed, not reused: it might still
+// hold a transaction open.
+func (s *DB) rollback(ctx context.Context, t *tx) {
+	if err := t.execFixed(ctx, "ROLLBACK"); err != nil {
+		s.dropWriterConn(true)
+	}
+}
+
+// dropWriterConn gives the writer's connection up, its statements closed;
+// discard closes the connection itself, otherwise it goes back to its pool.
+func (s *DB) dropWriterConn(discard bool) {
+	if s.wconn == nil {
+		return
+	}
+	s.wstmts.reset(nil)
+	if discard {
+		_ = s.wconn.Raw(func(any) error { return sqldriver.ErrBadConn })
+	}
+	_ = s.wconn.Close()
+	s.wconn = nil
 }
 
 // runChange runs one change, turning a panic into its error: one broken

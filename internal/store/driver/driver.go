@@ -22,6 +22,12 @@ import (
 // ErrInstanceRunning: another live process holds this instance id.
 var ErrInstanceRunning = errors.New("an instance with this id is already running")
 
+// Execer runs a statement: the writer's connection, inside its open
+// transaction.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
 // Driver is one database backend.
 type Driver interface {
 	// Name is "sqlite" or "postgres": the bench's and the logs' word,
@@ -67,11 +73,16 @@ type Driver interface {
 	// run again inside the same batch.
 	Conflict(err error) bool
 
+	// Begin is the statement that opens the writer's transaction on its
+	// connection: the store sends BEGIN, COMMIT and ROLLBACK itself rather
+	// than through a *sql.Tx, whose rows each start a goroutine that
+	// watches the transaction's context.
+	Begin() string
 	// Notify sends a batch's wake-ups inside its transaction, so that
 	// other instances hear of them exactly when they commit; sent says
 	// whether it took a round trip. Without Capabilities.Notifications it
 	// sends nothing.
-	Notify(ctx context.Context, tx *sql.Tx, payloads []string) (sent bool, err error)
+	Notify(ctx context.Context, tx Execer, payloads []string) (sent bool, err error)
 	// LockInstance holds the instance id exclusively for this process (an
 	// flock beside an SQLite file, a session advisory lock on PostgreSQL),
 	// or fails with an error wrapping ErrInstanceRunning while another

@@ -190,7 +190,11 @@ func (*Driver) Conflict(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
 }
 
-func (*Driver) Notify(ctx context.Context, t *sql.Tx, payloads []string) (bool, error) {
+// Begin: READ COMMITTED, the server's default, as every statement of the
+// writer expects (each locks or conditions what it changes).
+func (*Driver) Begin() string { return "BEGIN" }
+
+func (*Driver) Notify(ctx context.Context, t driver.Execer, payloads []string) (bool, error) {
 	if len(payloads) == 0 {
 		return false, nil
 	}

@@ -138,8 +138,12 @@ func (*Driver) EndsTransaction(err error) bool {
 // Conflict: one writer never deadlocks with itself.
 func (*Driver) Conflict(error) bool { return false }
 
+// Begin: IMMEDIATE takes the file's write lock at once, so that a batch
+// never fails half-way to upgrade a read lock (another process's writer).
+func (*Driver) Begin() string { return "BEGIN IMMEDIATE" }
+
 // Notify: instances sharing one SQLite file poll; there is no channel.
-func (*Driver) Notify(context.Context, *sql.Tx, []string) (bool, error) { return false, nil }
+func (*Driver) Notify(context.Context, driver.Execer, []string) (bool, error) { return false, nil }
 
 // Files: the database, its WAL and its shared-memory index.
 func (*Driver) Files(path string) []driver.File {
