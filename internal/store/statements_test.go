@@ -1,6 +1,7 @@
 package store
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -79,7 +80,7 @@ func TestStatementsStateLists(t *testing.T) {
 		st := d.Statements()
 		for _, q := range []string{st.PreLockCommands, st.CommandWakeDevice, st.CommandForgetQuestions} {
 			if d.Capabilities().RowLocks || q != st.PreLockCommands {
-				require.Contains(t, q, "status NOT IN "+terminalCommands, d.Name())
+				require.Contains(t, q, openCommand(d), d.Name())
 			}
 		}
 		require.Contains(t, st.RolloutListActive, "status IN "+sqlList(fsm.ActiveRolloutStates()), d.Name())
@@ -90,6 +91,32 @@ func TestStatementsStateLists(t *testing.T) {
 			st.RolloutDeviceGet: rolloutDeviceColumns, st.TaskGet: taskColumns, st.GrantGet: grantColumns} {
 			require.Contains(t, strings.Join(strings.Fields(q), " "), "SELECT "+strings.Join(strings.Fields(cols), " ")+" FROM", d.Name())
 		}
+	}
+}
+
+// openCommand is how a backend's statements say a command is open: on
+// SQLite a chain of <>, as its partial indexes of open commands say it
+// (migration 0013: a list builds a temporary b-tree at every run), on
+// PostgreSQL NOT IN the terminal states.
+func openCommand(d driver.Driver) string {
+	if d.Name() != "sqlite" {
+		return "status NOT IN " + terminalCommands
+	}
+	var terms []string
+	for _, s := range fsm.TerminalCommandStates() {
+		terms = append(terms, "status <> '"+string(s)+"'")
+	}
+	return strings.Join(terms, " AND ")
+}
+
+// TestOpenCommandIndexesSayOpenAsTheStatements: SQLite uses a partial
+// index only for a query whose WHERE holds the index's own terms.
+func TestOpenCommandIndexesSayOpenAsTheStatements(t *testing.T) {
+	b, err := fs.ReadFile(sqlite.New().Migrations(), "0013_open_predicate.sql")
+	require.NoError(t, err)
+	migration := strings.Join(strings.Fields(string(b)), " ")
+	for _, ix := range []string{"commands_open", "commands_device_open", "commands_device_serial_open"} {
+		require.Regexp(t, `CREATE INDEX `+ix+` ON [^;]*`+regexp.QuoteMeta(openCommand(sqlite.New()))+`;`, migration)
 	}
 }
 

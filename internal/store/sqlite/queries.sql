@@ -120,7 +120,7 @@ WHERE command_id = ? AND status = ? AND attempt = ?
 	AND EXISTS (SELECT 1 FROM operations WHERE operations.operation_id = commands.operation_id
 		AND owner = ? AND fencing_token = ? AND lease_expires_at > ?)
 	AND (serial_seq IS NULL OR attempt > 0 OR NOT EXISTS (SELECT 1 FROM commands a WHERE a.device_id = commands.device_id
-		AND a.serial_seq < commands.serial_seq AND a.status NOT IN ('succeeded','failed','timeout','cancelled')))
+		AND a.serial_seq < commands.serial_seq AND a.status <> 'succeeded' AND a.status <> 'failed' AND a.status <> 'timeout' AND a.status <> 'cancelled'))
 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
 	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
@@ -226,7 +226,7 @@ INSERT INTO queries (query_id, command_id, instance, fencing_token, sent_at) VAL
 
 -- name: CommandWakeDevice
 UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
-	AND status NOT IN ('succeeded','failed','timeout','cancelled') RETURNING command_id
+	AND status <> 'succeeded' AND status <> 'failed' AND status <> 'timeout' AND status <> 'cancelled' RETURNING command_id
 
 -- operations.go: submit, commands' insert, outcomes
 
@@ -303,11 +303,11 @@ ON CONFLICT (device_id) DO UPDATE SET last_seq = last_seq + 1 RETURNING last_seq
 
 -- name: QueueAhead
 SELECT command_id FROM commands WHERE device_id = ? AND serial_seq < ?
-	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY serial_seq DESC LIMIT 1
+	AND status <> 'succeeded' AND status <> 'failed' AND status <> 'timeout' AND status <> 'cancelled' ORDER BY serial_seq DESC LIMIT 1
 
 -- name: QueueHead
 SELECT command_id, attempt FROM commands WHERE device_id = ? AND serial_seq IS NOT NULL
-	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY serial_seq LIMIT 1
+	AND status <> 'succeeded' AND status <> 'failed' AND status <> 'timeout' AND status <> 'cancelled' ORDER BY serial_seq LIMIT 1
 
 -- name: QueueSupersedable
 SELECT c.command_id FROM operations o JOIN commands c ON c.command_id = o.command_id
@@ -317,11 +317,11 @@ ORDER BY c.command_id
 
 -- name: QueueInFlight
 SELECT command_id FROM commands WHERE device_id = ? AND attempt > 0
-	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY created_at, command_id
+	AND status <> 'succeeded' AND status <> 'failed' AND status <> 'timeout' AND status <> 'cancelled' ORDER BY created_at, command_id
 
 -- name: QueueWaiting
 SELECT command_id FROM commands WHERE device_id = ? AND serial_seq IS NOT NULL AND attempt = 0
-	AND status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY serial_seq
+	AND status <> 'succeeded' AND status <> 'failed' AND status <> 'timeout' AND status <> 'cancelled' ORDER BY serial_seq
 
 -- retry.go: retries, cancel, resolve
 
@@ -375,7 +375,7 @@ SELECT COUNT(*) FROM operations WHERE owner = ? AND status = 'started' AND lease
 
 -- name: CommandForgetQuestions
 UPDATE commands SET last_query_id = '', last_answer = '', next_check_at = ?
-	WHERE operation_id = ? AND status NOT IN ('succeeded','failed','timeout','cancelled')
+	WHERE operation_id = ? AND status <> 'succeeded' AND status <> 'failed' AND status <> 'timeout' AND status <> 'cancelled'
 
 -- devices.go: presence
 
@@ -639,10 +639,10 @@ SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_a
 	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
 	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, c.serial_seq,
 	COALESCE((SELECT a.command_id FROM commands a WHERE a.device_id = c.device_id AND a.serial_seq < c.serial_seq
-		AND a.status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY a.serial_seq DESC LIMIT 1), ''),
+		AND a.status <> 'succeeded' AND a.status <> 'failed' AND a.status <> 'timeout' AND a.status <> 'cancelled' ORDER BY a.serial_seq DESC LIMIT 1), ''),
 	o.owner, o.fencing_token, o.lease_expires_at
 FROM commands c JOIN operations o ON o.operation_id = c.operation_id
-WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
+WHERE c.status <> 'succeeded' AND c.status <> 'failed' AND c.status <> 'timeout' AND c.status <> 'cancelled' AND o.status = 'started'
 	AND o.owner = ? AND o.lease_expires_at > ? AND (c.next_check_at <= ? OR c.expires_at <= ?)
 ORDER BY c.next_check_at LIMIT ?
 
@@ -651,10 +651,10 @@ SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_a
 	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
 	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, c.serial_seq,
 	COALESCE((SELECT a.command_id FROM commands a WHERE a.device_id = c.device_id AND a.serial_seq < c.serial_seq
-		AND a.status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY a.serial_seq DESC LIMIT 1), ''),
+		AND a.status <> 'succeeded' AND a.status <> 'failed' AND a.status <> 'timeout' AND a.status <> 'cancelled' ORDER BY a.serial_seq DESC LIMIT 1), ''),
 	o.owner, o.fencing_token, o.lease_expires_at
 FROM commands c JOIN operations o ON o.operation_id = c.operation_id
-WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
+WHERE c.status <> 'succeeded' AND c.status <> 'failed' AND c.status <> 'timeout' AND c.status <> 'cancelled' AND o.status = 'started'
 	AND o.owner = ? AND o.lease_expires_at > ?
 ORDER BY c.next_check_at LIMIT ?
 
@@ -663,10 +663,10 @@ SELECT c.command_id, c.operation_id, c.device_id, c.action, c.params, c.issued_a
 	c.attempt, c.queries, c.qos, c.version, c.reason, c.result, c.last_seq, c.executed_as, c.resolved_by, c.late_outcome, c.late_result,
 	c.late_conflict, c.last_query_id, c.last_answer, c.next_check_at, c.last_sent_at, c.created_at, c.updated_at, c.serial_seq,
 	COALESCE((SELECT a.command_id FROM commands a WHERE a.device_id = c.device_id AND a.serial_seq < c.serial_seq
-		AND a.status NOT IN ('succeeded','failed','timeout','cancelled') ORDER BY a.serial_seq DESC LIMIT 1), ''),
+		AND a.status <> 'succeeded' AND a.status <> 'failed' AND a.status <> 'timeout' AND a.status <> 'cancelled' ORDER BY a.serial_seq DESC LIMIT 1), ''),
 	o.owner, o.fencing_token, o.lease_expires_at
 FROM commands c JOIN operations o ON o.operation_id = c.operation_id
-WHERE c.status NOT IN ('succeeded','failed','timeout','cancelled') AND o.status = 'started'
+WHERE c.status <> 'succeeded' AND c.status <> 'failed' AND c.status <> 'timeout' AND c.status <> 'cancelled' AND o.status = 'started'
 	AND c.command_id = ?
 
 -- An instance's heartbeat; at its start, the start time too.
