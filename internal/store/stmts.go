@@ -80,8 +80,9 @@ func (c *stmtCache) prepareMissed(ctx context.Context) {
 	}
 }
 
-// close closes every statement; the cache then prepares on db (nil: on
-// nothing until the next reset).
+// reset closes every statement and prepares on db from then on (nil: on
+// nothing until the next reset); what it closed is prepared again on db
+// after the next batch.
 func (c *stmtCache) reset(db preparer) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -558,7 +558,7 @@ func (t *tx) execFixed(ctx context.Context, query string) error {
 // it itself: every query of a *sql.Tx started a goroutine that watched the
 // transaction's context for its rows (database/sql), and a statement had
 // to be bound to the transaction before each run; the two cost about a
-// sixth of the writer's CPU.
+// fifth of the CPU of the store's batched benchmark.
 
 // writerConn is the writer's connection, taken from its pool of one when
 // it has none: at the first batch, and after one that broke it.
