@@ -158,7 +158,7 @@ func (s *DB) enqueue(ctx context.Context, locks rowLocks, fn func(context.Contex
 // the store closes.
 func (s *DB) runWriter() {
 	defer close(s.stopped)
-	defer s.dropWriterConn(false)
+	defer s.dropWriterConn()
 	batch := make([]*job, 0, s.maxBatch)
 	var delay *time.Timer
 	last := 0 // the last batch's changes
@@ -289,7 +289,9 @@ func (s *DB) runBatch(batch []*job, res []applied, failed *failedChange) (*faile
 	}
 	bt := &tx{c: conn, s: s}
 	if err := bt.execFixed(ctx, s.d.Begin()); err != nil {
-		s.dropWriterConn(true)
+		// A transaction left open on the connection ends here, and a dead
+		// connection is given up: the next batch begins afresh.
+		s.rollback(ctx, bt)
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	committed := false
@@ -575,26 +577,28 @@ func (s *DB) writerConn(ctx context.Context) (*sql.Conn, error) {
 	return c, nil
 }
 
-// rollback ends a batch's transaction that did not commit. A connection
-// that fails to roll back (broken, or its transaction already ended by
-// the error that stopped the batch) is closed, not reused: it might still
-// hold a transaction open.
+// rollback ends a batch's transaction that did not commit. A dead
+// connection (database/sql closed it on the driver's ErrBadConn) is given
+// up, and the next batch takes a new one. Any other failure to roll back
+// is SQLite's when the error that stopped the batch already ended the
+// transaction (a full disk, an I/O error), and the connection stays:
+// closed while no reader holds the file open, SQLite's writer would take
+// the WAL with it, and the store's file guard (guard.go) refuses the new
+// WAL of the next connection.
 func (s *DB) rollback(ctx context.Context, t *tx) {
-	if err := t.execFixed(ctx, "ROLLBACK"); err != nil {
-		s.dropWriterConn(true)
+	err := t.execFixed(ctx, "ROLLBACK")
+	if errors.Is(err, sqldriver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) {
+		s.dropWriterConn()
 	}
 }
 
-// dropWriterConn gives the writer's connection up, its statements closed;
-// discard closes the connection itself, otherwise it goes back to its pool.
-func (s *DB) dropWriterConn(discard bool) {
+// dropWriterConn gives the writer's connection up, its statements closed:
+// back to its pool, or nowhere when database/sql already closed it.
+func (s *DB) dropWriterConn() {
 	if s.wconn == nil {
 		return
 	}
 	s.wstmts.reset(nil)
-	if discard {
-		_ = s.wconn.Raw(func(any) error { return sqldriver.ErrBadConn })
-	}
 	_ = s.wconn.Close()
 	s.wconn = nil
 }

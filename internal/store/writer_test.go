@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -196,7 +197,9 @@ func TestCommitDelayIsBoundedAndSparesALoneCaller(t *testing.T) {
 func TestGroupCommitFailsTheWholeBatchWhenTheDiskIsFull(t *testing.T) {
 	b := setup(t, "sqlite")
 	var pages int
+	var conn *sql.Conn // the writer's connection
 	require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+		conn = t.c
 		if err := t.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages); err != nil {
 			return err
 		}
@@ -219,10 +222,16 @@ func TestGroupCommitFailsTheWholeBatchWhenTheDiskIsFull(t *testing.T) {
 	require.ErrorIs(t, err, domain.ErrNotFound, "nothing of a failed batch is written")
 
 	// Room again: the caller's retry of the same change succeeds.
+	var after *sql.Conn
 	require.NoError(t, b.s.write(b.ctx, func(ctx context.Context, t *tx) error {
+		after = t.c
 		_, err := t.ExecContext(ctx, `PRAGMA max_page_count = 1073741823`)
 		return err
 	}))
+	// The writer kept its connection: closed while no reader held the file
+	// open, it would have taken the WAL with it, and the file guard refuses
+	// the new WAL of the next connection (the database "replaced").
+	require.Same(t, conn, after, "the failed batch's connection is kept")
 	_, err = b.s.Submit(b.ctx, newOp("op-small", "c-small"), nil)
 	require.NoError(t, err)
 }
