@@ -291,8 +291,7 @@ func (s *DB) Close() error {
 	}
 	<-s.stopped
 	s.files.close()
-	s.rq.c.close()
-	s.wstmts.close()
+	s.rq.c.close() // the writer's statements went with its connection (runWriter)
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 

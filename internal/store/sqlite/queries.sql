@@ -513,8 +513,8 @@ SELECT rollout_id, status, owner, fencing_token, lease_expires_at FROM rollouts
 			WHERE status IN ('started', 'needs_attention')))
 		OR (ended_at IS NOT NULL AND rollout_id IN (SELECT d.rollout_id FROM rollout_devices d
 			CROSS JOIN operations o ON o.operation_id = d.operation_id
-			WHERE d.status IN ('timeout', 'rejected', 'failed', 'retry') AND ((o.status = 'succeeded' AND d.status IN ('timeout', 'rejected', 'failed', 'retry')
-				AND d.reason NOT LIKE 'idempotency_key_reused%')
+			WHERE d.status IN ('timeout', 'rejected', 'failed', 'retry')
+				AND ((o.status = 'succeeded' AND d.reason NOT LIKE 'idempotency_key_reused%')
 			OR (o.status = 'failed_final' AND d.status IN ('timeout', 'retry')))))
 	ORDER BY created_at, rollout_id
 
