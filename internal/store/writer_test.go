@@ -237,6 +237,49 @@ func TestGroupCommitFailsTheWholeBatchWhenTheDiskIsFull(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// The batch's lines of the events log go in at its end, in multi-row
+// INSERTs that SQLite runs without a statement journal (OR FAIL): a row
+// refused there leaves the rows before it in the transaction. The batch
+// then fails as a whole, so none of them, and none of its changes, is
+// committed.
+func TestAFailingEventsInsertFailsTheWholeBatch(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		var before int
+		require.NoError(t, b.s.r.QueryRowContext(b.ctx, `SELECT COUNT(*) FROM events`).Scan(&before))
+		release := holdWriter(t, b.s)
+		// Three good lines, then the refused one: the fourth row of the
+		// batch's first INSERT (of at least four rows).
+		refused := queued(t, b.s, func() error {
+			return b.s.write(b.ctx, func(_ context.Context, w *tx) error {
+				for i := range 3 {
+					w.logEvent("device", fmt.Sprintf("dev-%d", i), "offline", "online", "a good line", 0)
+				}
+				w.logEvent("no-such-machine", "x", "a", "b", "refused by the events table's CHECK", 0)
+				return nil
+			})
+		})
+		first := queued(t, b.s, func() error { _, err := b.s.Submit(b.ctx, newOp("op-first", "c-first"), nil); return err })
+		release()
+
+		for _, ch := range []<-chan error{refused, first} {
+			err := <-ch
+			var be *BatchError
+			require.ErrorAs(t, err, &be, "every change of the batch fails: %v", err)
+			require.ErrorContains(t, err, "record events")
+		}
+		_, err := b.s.GetOperation(b.ctx, "op-first")
+		require.ErrorIs(t, err, domain.ErrNotFound, "nothing of the failed batch is written")
+		var after int
+		require.NoError(t, b.s.r.QueryRowContext(b.ctx, `SELECT COUNT(*) FROM events`).Scan(&after))
+		require.Equal(t, before, after, "none of the batch's events, not even those before the refused one")
+
+		_, err = b.s.Submit(b.ctx, newOp("op-first", "c-first"), nil)
+		require.NoError(t, err, "the caller's retry goes in")
+	})
+}
+
 func TestSubmitIsShedWhenTheQueueIsFull(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {
