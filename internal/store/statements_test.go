@@ -150,3 +150,51 @@ func TestOperationCommandInsertRepeatsItsTwoStatements(t *testing.T) {
 		require.Equal(t, span(one, part[0], part[1]), span(both, part[0], part[1]))
 	}
 }
+
+// TestOrFailOnlyWhereNoStatementIsUndoneAlone: SQLite's OR FAIL runs a
+// statement without a statement journal, so one that fails after writing
+// some rows leaves them. That is safe for the batch's multi-row INSERTs
+// (a failing one fails the whole batch: TestAFailingEventsInsertFailsTheWholeBatch)
+// and for an UPDATE of one row by its key (its constraints are checked
+// before it writes), and nowhere else.
+func TestOrFailOnlyWhereNoStatementIsUndoneAlone(t *testing.T) {
+	q := sqlite.New().Statements()
+	keys := map[string]string{"commands": "command_id", "operations": "operation_id"}
+	var found []string
+	for _, n := range driver.Names() {
+		s := strings.Join(strings.Fields(q.ByName(n)), " ")
+		if !strings.Contains(s, "OR FAIL") {
+			continue
+		}
+		found = append(found, n)
+		switch n {
+		case "EventsInsertHead", "ReceiptsInsertHead":
+			require.Regexp(t, `^INSERT OR FAIL INTO \w+ \([^)]*\) VALUES$`, s, n)
+			continue
+		}
+		m := regexp.MustCompile(`^UPDATE OR FAIL (\w+) SET .*? WHERE (\w+) = \? `).FindStringSubmatch(s)
+		require.NotNil(t, m, "%s: only an UPDATE of one row by its key may run OR FAIL: %s", n, s)
+		require.Equal(t, keys[m[1]], m[2], "%s: the WHERE must name the row's key first", n)
+		where, _, _ := strings.Cut(s[strings.Index(s, " WHERE "):], " RETURNING ")
+		require.False(t, topLevelOr(where), "%s: one row, by its key AND the rest: %s", n, where)
+	}
+	require.ElementsMatch(t, []string{"EventsInsertHead", "ReceiptsInsertHead", "CommandClaimSend", "CommandMove",
+		"OperationFinish", "OperationFinishCurrent", "CommandAdvanceFrom"}, found)
+}
+
+// topLevelOr says whether an OR stands outside every parenthesis of where.
+func topLevelOr(where string) bool {
+	depth := 0
+	for i := 0; i < len(where); i++ {
+		switch where[i] {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		}
+		if depth == 0 && strings.HasPrefix(where[i:], " OR ") {
+			return true
+		}
+	}
+	return false
+}

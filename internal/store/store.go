@@ -262,7 +262,7 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &DB{d: d, q: d.Statements(), caps: d.Capabilities(), eventInserts: rowInserts(d, eventsHead, eventColumns), receiptInserts: rowInserts(d, receiptsHead, receiptColumns), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
+	s := &DB{d: d, q: d.Statements(), caps: d.Capabilities(), eventInserts: rowInserts(d, d.Statements().EventsInsertHead, eventColumns), receiptInserts: rowInserts(d, d.Statements().ReceiptsInsertHead, receiptColumns), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
 		feed: cfg.Feed, queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch, commitDelay: cfg.CommitDelay,
 		quit: make(chan struct{}), stopped: make(chan struct{}), touched: map[string]int64{}}
 	if err := s.migrate(ctx); err != nil {
@@ -430,11 +430,10 @@ type eventRow struct {
 // statements, each prepared once.
 var insertChunks = []int{256, 64, 16, 8, 4, 2, 1}
 
-// The events log's and the receipt log's columns, as a batch inserts them.
+// The events log's and the receipt log's columns, as a batch inserts them
+// (the backend's EventsInsertHead and ReceiptsInsertHead name them).
 const (
-	eventsHead     = `INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused, principal) VALUES `
 	eventColumns   = 10
-	receiptsHead   = `INSERT INTO receipts (command_id, sent_as, device_id, operation_id, status, seq, at, received_at, query_id, effect, error, result, instance) VALUES `
 	receiptColumns = 13
 )
 
@@ -446,6 +445,7 @@ func rowInserts(d driver.Driver, head string, columns int) map[int]string {
 	for _, n := range insertChunks {
 		var b strings.Builder
 		b.WriteString(head)
+		b.WriteByte(' ')
 		p := 0
 		for row := 0; row < n; row++ {
 			if row > 0 {

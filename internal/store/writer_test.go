@@ -238,8 +238,10 @@ func TestGroupCommitFailsTheWholeBatchWhenTheDiskIsFull(t *testing.T) {
 }
 
 // The batch's lines of the events log go in at its end, in multi-row
-// INSERTs: one that fails there fails the batch as a whole, so none of
-// its lines, and none of its changes, is committed.
+// INSERTs that SQLite runs without a statement journal (OR FAIL): a row
+// refused there leaves the rows before it in the transaction. The batch
+// then fails as a whole, so none of them, and none of its changes, is
+// committed.
 func TestAFailingEventsInsertFailsTheWholeBatch(t *testing.T) {
 	t.Parallel()
 	eachBackend(t, func(t *testing.T, be string) {

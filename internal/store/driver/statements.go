@@ -19,6 +19,10 @@ type Statements struct {
 	// Migrations.
 	SchemaTable, SchemaVersion, SchemaApplied string
 
+	// The heads (up to VALUES) of the multi-row INSERTs of a batch's lines
+	// of the events log and of the receipt log; the store appends the rows.
+	EventsInsertHead, ReceiptsInsertHead string
+
 	// The batch's pre-lock (Capabilities.RowLocks).
 	PreLockCommands, PreLockInsertDevices, PreLockDevices, PreLockQueues string
 

@@ -11,6 +11,14 @@ SELECT COALESCE(MAX(version), 0) FROM schema_migrations
 -- name: SchemaApplied
 INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)
 
+-- The heads of the batch's multi-row INSERTs (the store appends the rows).
+
+-- name: EventsInsertHead
+INSERT INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused, principal) VALUES
+
+-- name: ReceiptsInsertHead
+INSERT INTO receipts (command_id, sent_as, device_id, operation_id, status, seq, at, received_at, query_id, effect, error, result, instance) VALUES
+
 -- The batch's pre-lock: the commands its changes will lock (by id, or the
 -- open commands of operations and devices), in command_id order; the
 -- devices seen for the first time, inserted in device_id order; then the

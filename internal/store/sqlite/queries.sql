@@ -11,6 +11,22 @@ SELECT COALESCE(MAX(version), 0) FROM schema_migrations
 -- name: SchemaApplied
 INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)
 
+-- The batch's lines of the events log and of the receipt log, written at
+-- its end in multi-row INSERTs (the store appends the rows). OR FAIL here
+-- and on the single-row UPDATE ... RETURNING of every operation's path
+-- (CommandClaimSend, CommandMove, OperationFinish, OperationFinishCurrent,
+-- CommandAdvanceFrom): under the default ABORT, SQLite copies every page
+-- such a statement touches into a statement journal, so that a failing
+-- statement can be undone alone. None needs that: a failing batch insert
+-- fails the whole batch (rolled back), and a single-row statement checks
+-- its row's constraints before it writes anything.
+
+-- name: EventsInsertHead
+INSERT OR FAIL INTO events (at, machine, entity_id, from_state, to_state, reason, instance, fencing_token, refused, principal) VALUES
+
+-- name: ReceiptsInsertHead
+INSERT OR FAIL INTO receipts (command_id, sent_as, device_id, operation_id, status, seq, at, received_at, query_id, effect, error, result, instance) VALUES
+
 -- The batch's pre-lock is not run on SQLite (Capabilities.RowLocks is
 -- false); these stand in for the names.
 
@@ -113,7 +129,7 @@ FROM rollouts WHERE rollout_id = ?
 -- conditions, then owner, token and now.
 
 -- name: CommandClaimSend
-UPDATE commands SET status = ?, attempt = attempt + 1, version = version + 1, qos = ?,
+UPDATE OR FAIL commands SET status = ?, attempt = attempt + 1, version = version + 1, qos = ?,
 	next_check_at = ?, last_sent_at = ?, last_query_id = '', last_answer = '', updated_at = ?,
 	reason = CASE WHEN reason = 'queued' THEN '' ELSE reason END
 WHERE command_id = ? AND status = ? AND attempt = ?
@@ -141,7 +157,7 @@ WHERE command_id = ? AND version = ?
 		AND owner = ? AND fencing_token = ? AND lease_expires_at > ?)
 
 -- name: CommandMove
-UPDATE commands SET status = ?, reason = ?, version = version + 1, next_check_at = ?, updated_at = ?,
+UPDATE OR FAIL commands SET status = ?, reason = ?, version = version + 1, next_check_at = ?, updated_at = ?,
 	last_query_id = CASE WHEN ? = 1 THEN '' ELSE last_query_id END,
 	last_answer = CASE WHEN ? = 1 THEN '' ELSE last_answer END
 WHERE command_id = ? AND status = ? AND version = ?
@@ -264,7 +280,7 @@ RETURNING status, qos
 SELECT NULL WHERE 0
 
 -- name: OperationFinish
-UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
+UPDATE OR FAIL operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
 	WHERE operation_id = ? AND status = ? AND version = ?
 RETURNING operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
@@ -278,7 +294,7 @@ RETURNING operation_id, action, target, params, request_hash, status, result, re
 -- name: OperationFinishCurrent
 -- OperationFinish in one statement for the common case: a started
 -- operation ended by its current command; no row when it is not that.
-UPDATE operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
+UPDATE OR FAIL operations SET status = ?, result = ?, reason = ?, retry_until = NULL, version = version + 1, updated_at = ?
 	WHERE operation_id = ? AND status = 'started' AND command_id = ?
 RETURNING operation_id, action, target, params, request_hash, status, result, reason, attempt,
 	command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
@@ -428,7 +444,7 @@ UPDATE commands SET status = ?, status_rank = ?, last_seq = ?, reason = ?,
 -- from that state, below the receipt's rank, on the receipt's device and of
 -- the receipt's operation (any, when the receipt names none). It returns the
 -- command as CommandGet reads it, after the change; no row: nothing changed.
-UPDATE commands SET status = ?, status_rank = ?, last_seq = ?, reason = ?,
+UPDATE OR FAIL commands SET status = ?, status_rank = ?, last_seq = ?, reason = ?,
 		result = COALESCE(?, result), version = version + 1, updated_at = ?
 	WHERE command_id = ? AND status = ? AND status_rank < ? AND device_id = ?
 		AND operation_id = COALESCE(NULLIF(?, ''), operation_id)
