@@ -262,7 +262,8 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &DB{d: d, q: d.Statements(), caps: d.Capabilities(), eventInserts: rowInserts(d, d.Statements().EventsInsertHead, eventColumns), receiptInserts: rowInserts(d, d.Statements().ReceiptsInsertHead, receiptColumns), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
+	q := d.Statements()
+	s := &DB{d: d, q: q, caps: d.Capabilities(), eventInserts: rowInserts(d, q.EventsInsertHead, eventColumns), receiptInserts: rowInserts(d, q.ReceiptsInsertHead, receiptColumns), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
 		feed: cfg.Feed, queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch, commitDelay: cfg.CommitDelay,
 		quit: make(chan struct{}), stopped: make(chan struct{}), touched: map[string]int64{}}
 	if err := s.migrate(ctx); err != nil {
