@@ -336,7 +336,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	c.ingest = receipt.New(receipt.Config{
 		Store: c.store, Source: c.mqtt, TopicRoot: cfg.TopicRoot, Failpoints: fp, Metrics: met, Logger: log,
 		ReceiptRate: receipt.ReceiptRate(cfg.ReceiptRate), PresenceRate: receipt.DefaultPresenceRate,
-		GroupReceipts: caps.GroupReceipts, Owns: c.owns(), ProbeTopic: c.probe.topic, OnProbe: c.probe.arrived,
+		GroupReceipts: caps.GroupReceipts, Linger: receipt.DefaultLinger, Owns: c.owns(), ProbeTopic: c.probe.topic,
+		OnProbe: c.probe.arrived,
 	})
 	c.keeper = lease.New(lease.Config{Store: c.store, Instance: cfg.InstanceID, TTL: cfg.LeaseTTL,
 		Failpoints: fp, Metrics: met, Logger: log})

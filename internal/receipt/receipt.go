@@ -83,6 +83,15 @@ type Config struct {
 	// a PostgreSQL database and the receipts deadlocked on the larger
 	// changes (3 instances: 10 to 28 operations/s against 85 without).
 	GroupReceipts bool
+	// Linger, with GroupReceipts: how long a worker whose messages are
+	// all progress receipts (received, executing) waits for more before it
+	// applies them. A device sends its progress and its final receipt one
+	// after the other, and nobody waits on progress; a group that waits
+	// for the final receipt commits once instead of twice, so the final
+	// receipt, which callers wait on, is not held behind its own device's
+	// progress. Anything else arriving (a final receipt, presence, ...)
+	// ends the wait at once. Zero: no wait.
+	Linger time.Duration
 	// ReceiptRate and PresenceRate bound each device's messages (the zero
 	// Rate: no limit); MaxTracked bounds the devices whose buckets are held
 	// (DefaultMaxTracked).
@@ -104,6 +113,9 @@ type Config struct {
 	ProbeTopic string
 	OnProbe    func(payload []byte)
 }
+
+// DefaultLinger is Config.Linger's value in the controller.
+const DefaultLinger = 5 * time.Millisecond
 
 // DefaultWorkers is enough to fill a batch from the broker's in-flight
 // window while commits are under way.
@@ -160,22 +172,9 @@ func (in *Ingestor) Run(ctx context.Context) error {
 		work[i] = make(chan mqttx.Message, workerQueue)
 		go func() {
 			defer func() { done <- struct{}{} }()
+			g := gatherer{in: in, work: work[i]}
 			for m := range work[i] {
-				// What queued up behind it while the last commit was under
-				// way goes in with it.
-				group := []mqttx.Message{m}
-			more:
-				for len(group) < maxGroup {
-					select {
-					case m, ok := <-work[i]:
-						if !ok {
-							break more
-						}
-						group = append(group, m)
-					default:
-						break more
-					}
-				}
+				group := g.gather(m)
 				if ctx.Err() == nil {
 					in.handleGroup(ctx, group)
 				}
@@ -419,52 +418,49 @@ const maxGroup = 32
 // receipts that follow each other as one change (ApplyReceipts), so that
 // they share a commit. Presence, and any receipt after one that failed, go
 // one at a time through Handle, with its retries.
-func (in *Ingestor) handleGroup(ctx context.Context, group []mqttx.Message) {
+func (in *Ingestor) handleGroup(ctx context.Context, group []arrival) {
 	if len(group) == 1 || !in.cfg.GroupReceipts {
-		for _, m := range group {
-			in.Handle(ctx, m)
+		for _, a := range group {
+			in.handleOne(ctx, a)
 		}
 		return
 	}
 	var order []string
-	byDevice := map[string][]mqttx.Message{}
-	for _, m := range group {
-		device, _, _ := wire.ParseTopic(in.cfg.TopicRoot, m.Topic) // admitted: it parses
-		if _, seen := byDevice[device]; !seen {
-			order = append(order, device)
+	byDevice := map[string][]arrival{}
+	for _, a := range group {
+		if _, seen := byDevice[a.device]; !seen {
+			order = append(order, a.device)
 		}
-		byDevice[device] = append(byDevice[device], m)
+		byDevice[a.device] = append(byDevice[a.device], a)
 	}
 	var wg sync.WaitGroup
 	for _, device := range order {
 		wg.Add(1)
-		go func(device string, ms []mqttx.Message) {
+		go func(device string, as []arrival) {
 			defer wg.Done()
-			in.handleDevice(ctx, device, ms)
+			in.handleDevice(ctx, device, as)
 		}(device, byDevice[device])
 	}
 	wg.Wait()
 }
 
-// handleDevice applies one device's messages in their order. Each message
-// is decoded once.
-func (in *Ingestor) handleDevice(ctx context.Context, device string, ms []mqttx.Message) {
-	rs := make([]wire.Receipt, len(ms))
-	ok := make([]bool, len(ms))
-	for k, m := range ms {
-		rs[k], ok[k] = in.isReceipt(m)
-	}
-	for i := 0; i < len(ms); {
-		end := i // the receipts that come next: ms[i:end]
-		for end < len(ms) && ok[end] {
+// handleDevice applies one device's messages in their order.
+func (in *Ingestor) handleDevice(ctx context.Context, device string, as []arrival) {
+	for i := 0; i < len(as); {
+		end := i // the receipts that come next: as[i:end]
+		for end < len(as) && as[end].ok {
 			end++
 		}
 		if end-i < 2 {
-			in.handleOne(ctx, device, ms[i], rs[i], ok[i])
+			in.handleOne(ctx, as[i])
 			i++
 			continue
 		}
-		res, err := in.cfg.Store.ApplyReceipts(ctx, device, rs[i:end], in.beforeCommit(ctx))
+		rs := make([]wire.Receipt, 0, end-i)
+		for _, a := range as[i:end] {
+			rs = append(rs, a.r)
+		}
+		res, err := in.cfg.Store.ApplyReceipts(ctx, device, rs, in.beforeCommit(ctx))
 		if err != nil {
 			if !errors.Is(err, context.Canceled) {
 				in.cfg.Logger.Warn("receipts not recorded; applied one at a time", "device", device, "receipts", end-i, "err", err)
@@ -474,45 +470,123 @@ func (in *Ingestor) handleDevice(ctx context.Context, device string, ms []mqttx.
 		n := 0
 		for k, r := range res {
 			if r.Err != nil && !errors.Is(r.Err, store.ErrRefused) {
-				in.cfg.Logger.Warn("receipt not recorded", "device", device, "command_id", rs[i+k].CommandID, "err", r.Err)
+				in.cfg.Logger.Warn("receipt not recorded", "device", device, "command_id", rs[k].CommandID, "err", r.Err)
 				break // it, and what follows it, go alone
 			}
 			if r.Err == nil {
-				in.applied(device, rs[i+k], r.Out)
+				in.applied(device, rs[k], r.Out)
 			}
-			ms[i+k].Ack()
+			as[i+k].m.Ack()
 			n++
 		}
 		whole := n == end-i
 		i += n
 		if !whole {
-			for ; i < len(ms); i++ {
-				in.handleOne(ctx, device, ms[i], rs[i], ok[i])
+			for ; i < len(as); i++ {
+				in.handleOne(ctx, as[i])
 			}
 			return
 		}
 	}
 }
 
-// handleOne applies one message of handleDevice's, with Handle's retries:
-// a receipt as decoded (ok), anything else through Handle.
-func (in *Ingestor) handleOne(ctx context.Context, device string, m mqttx.Message, r wire.Receipt, ok bool) {
-	if ok {
-		in.retry(ctx, m, func() error { return in.applyReceipt(ctx, device, r) })
+// handleOne applies one message, with Handle's retries: a receipt as
+// decoded on arrival (ok), anything else through Handle.
+func (in *Ingestor) handleOne(ctx context.Context, a arrival) {
+	if a.ok {
+		in.retry(ctx, a.m, func() error { return in.applyReceipt(ctx, a.device, a.r) })
 		return
 	}
-	in.Handle(ctx, m)
+	in.Handle(ctx, a.m)
 }
 
-// isReceipt decodes a message that is a receipt and passes its checks;
-// anything else (presence, or a receipt that apply would refuse) is left
-// to Handle.
-func (in *Ingestor) isReceipt(m mqttx.Message) (wire.Receipt, bool) {
-	if _, kind, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic); err != nil || kind != wire.KindReceipts {
-		return wire.Receipt{}, false
+// arrival is a message a worker took, read once when receipts are grouped:
+// the device its topic names, and ok when it is a receipt that passed its
+// checks (r). Anything else (presence, a receipt apply would refuse, or
+// any message when receipts are not grouped) goes through Handle.
+type arrival struct {
+	m      mqttx.Message
+	device string
+	r      wire.Receipt
+	ok     bool
+}
+
+// arrive makes an arrival of m.
+func (in *Ingestor) arrive(m mqttx.Message) arrival {
+	a := arrival{m: m}
+	if !in.cfg.GroupReceipts {
+		return a
+	}
+	device, kind, err := wire.ParseTopic(in.cfg.TopicRoot, m.Topic) // admitted: it parses
+	a.device = device
+	if err != nil || kind != wire.KindReceipts {
+		return a
 	}
 	r, _, err := decodeReceipt(m)
-	return r, err == nil
+	a.r, a.ok = r, err == nil
+	return a
+}
+
+// progress reports whether a is a device's progress on a command that has
+// not ended (received, executing): nobody waits on it.
+func (a arrival) progress() bool {
+	return a.ok && (a.r.Status == wire.ReceiptReceived || a.r.Status == wire.ReceiptExecuting)
+}
+
+// gatherer makes a worker's groups.
+type gatherer struct {
+	in    *Ingestor
+	work  <-chan mqttx.Message
+	timer *time.Timer // the linger's, made at its first use
+}
+
+// gather returns the group that begins with m: what queued up behind it
+// while the last commit was under way, and then, while every message of
+// the group is progress, what arrives within Config.Linger, up to the
+// first message that is not progress.
+func (g *gatherer) gather(m mqttx.Message) []arrival {
+	in := g.in
+	group := []arrival{in.arrive(m)}
+	waiting := in.cfg.Linger > 0 && group[0].progress()
+drain:
+	for len(group) < maxGroup {
+		select {
+		case m, ok := <-g.work:
+			if !ok {
+				return group
+			}
+			a := in.arrive(m)
+			group = append(group, a)
+			waiting = waiting && a.progress()
+		default:
+			break drain
+		}
+	}
+	if !waiting {
+		return group
+	}
+	if g.timer == nil {
+		g.timer = time.NewTimer(in.cfg.Linger)
+	} else {
+		g.timer.Reset(in.cfg.Linger)
+	}
+	defer g.timer.Stop()
+	for len(group) < maxGroup {
+		select {
+		case m, ok := <-g.work:
+			if !ok {
+				return group
+			}
+			a := in.arrive(m)
+			group = append(group, a)
+			if !a.progress() {
+				return group
+			}
+		case <-g.timer.C:
+			return group
+		}
+	}
+	return group
 }
 
 // decodeReceipt decodes and checks a receipt's payload; an error comes with

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -361,10 +362,10 @@ func TestQueuedReceiptsOfADeviceGoAsOneGroupInOrder(t *testing.T) {
 				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			var mu sync.Mutex
 			acked := map[int]int{}
-			var group []mqttx.Message
+			var group []arrival
 			add := func(topic, payload string) {
 				i := len(group)
-				group = append(group, mqttx.NewMessage(topic, []byte(payload), func() { mu.Lock(); acked[i]++; mu.Unlock() }))
+				group = append(group, in.arrive(mqttx.NewMessage(topic, []byte(payload), func() { mu.Lock(); acked[i]++; mu.Unlock() })))
 			}
 			add("fleet/da/receipts", receiptJSON("a1", 1))
 			add("fleet/da/receipts", receiptJSON("a2", 1))
@@ -390,6 +391,68 @@ func TestQueuedReceiptsOfADeviceGoAsOneGroupInOrder(t *testing.T) {
 				require.Equal(t, 1, n, "message %d acknowledged %d times", i, n)
 			}
 			require.Equal(t, 1, int(sample(met, `controller_inputs_refused_total{reason="invalid_json",source="receipts"}`)))
+		})
+	}
+}
+
+// With Config.Linger, a worker whose messages are all progress (received,
+// executing) waits for more: the final receipt that follows goes in with
+// them as one change, and so does anything else that ends the wait; alone,
+// progress goes in when the wait is over. An hour's wait in the first two
+// cases means the test times out unless the next message ends it.
+func TestProgressWaitsForWhatFollowsIt(t *testing.T) {
+	t.Parallel()
+	receipt := func(cmd, status string, seq int) string {
+		return fmt.Sprintf(`{"command_id":%q,"operation_id":"op-1","status":%q,"seq":%d,"at":"2026-01-02T03:04:05Z"}`, cmd, status, seq)
+	}
+	for _, c := range []struct {
+		name   string
+		linger time.Duration
+		send   [][2]string // topic, payload
+		want   []string    // the store calls, sorted
+	}{
+		{"a final receipt ends the wait", time.Hour, [][2]string{
+			{"fleet/da/receipts", receipt("c1", "received", 1)},
+			{"fleet/da/receipts", receipt("c1", "executing", 2)},
+			{"fleet/da/receipts", receipt("c1", "succeeded", 3)},
+		}, []string{"da group c1,c1,c1"}},
+		{"presence ends the wait", time.Hour, [][2]string{
+			{"fleet/da/receipts", receipt("c1", "received", 1)},
+			{"fleet/db/presence", `{"online":true,"session":1}`},
+		}, []string{"da one c1", "db presence"}},
+		{"alone, progress goes in when the wait is over", 10 * time.Millisecond, [][2]string{
+			{"fleet/da/receipts", receipt("c1", "received", 1)},
+		}, []string{"da one c1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			st := &callStore{}
+			src := make(chanSource)
+			in := New(Config{Store: st, Source: src, TopicRoot: "fleet", Metrics: metrics.New(), Workers: 1,
+				GroupReceipts: true, Linger: c.linger, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { _ = in.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			acks := make(chan struct{}, len(c.send))
+			for _, m := range c.send {
+				select {
+				case src <- mqttx.NewMessage(m[0], []byte(m[1]), func() { acks <- struct{}{} }):
+				case <-time.After(10 * time.Second):
+					t.Fatal("the ingestor took no message for 10s")
+				}
+			}
+			for range c.send {
+				select {
+				case <-acks:
+				case <-time.After(10 * time.Second):
+					t.Fatal("a message was not acknowledged within 10s")
+				}
+			}
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			slices.Sort(st.calls)
+			require.Equal(t, c.want, st.calls)
 		})
 	}
 }
