@@ -43,7 +43,10 @@ default a temporary file), BENCH_CONCURRENCY (default 256), BENCH_INSTANCES
 each its own HTTP port on the same --db and broker, operation k submitted to
 instance k%N and waited for there; more than 1 needs a postgres:// BENCH_DB),
 BENCH_NAME (also write NAME.json and NAME.html in --out), BENCH_PROFILE (set:
-write a CPU profile of each saturated controller phase in --out).
+write a CPU profile of each saturated controller phase in --out),
+BENCH_FLEET_DIR (where devicesim keeps its devices' files, in a directory
+made and removed by the run; default /dev/shm when it is a tmpfs, so that
+the fleet's fsyncs do not share the controller's disk).
 
 Flags:
 `
@@ -68,6 +71,7 @@ func main() {
 	flag.IntVar(&cfg.Devices, "devices", devices, "devices (env BENCH_DEVICES)")
 	flag.DurationVar(&cfg.Window, "seconds", window, "length of each measured phase (env BENCH_SECONDS)")
 	flag.IntVar(&cfg.Concurrency, "concurrency", conc, "callers in flight in the closed loops (env BENCH_CONCURRENCY)")
+	flag.StringVar(&cfg.FleetDir, "fleet-dir", os.Getenv("BENCH_FLEET_DIR"), "where devicesim keeps its devices' files, in a directory made and removed by the run (env BENCH_FLEET_DIR; default /dev/shm when it is a tmpfs)")
 	flag.StringVar(&cfg.DB, "db", os.Getenv("BENCH_DB"), "the controller's --db (env BENCH_DB; default a temporary SQLite file)")
 	flag.IntVar(&cfg.Instances, "instances", instances, "controller processes sharing the --db (env BENCH_INSTANCES; more than 1 needs postgres://)")
 	flag.StringVar(&cfg.Doc, "doc", os.Getenv("BENCH_DOC"), "also write the figures as a Markdown page of the docs (env BENCH_DOC)")

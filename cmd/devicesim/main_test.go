@@ -180,6 +180,7 @@ func TestDevicesimRefusesBadFlags(t *testing.T) {
 		"bad status":    {[]string{"run", "--drop-receipt", "1", "--drop-receipt-status", "done"}, 2},
 		"unknown key":   {[]string{"run", "--drop-command", "statuses=final"}, 2},
 		"no devices":    {[]string{"run", "--devices", "0"}, 2},
+		"no journal":    {[]string{"run", "--journal-compact-mib", "0"}, 2},
 		"bad log level": {[]string{"run", "--log-level", "loud"}, 2},
 		"bad duration":  {[]string{"run", "--keepalive", "soon"}, 2},
 		"unknown flag":  {[]string{"run", "--bogus"}, 2},

@@ -62,7 +62,7 @@ var receiptFaults = []string{"drop-receipt", "duplicate-receipt", "delay-receipt
 type runOptions struct {
 	mqtt, idPrefix, stateDir, topicRoot, password, faultsFile, logLevel string
 	credentials, mqttCA                                                 string
-	devices                                                             int
+	devices, compactMiB                                                 int
 	seed                                                                int64
 	keepAlive, maxReconnect, retention, clockSkew                       time.Duration
 	legacy, legacyQuery                                                 bool
@@ -113,6 +113,7 @@ func newRunCmd(stderr io.Writer) (*cobra.Command, *runOptions) {
 	f.DurationVar(&o.keepAlive, "keepalive", sim.DefaultKeepAlive, "MQTT keepalive (the broker fires a silent device's LWT after 1.5x)")
 	f.DurationVar(&o.maxReconnect, "max-reconnect-interval", sim.DefaultMaxReconnectInterval, "cap of the reconnect back-off")
 	f.DurationVar(&o.retention, "retention", sim.DefaultRetention, "how long past expires_at a command stays in the dedupe record")
+	f.IntVar(&o.compactMiB, "journal-compact-mib", 64, "journal size (MiB) past which it is folded into the devices' snapshot files")
 	f.Var(cmdline.NewEnum(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level")
 	for _, ff := range faultFlags {
 		o.specs[ff.name] = f.String(ff.name, "", ff.usage+" (SPEC)")
@@ -133,6 +134,9 @@ func (o *runOptions) run(ctx context.Context, fs *pflag.FlagSet, stderr io.Write
 	}
 	if o.devices < 1 {
 		return cmdline.Usagef("--devices %d: at least 1", o.devices)
+	}
+	if o.compactMiB < 1 {
+		return cmdline.Usagef("--journal-compact-mib %d: at least 1", o.compactMiB)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
@@ -178,6 +182,7 @@ func (o *runOptions) run(ctx context.Context, fs *pflag.FlagSet, stderr io.Write
 		KeepAlive:            o.keepAlive,
 		MaxReconnectInterval: o.maxReconnect,
 		Retention:            o.retention,
+		JournalCompactAt:     int64(o.compactMiB) << 20,
 		Logger:               logger,
 	}
 	// The signal ends the run below, which stops the fleet itself.

@@ -51,6 +51,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
@@ -102,6 +103,14 @@ type Config struct {
 	Concurrency int
 	// MaxOutstanding bounds an open loop's operations in flight.
 	MaxOutstanding int64
+	// FleetDir holds devicesim's devices' durable files, in a directory
+	// made for the run and removed at its end. "" picks /dev/shm when it is
+	// a tmpfs this process can write, else the run's directory: real
+	// devices each write their own storage, so the fleet's fsyncs and
+	// journal folds must not queue ahead of the controller's commits on
+	// this host's disk, a cost no deployment has and the pass-through,
+	// which writes nothing, never meets.
+	FleetDir string
 	// DB is the controller's --db: an SQLite file (kept), a postgres://
 	// URL (passed through), or "" for a file in the run's directory.
 	DB        string
@@ -194,6 +203,34 @@ func (c Config) validate() error {
 	return nil
 }
 
+// makeFleetDir makes the run's directory for the fleet's files in parent,
+// or by default (parent "") in /dev/shm when it is a tmpfs, else in
+// fallback.
+func makeFleetDir(parent, fallback string) (string, error) {
+	if parent != "" {
+		return os.MkdirTemp(parent, "fleetctl-bench-fleet-")
+	}
+	if Storage(shm) == "tmpfs" {
+		if d, err := os.MkdirTemp(shm, "fleetctl-bench-fleet-"); err == nil {
+			return d, nil
+		}
+	}
+	return os.MkdirTemp(fallback, "fleet-")
+}
+
+// shm is where Linux mounts its shared-memory tmpfs.
+const shm = "/dev/shm"
+
+// Storage names what holds dir: "tmpfs" (memory) or "disk".
+func Storage(dir string) string {
+	const tmpfsMagic = 0x01021994
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) == nil && st.Type == tmpfsMagic {
+		return "tmpfs"
+	}
+	return "disk"
+}
+
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
 // Backend names the controller's store for a --db value.
@@ -217,7 +254,12 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	r := &run{cfg: cfg, dir: dir, runID: newRunID(), procs: map[string]int{"bench": os.Getpid()},
+	fleetDir, err := makeFleetDir(cfg.FleetDir, dir)
+	if err != nil {
+		return nil, fmt.Errorf("bench: the fleet's directory: %w", err)
+	}
+	defer os.RemoveAll(fleetDir)
+	r := &run{cfg: cfg, dir: dir, fleetDir: fleetDir, runID: newRunID(), procs: map[string]int{"bench": os.Getpid()},
 		trees: map[string]int{}}
 	defer r.close()
 	res, err = r.run(ctx)
@@ -244,19 +286,20 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 
 // run is one run's state; close stops what it started, in order.
 type run struct {
-	cfg    Config
-	dir    string
-	runID  string
-	broker *process
-	url    string
-	fleet  *benchwire.MemoryFleet
-	cm     *benchwire.Commander
-	ctls   []*process
-	sim    *process
-	procs  map[string]int
-	trees  map[string]int
-	res    *Result
-	pprof  string // the first controller's --pprof address (Config.Profile)
+	cfg      Config
+	dir      string
+	fleetDir string // devicesim's --state-dir (Config.FleetDir)
+	runID    string
+	broker   *process
+	url      string
+	fleet    *benchwire.MemoryFleet
+	cm       *benchwire.Commander
+	ctls     []*process
+	sim      *process
+	procs    map[string]int
+	trees    map[string]int
+	res      *Result
+	pprof    string // the first controller's --pprof address (Config.Profile)
 }
 
 func (r *run) logf(format string, args ...any) {
@@ -282,6 +325,7 @@ func (r *run) opts() loadOpts {
 func (r *run) run(ctx context.Context) (*Result, error) {
 	cfg := r.cfg
 	res := newResult(cfg)
+	res.FleetStorage = Storage(r.fleetDir)
 	r.res = res
 	if cfg.BrokerURL != "" {
 		r.url = cfg.BrokerURL
@@ -848,6 +892,16 @@ func plural(n int, many, one string) string {
 	return many
 }
 
+// fleetJournalMiB is devicesim's --journal-compact-mib in a run: a fold
+// rewrites every device's snapshot file, all the records of the run so
+// far, and took 2.7 to 4 s of devicesim's CPU and writes every 64 MiB (the
+// default), about every 20 s at R; one that fell in a target's half-load
+// phase raised its latency for those seconds, the controller's (which
+// needs more CPU and its disk) by 5 to 10 times. A default run writes
+// about 400 MiB of journal, so it folds only at the end, when devicesim
+// stops.
+const fleetJournalMiB = 1024
+
 // startFleet starts devicesim with the same N device ids and the plain
 // client, and returns once every device is online.
 func (r *run) startFleet(ctx context.Context) error {
@@ -856,8 +910,9 @@ func (r *run) startFleet(ctx context.Context) error {
 	var once sync.Once
 	want := fmt.Sprintf("devicesim: %d devices online", cfg.Devices)
 	args := []string{filepath.Join(cfg.Bin, "devicesim"), "run", "--mqtt", r.url, "--devices", fmt.Sprint(cfg.Devices),
-		"--state-dir", filepath.Join(r.dir, "devicesim"), "--topic-root", cfg.TopicRoot, "--log-level", "warn"}
-	r.logf("starting devicesim with %d devices", cfg.Devices)
+		"--state-dir", r.fleetDir, "--journal-compact-mib", fmt.Sprint(fleetJournalMiB), "--topic-root", cfg.TopicRoot,
+		"--log-level", "warn"}
+	r.logf("starting devicesim with %d devices, their files in %s (%s)", cfg.Devices, r.fleetDir, Storage(r.fleetDir))
 	t0 := time.Now()
 	var err error
 	r.sim, err = startProcess("devicesim", filepath.Join(r.dir, "devicesim.log"), args, func(line string) {

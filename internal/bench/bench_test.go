@@ -33,16 +33,23 @@ func TestRunWritesSaneFigures(t *testing.T) {
 	broker := testenv.StartBroker(t)
 	bin := filepath.Dir(testenv.Binary(t, "controller"))
 	testenv.Binary(t, "devicesim")
-	out := t.TempDir()
+	out, fleetDir := t.TempDir(), t.TempDir()
 	var table, log bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	res, err := bench.Run(ctx, bench.Config{
 		Bin: bin, BrokerURL: broker.URL(), Devices: 4, Window: time.Second, Warmup: 200 * time.Millisecond,
-		Drain: 10 * time.Second, Concurrency: 8, OutDir: out, Out: &table, Log: &log, Profile: true,
+		Drain: 10 * time.Second, Concurrency: 8, OutDir: out, Out: &table, Log: &log, Profile: true, FleetDir: fleetDir,
 	})
 	require.NoError(t, err, log.String())
 	require.NotNil(t, res)
+	// The fleet kept its files in a directory of its own in FleetDir,
+	// removed at the end.
+	left, err := os.ReadDir(fleetDir)
+	require.NoError(t, err)
+	require.Empty(t, left, "the run's fleet directory is removed")
+	require.Equal(t, bench.Storage(fleetDir), res.FleetStorage)
+	require.Contains(t, log.String(), "their files in "+filepath.Join(fleetDir, "fleetctl-bench-fleet-"), "devicesim keeps its files in FleetDir")
 
 	// The controller's CPU profiles of its two saturated phases.
 	for _, name := range []string{"controller-cpu.pprof", "controller-serial-cpu.pprof"} {

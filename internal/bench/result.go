@@ -33,6 +33,9 @@ type Result struct {
 
 	// Fleet names the devices of the target phases: devicesim.
 	Fleet string `json:"fleet"`
+	// FleetStorage is what holds the fleet's durable files: tmpfs or disk
+	// (Config.FleetDir).
+	FleetStorage string `json:"fleet_storage"`
 
 	// The pass-through saturated.
 	PassthroughPerS  float64 `json:"passthrough_per_s"`
@@ -329,7 +332,7 @@ func (r *Result) figures() [][2]string {
 		pgCPU = fmt.Sprintf("%.3f", r.PostgresCPUMSPerOp)
 	}
 	return [][2]string{
-		{"backend / instances / fleet", fmt.Sprintf("%s / %d / %s", r.Backend, r.Instances, r.Fleet)},
+		{"backend / instances / fleet (its files)", fmt.Sprintf("%s / %d / %s (%s)", r.Backend, r.Instances, r.Fleet, r.FleetStorage)},
 		{"passthrough_per_s", f(r.PassthroughPerS)},
 		{"controller_per_s", f(r.ControllerPerS)},
 		{"ratio (controller / pass-through)", fmt.Sprintf("%.4f", r.Ratio)},

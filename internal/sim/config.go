@@ -70,6 +70,13 @@ type Config struct {
 	// Retention is how long past a command's expires_at (or arrival, for a
 	// command without one) its record is kept for dedupe.
 	Retention time.Duration
+	// JournalCompactAt is the fleet journal's size past which it is folded
+	// into the devices' snapshot files (device.JournalOptions.CompactAt;
+	// 0: the library's 64 MiB). Each fold rewrites every device's
+	// snapshot, all its records within Retention: a fleet of many devices
+	// at thousands of commands a second folds often, and each fold takes
+	// seconds of CPU and writes.
+	JournalCompactAt int64
 	// Clock is the device clock before skew; time.Now when nil.
 	Clock func() time.Time
 	// Logger receives the simulator's logs; nothing is logged when nil.
@@ -181,6 +188,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxReconnectInterval < 0 || c.ConnectTimeout < 0 || c.PublishTimeout < 0 || c.Retention < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
+	}
+	if c.JournalCompactAt < 0 {
+		errs = append(errs, errors.New("journal compaction size must not be negative"))
 	}
 	if err := c.Faults.Validate(); err != nil {
 		errs = append(errs, err)

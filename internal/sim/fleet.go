@@ -71,7 +71,8 @@ func Start(ctx context.Context, cfg Config) (*Fleet, error) {
 		}
 		f.Close()
 	}
-	j, err := device.OpenJournal(filepath.Join(cfg.StateDir, DevicesDir), &device.JournalOptions{Logger: cfg.Logger, SyncHook: cfg.syncHook})
+	j, err := device.OpenJournal(filepath.Join(cfg.StateDir, DevicesDir), &device.JournalOptions{Logger: cfg.Logger, SyncHook: cfg.syncHook,
+		CompactAt: cfg.JournalCompactAt})
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
