@@ -548,16 +548,22 @@ func (g *gatherer) gather(m mqttx.Message) []arrival {
 	in := g.in
 	group := []arrival{in.arrive(m)}
 	waiting := in.cfg.Linger > 0 && group[0].progress()
+	// take adds a message taken from work, unless work was closed.
+	take := func(m mqttx.Message, ok bool) bool {
+		if ok {
+			a := in.arrive(m)
+			group = append(group, a)
+			waiting = waiting && a.progress()
+		}
+		return ok
+	}
 drain:
 	for len(group) < maxGroup {
 		select {
 		case m, ok := <-g.work:
-			if !ok {
+			if !take(m, ok) {
 				return group
 			}
-			a := in.arrive(m)
-			group = append(group, a)
-			waiting = waiting && a.progress()
 		default:
 			break drain
 		}
@@ -571,15 +577,10 @@ drain:
 		g.timer.Reset(in.cfg.Linger)
 	}
 	defer g.timer.Stop()
-	for len(group) < maxGroup {
+	for waiting && len(group) < maxGroup {
 		select {
 		case m, ok := <-g.work:
-			if !ok {
-				return group
-			}
-			a := in.arrive(m)
-			group = append(group, a)
-			if !a.progress() {
+			if !take(m, ok) {
 				return group
 			}
 		case <-g.timer.C:
