@@ -897,10 +897,10 @@ func plural(n int, many, one string) string {
 // far, and took 2.7 to 4 s of devicesim's CPU and writes every 64 MiB (the
 // default), about every 20 s at R; one that fell in a target's half-load
 // phase raised its latency for those seconds, the controller's (which
-// needs more CPU and its disk) by 5 to 10 times. A default run writes
-// about 400 MiB of journal, so it folds only at the end, when devicesim
-// stops.
-const fleetJournalMiB = 1024
+// needs more CPU and its disk) by 5 to 12 times. A default run wrote
+// 575 MiB of journal (7 Dec), so it folds only at the end, when devicesim
+// stops, with room for a host twice as fast.
+const fleetJournalMiB = 2048
 
 // startFleet starts devicesim with the same N device ids and the plain
 // client, and returns once every device is online.

@@ -12,18 +12,18 @@ import (
 // the run's directory when it is not; a FleetDir given is used as is.
 func TestTheFleetsFilesStayOffTheDiskWhereTheyCan(t *testing.T) {
 	fallback := t.TempDir()
-	d, err := makeFleetDir("", fallback)
+	byDefault, err := makeFleetDir("", fallback)
 	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(d) })
+	t.Cleanup(func() { require.NoError(t, os.RemoveAll(byDefault)) })
 	if Storage(shm) == "tmpfs" {
-		require.Equal(t, shm, filepath.Dir(d))
-		require.Equal(t, "tmpfs", Storage(d))
+		require.Equal(t, shm, filepath.Dir(byDefault))
+		require.Equal(t, "tmpfs", Storage(byDefault))
 	} else {
-		require.Equal(t, fallback, filepath.Dir(d))
+		require.Equal(t, fallback, filepath.Dir(byDefault))
 	}
 
 	given := t.TempDir()
-	d, err = makeFleetDir(given, fallback)
+	d, err := makeFleetDir(given, fallback)
 	require.NoError(t, err)
 	require.Equal(t, given, filepath.Dir(d))
 	require.Equal(t, Storage(given), Storage(d))
