@@ -394,7 +394,7 @@ func judgeRepeat(sent string, c *command, other string, rs []seen, timeout time.
 			}
 			return fail("%s; saw %s: it ran, a second command of operation %s (want the latest receipt of %s: %s)",
 				sent, show(rs), c.OperationID, c.CommandID, wantShow)
-		case got.Status == wire.ReceiptReceived || got.Status == wire.ReceiptExecuting:
+		case got.Status.Progress():
 			return fail("%s; saw %s: new %s receipts for a command that had ended, so it ran again (want its latest receipt: %s)",
 				sent, show(rs), got.Status, wantShow)
 		case got.Seq > want.Seq:
@@ -733,7 +733,7 @@ func (s *suite) malformedIgnored(ctx context.Context) Result {
 		}
 	}
 	if rerun := receipts(ms, func(r wire.Receipt) bool {
-		return forCommand(earlier...)(r) && (r.Status == wire.ReceiptReceived || r.Status == wire.ReceiptExecuting)
+		return forCommand(earlier...)(r) && r.Status.Progress()
 	}); len(rerun) > 0 {
 		return fail("%s; saw %s: an earlier command ran again", sent, show(rerun))
 	}

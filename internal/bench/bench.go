@@ -894,10 +894,10 @@ func plural(n int, many, one string) string {
 
 // fleetJournalMiB is devicesim's --journal-compact-mib in a run: a fold
 // rewrites every device's snapshot file, all the records of the run so
-// far, and took 2.7 to 4 s of devicesim's CPU and writes every 64 MiB (the
-// default), about every 20 s at R; one that fell in a target's half-load
+// far, and took 2.7 to 4 s every 64 MiB (the default), about every 20 s at
+// R by the journal's growth (derived); one that fell in a target's half-load
 // phase raised its latency for those seconds, the controller's (which
-// needs more CPU and its disk) by 5 to 12 times. A default run wrote
+// needs more CPU and its disk) by up to 12 times. A default run wrote
 // 575 MiB of journal (7 Dec), so it folds only at the end, when devicesim
 // stops, with room for a host twice as fast.
 const fleetJournalMiB = 2048

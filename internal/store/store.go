@@ -263,7 +263,7 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 		return nil, err
 	}
 	q := d.Statements()
-	s := &DB{d: d, q: q, caps: d.Capabilities(), eventInserts: rowInserts(d, q.EventsInsertHead, eventColumns), receiptInserts: rowInserts(d, q.ReceiptsInsertHead, receiptColumns), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
+	s := &DB{d: d, q: q, caps: d.Capabilities(), eventInserts: rowInserts(d, q.EventsInsertHead), receiptInserts: rowInserts(d, q.ReceiptsInsertHead), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
 		feed: cfg.Feed, queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch, commitDelay: cfg.CommitDelay,
 		quit: make(chan struct{}), stopped: make(chan struct{}), touched: map[string]int64{}}
 	if err := s.migrate(ctx); err != nil {
@@ -350,7 +350,7 @@ type tx struct {
 	notes    []func(Observer)
 	wakes    []string   // NOTIFY payloads for other instances
 	events   []eventRow // its lines of the events log, written at the batch's end
-	receipts [][]any    // its rows of the receipt log (receiptColumns each), likewise
+	receipts [][]any    // its rows of the receipt log (a value per column of ReceiptsInsertHead), likewise
 	// careful: the change runs under a savepoint of its own, after an
 	// optimistic run of its batch failed (applyChange); a change may then
 	// take the slower way that isolates its parts (ApplyReceipts).
@@ -431,17 +431,13 @@ type eventRow struct {
 // statements, each prepared once.
 var insertChunks = []int{256, 64, 16, 8, 4, 2, 1}
 
-// The events log's and the receipt log's columns, as a batch inserts them
-// (the backend's EventsInsertHead and ReceiptsInsertHead name them).
-const (
-	eventColumns   = 10
-	receiptColumns = 13
-)
-
-// rowInserts builds the INSERT of each chunk size, in the backend's
-// placeholders (a statement of N rows is built here, not named: the one
-// thing that differs is the placeholders' numbering).
-func rowInserts(d driver.Driver, head string, columns int) map[int]string {
+// rowInserts builds the INSERT of each chunk size from head (the backend's
+// EventsInsertHead or ReceiptsInsertHead, which names the columns), in the
+// backend's placeholders (a statement of N rows is built here, not named:
+// the one thing that differs is the placeholders' numbering).
+func rowInserts(d driver.Driver, head string) map[int]string {
+	list, _, _ := strings.Cut(head[strings.IndexByte(head, '(')+1:], ")")
+	columns := strings.Count(list, ",") + 1
 	m := map[int]string{}
 	for _, n := range insertChunks {
 		var b strings.Builder
@@ -472,7 +468,7 @@ func rowInserts(d driver.Driver, head string, columns int) map[int]string {
 // (and the refusals of those that did not) are left to write by then, so
 // the log keeps the order in which the changes were applied.
 func (t *tx) insertEvents(ctx context.Context, rows []eventRow) error {
-	err := t.insertRows(ctx, t.s.eventInserts, eventColumns, len(rows), func(args []any, i int) []any {
+	err := t.insertRows(ctx, t.s.eventInserts, len(rows), func(args []any, i int) []any {
 		r := rows[i]
 		return append(args, r.at, r.machine, r.id, r.from, r.to, r.reason, r.instance, r.token, r.refused, r.principal)
 	})
@@ -485,7 +481,7 @@ func (t *tx) insertEvents(ctx context.Context, rows []eventRow) error {
 // insertReceipts writes the receipt log's rows of a batch's changes that
 // stood, in their order, as insertEvents does the events.
 func (t *tx) insertReceipts(ctx context.Context, rows [][]any) error {
-	err := t.insertRows(ctx, t.s.receiptInserts, receiptColumns, len(rows), func(args []any, i int) []any {
+	err := t.insertRows(ctx, t.s.receiptInserts, len(rows), func(args []any, i int) []any {
 		return append(args, rows[i]...)
 	})
 	if err != nil {
@@ -497,7 +493,7 @@ func (t *tx) insertReceipts(ctx context.Context, rows [][]any) error {
 // insertRows writes n rows through stmts (rowInserts), the largest chunk
 // that fits first; row appends row i's columns to args. The writer's
 // batches call it, in the writer goroutine (its arguments are scratch.args).
-func (t *tx) insertRows(ctx context.Context, stmts map[int]string, columns, n int, row func(args []any, i int) []any) error {
+func (t *tx) insertRows(ctx context.Context, stmts map[int]string, n int, row func(args []any, i int) []any) error {
 	for done := 0; done < n; {
 		k := insertChunks[len(insertChunks)-1]
 		for _, c := range insertChunks {

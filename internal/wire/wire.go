@@ -99,6 +99,12 @@ func (s ReceiptStatus) Final() bool {
 	return s == ReceiptSucceeded || s == ReceiptFailed || s == ReceiptRejected
 }
 
+// Progress reports whether s is a device's progress on a command that has
+// not ended: received or executing.
+func (s ReceiptStatus) Progress() bool {
+	return s == ReceiptReceived || s == ReceiptExecuting
+}
+
 // Valid reports whether s is one of the contract's receipt statuses.
 func (s ReceiptStatus) Valid() bool {
 	switch s {

@@ -35,3 +35,27 @@ func TestReceiptResultMustBeAnObject(t *testing.T) {
 		require.Error(t, r.Validate(), bad)
 	}
 }
+
+// Every receipt status is progress (received, executing), final
+// (succeeded, failed, rejected), or unknown, the answer about a command
+// the device never saw: exactly one of them.
+func TestReceiptStatusesAreProgressFinalOrUnknown(t *testing.T) {
+	for s, want := range map[ReceiptStatus]string{
+		ReceiptReceived: "progress", ReceiptExecuting: "progress",
+		ReceiptSucceeded: "final", ReceiptFailed: "final", ReceiptRejected: "final",
+		ReceiptUnknown: "unknown",
+	} {
+		require.True(t, s.Valid(), s)
+		got := "unknown"
+		switch {
+		case s.Progress() && s.Final():
+			got = "both"
+		case s.Progress():
+			got = "progress"
+		case s.Final():
+			got = "final"
+		}
+		require.Equal(t, want, got, s)
+	}
+	require.False(t, ReceiptStatus("done").Progress())
+}
