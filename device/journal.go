@@ -21,10 +21,10 @@ import (
 // journalExt ends the name of a journal file in a journal's directory.
 const journalExt = ".journal"
 
-// defaultCompactAt is the journal size past which the writer moves on to a
-// new journal file and folds the old one into the devices' snapshot files in
-// the background.
-const defaultCompactAt = 64 << 20
+// DefaultCompactAt is JournalOptions.CompactAt's default: the journal size
+// past which the writer moves on to a new journal file and folds the old one
+// into the devices' snapshot files in the background.
+const DefaultCompactAt = 64 << 20
 
 // foldRetryWait is how long the writer waits after a failed fold (or a new
 // journal file it could not create) before it tries again.
@@ -58,7 +58,7 @@ type JournalOptions struct {
 	SyncHook func(file string) error
 	// CompactAt is the journal size past which the writer moves on to a
 	// new journal file and folds the old one into the snapshot files in the
-	// background (default 64 MiB).
+	// background (DefaultCompactAt when 0).
 	CompactAt int64
 	// LockWait is how long OpenJournal waits for the lock of a journal
 	// another process left in the directory (default 5s): a process killed
@@ -233,7 +233,7 @@ func OpenJournal(dir string, o *JournalOptions) (*Journal, error) {
 		running: map[string]bool{}, side: map[string]*os.File{},
 	}
 	if j.compactAt <= 0 {
-		j.compactAt = defaultCompactAt
+		j.compactAt = DefaultCompactAt
 	}
 	if j.lockWait <= 0 {
 		j.lockWait = defaultLockWait

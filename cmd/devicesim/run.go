@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/fleetctl/fleetctl/device"
 	"github.com/fleetctl/fleetctl/internal/cli/cmdline"
 	"github.com/fleetctl/fleetctl/internal/creds"
 	"github.com/fleetctl/fleetctl/internal/mqttx"
@@ -113,7 +114,7 @@ func newRunCmd(stderr io.Writer) (*cobra.Command, *runOptions) {
 	f.DurationVar(&o.keepAlive, "keepalive", sim.DefaultKeepAlive, "MQTT keepalive (the broker fires a silent device's LWT after 1.5x)")
 	f.DurationVar(&o.maxReconnect, "max-reconnect-interval", sim.DefaultMaxReconnectInterval, "cap of the reconnect back-off")
 	f.DurationVar(&o.retention, "retention", sim.DefaultRetention, "how long past expires_at a command stays in the dedupe record")
-	f.IntVar(&o.compactMiB, "journal-compact-mib", 64, "journal size (MiB) past which it is folded into the devices' snapshot files")
+	f.IntVar(&o.compactMiB, "journal-compact-mib", device.DefaultCompactAt>>20, "journal size (MiB) past which it is folded into the devices' snapshot files")
 	f.Var(cmdline.NewEnum(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "log level")
 	for _, ff := range faultFlags {
 		o.specs[ff.name] = f.String(ff.name, "", ff.usage+" (SPEC)")

@@ -204,14 +204,14 @@ func (c Config) validate() error {
 }
 
 // makeFleetDir makes the run's directory for the fleet's files in parent,
-// or by default (parent "") in /dev/shm when it is a tmpfs, else in
-// fallback.
-func makeFleetDir(parent, fallback string) (string, error) {
+// or by default (parent "") in memory (shm in the bench) when it is a
+// tmpfs this process can write, else in fallback.
+func makeFleetDir(parent, memory, fallback string) (string, error) {
 	if parent != "" {
 		return os.MkdirTemp(parent, "fleetctl-bench-fleet-")
 	}
-	if Storage(shm) == "tmpfs" {
-		if d, err := os.MkdirTemp(shm, "fleetctl-bench-fleet-"); err == nil {
+	if Storage(memory) == "tmpfs" {
+		if d, err := os.MkdirTemp(memory, "fleetctl-bench-fleet-"); err == nil {
 			return d, nil
 		}
 	}
@@ -254,7 +254,7 @@ func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	fleetDir, err := makeFleetDir(cfg.FleetDir, dir)
+	fleetDir, err := makeFleetDir(cfg.FleetDir, shm, dir)
 	if err != nil {
 		return nil, fmt.Errorf("bench: the fleet's directory: %w", err)
 	}

@@ -8,23 +8,27 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// By default the fleet's files go to /dev/shm when it is a tmpfs, and to
-// the run's directory when it is not; a FleetDir given is used as is.
+// By default the fleet's files go to the memory directory when it is a
+// tmpfs, and to the run's directory when it is not; a FleetDir given is
+// used as is.
 func TestTheFleetsFilesStayOffTheDiskWhereTheyCan(t *testing.T) {
+	require.Equal(t, "tmpfs", Storage(shm), "this test needs %s mounted as a tmpfs, as Debian does", shm)
 	fallback := t.TempDir()
-	byDefault, err := makeFleetDir("", fallback)
+
+	inMemory, err := makeFleetDir("", shm, fallback)
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, os.RemoveAll(byDefault)) })
-	if Storage(shm) == "tmpfs" {
-		require.Equal(t, shm, filepath.Dir(byDefault))
-		require.Equal(t, "tmpfs", Storage(byDefault))
-	} else {
-		require.Equal(t, fallback, filepath.Dir(byDefault))
-	}
+	t.Cleanup(func() { require.NoError(t, os.RemoveAll(inMemory)) })
+	require.Equal(t, shm, filepath.Dir(inMemory))
+	require.Equal(t, "tmpfs", Storage(inMemory))
+
+	// A memory directory that is not a tmpfs (here, not there at all):
+	// the run's directory.
+	onDisk, err := makeFleetDir("", filepath.Join(t.TempDir(), "absent"), fallback)
+	require.NoError(t, err)
+	require.Equal(t, fallback, filepath.Dir(onDisk))
 
 	given := t.TempDir()
-	d, err := makeFleetDir(given, fallback)
+	d, err := makeFleetDir(given, shm, fallback)
 	require.NoError(t, err)
 	require.Equal(t, given, filepath.Dir(d))
-	require.Equal(t, Storage(given), Storage(d))
 }

@@ -72,7 +72,7 @@ type Config struct {
 	Retention time.Duration
 	// JournalCompactAt is the fleet journal's size past which it is folded
 	// into the devices' snapshot files (device.JournalOptions.CompactAt;
-	// 0: the library's 64 MiB). Each fold rewrites every device's
+	// 0: device.DefaultCompactAt). Each fold rewrites every device's
 	// snapshot, all its records within Retention: a fleet of many devices
 	// at thousands of commands a second folds often, and each fold takes
 	// seconds of CPU and writes.
