@@ -21,10 +21,14 @@ func TestTheFleetsFilesStayOffTheDiskWhereTheyCan(t *testing.T) {
 	require.Equal(t, shm, filepath.Dir(inMemory))
 	require.Equal(t, "tmpfs", Storage(inMemory))
 
-	// A memory directory that is not a tmpfs (here, not there at all):
-	// the run's directory.
-	onDisk, err := makeFleetDir("", filepath.Join(t.TempDir(), "absent"), fallback)
+	// A memory directory that is not a tmpfs (the package's own, in the
+	// checkout; only read here): the run's directory.
+	wd, err := os.Getwd()
 	require.NoError(t, err)
+	require.Equal(t, "disk", Storage(wd), "this test needs its checkout on a disk")
+	onDisk, err := makeFleetDir("", wd, fallback)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, os.RemoveAll(onDisk)) })
 	require.Equal(t, fallback, filepath.Dir(onDisk))
 
 	given := t.TempDir()
