@@ -20,30 +20,44 @@ import (
 //	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
 
 func scanCommand(row interface{ Scan(...any) error }) (domain.Command, error) {
-	var (
-		c                             domain.Command
-		params, result, lateResult    sql.NullString
-		issued, expires, next, cr, up int64
-		lastSent, serial              sql.NullInt64
-	)
-	err := row.Scan(&c.CommandID, &c.OperationID, &c.DeviceID, &c.Action, &params, &issued, &expires, &c.Status,
-		&c.StatusRank, &c.Attempt, &c.Queries, &c.QoS, &c.Version, &c.Reason, &result, &c.LastSeq, &c.ExecutedAs,
-		&c.ResolvedBy, &c.LateOutcome, &lateResult, &c.LateConflict, &c.LastQueryID, &c.LastAnswer, &next, &lastSent,
-		&cr, &up, &serial)
-	if err != nil {
+	var r commandRow
+	if err := row.Scan(r.dests()...); err != nil {
 		return domain.Command{}, err
 	}
-	c.SerialSeq = serial.Int64
-	c.Params = json.RawMessage(params.String)
-	if result.Valid {
-		c.Result = json.RawMessage(result.String)
+	return r.command(), nil
+}
+
+// commandRow holds scanCommand's columns while they are scanned, for a row
+// that holds more than a command's (CommandAdvanceFinish).
+type commandRow struct {
+	c                             domain.Command
+	params, result, lateResult    sql.NullString
+	issued, expires, next, cr, up int64
+	lastSent, serial              sql.NullInt64
+}
+
+func (r *commandRow) dests() []any {
+	c := &r.c
+	return []any{&c.CommandID, &c.OperationID, &c.DeviceID, &c.Action, &r.params, &r.issued, &r.expires, &c.Status,
+		&c.StatusRank, &c.Attempt, &c.Queries, &c.QoS, &c.Version, &c.Reason, &r.result, &c.LastSeq, &c.ExecutedAs,
+		&c.ResolvedBy, &c.LateOutcome, &r.lateResult, &c.LateConflict, &c.LastQueryID, &c.LastAnswer, &r.next, &r.lastSent,
+		&r.cr, &r.up, &r.serial}
+}
+
+// command is the command scanned.
+func (r *commandRow) command() domain.Command {
+	c := r.c
+	c.SerialSeq = r.serial.Int64
+	c.Params = json.RawMessage(r.params.String)
+	if r.result.Valid {
+		c.Result = json.RawMessage(r.result.String)
 	}
-	if lateResult.Valid {
-		c.LateResult = json.RawMessage(lateResult.String)
+	if r.lateResult.Valid {
+		c.LateResult = json.RawMessage(r.lateResult.String)
 	}
-	c.IssuedAt, c.ExpiresAt, c.NextCheckAt = fromMS(issued), fromMS(expires), fromMS(next)
-	c.CreatedAt, c.UpdatedAt, c.LastSentAt = fromMS(cr), fromMS(up), fromNullMS(lastSent)
-	return c, nil
+	c.IssuedAt, c.ExpiresAt, c.NextCheckAt = fromMS(r.issued), fromMS(r.expires), fromMS(r.next)
+	c.CreatedAt, c.UpdatedAt, c.LastSentAt = fromMS(r.cr), fromMS(r.up), fromNullMS(r.lastSent)
+	return c
 }
 
 func getCommand(ctx context.Context, q queryer, id string) (domain.Command, error) {

@@ -140,7 +140,7 @@ func (t *tx) submit(ctx context.Context, n NewOperation) (SubmitResult, error) {
 	// Where the backend can, and nothing comes between the two inserts (a
 	// serial queue's place, a supersede), insertCommand inserts the
 	// operation with its command, in one statement.
-	if !t.s.caps.InsertsTogether || !n.FromDevice || n.Serial || n.Supersede {
+	if !t.s.caps.WritesTogether || !n.FromDevice || n.Serial || n.Supersede {
 		r, err := t.Exec(t.s.q.OperationInsert, opArgs...)
 		if err != nil {
 			return SubmitResult{}, fmt.Errorf("insert operation %s: %w", n.OperationID, err)
@@ -336,24 +336,51 @@ type queryer interface {
 
 // scanOperation scans operationColumns, then extra columns into more.
 func scanOperation(row interface{ Scan(...any) error }, more ...any) (domain.Operation, error) {
-	var (
-		op             domain.Operation
-		params, result sql.NullString
-		lease, st, up  int64
-	)
-	err := row.Scan(append([]any{&op.OperationID, &op.Action, &op.Target, &params, &op.RequestHash, &op.Status, &result,
-		&op.Reason, &op.Attempt, &op.CommandID, &op.Version, &op.Owner, &lease, &op.FencingToken,
-		&op.TaskID, &op.Step, &op.BusinessVersion, &op.Compensates, &st, &up,
-		&op.SubmittedBy, &op.Via, &op.ApprovedBy, &op.ApprovedVersion}, more...)...)
-	if err != nil {
+	var r operationRow
+	if err := row.Scan(append(r.dests(), more...)...); err != nil {
 		return domain.Operation{}, err
 	}
-	op.Params = json.RawMessage(params.String)
-	if result.Valid {
-		op.Result = json.RawMessage(result.String)
+	return r.operation(), nil
+}
+
+// operationRow holds scanOperation's columns while they are scanned, and
+// the lists of scanWholeOperation's: for a row that holds more than an
+// operation's (CommandAdvanceFinish).
+type operationRow struct {
+	op             domain.Operation
+	params, result sql.NullString
+	lease, st, up  int64
+	cmds, comps    string
+}
+
+// dests are operationColumns' destinations.
+func (r *operationRow) dests() []any {
+	op := &r.op
+	return []any{&op.OperationID, &op.Action, &op.Target, &r.params, &op.RequestHash, &op.Status, &r.result,
+		&op.Reason, &op.Attempt, &op.CommandID, &op.Version, &op.Owner, &r.lease, &op.FencingToken,
+		&op.TaskID, &op.Step, &op.BusinessVersion, &op.Compensates, &r.st, &r.up,
+		&op.SubmittedBy, &op.Via, &op.ApprovedBy, &op.ApprovedVersion}
+}
+
+// wholeDests are OperationGet's: operationColumns and the two lists.
+func (r *operationRow) wholeDests() []any { return append(r.dests(), &r.cmds, &r.comps) }
+
+// operation is the operation scanned (without its lists).
+func (r *operationRow) operation() domain.Operation {
+	op := r.op
+	op.Params = json.RawMessage(r.params.String)
+	if r.result.Valid {
+		op.Result = json.RawMessage(r.result.String)
 	}
-	op.LeaseExpiresAt, op.StartedAt, op.UpdatedAt = fromMS(lease), fromMS(st), fromMS(up)
-	return op, nil
+	op.LeaseExpiresAt, op.StartedAt, op.UpdatedAt = fromMS(r.lease), fromMS(r.st), fromMS(r.up)
+	return op
+}
+
+// wholeOperation is the operation scanned with its lists.
+func (r *operationRow) wholeOperation() domain.Operation {
+	op := r.operation()
+	op.CommandIDs, op.Compensations = splitIDs(r.cmds), splitIDs(r.comps)
+	return op
 }
 
 // getOperation reads an operation with the ids of its commands (by
@@ -379,13 +406,11 @@ func getOperation(ctx context.Context, q queryer, id string) (domain.Operation, 
 // scanWholeOperation scans an operation with its command and compensation
 // ids (OperationGet's columns).
 func scanWholeOperation(row rowScanner) (domain.Operation, error) {
-	var cmds, comps string
-	op, err := scanOperation(row, &cmds, &comps)
-	if err != nil {
+	var r operationRow
+	if err := row.Scan(r.wholeDests()...); err != nil {
 		return domain.Operation{}, err
 	}
-	op.CommandIDs, op.Compensations = splitIDs(cmds), splitIDs(comps)
-	return op, nil
+	return r.wholeOperation(), nil
 }
 
 // splitIDs splits a comma-joined list of ids; an empty one is no id.
@@ -446,6 +471,22 @@ func (s *DB) Ended(ctx context.Context, ids []string) ([]string, error) {
 // late receipt): it decides the operation only if it is final (succeeded or
 // a device failure), never to make it retryable again.
 func (t *tx) finishOperation(ctx context.Context, cmd domain.Command, state fsm.CommandState, reason string, result json.RawMessage, late bool) error {
+	return t.finishOperationAfter(ctx, cmd, state, reason, result, late, finishTry{})
+}
+
+// finishTry is the common case of finishOperation (a started operation
+// ended by its current command) tried in the statement that ended the
+// command (CommandAdvanceFinish): tried, and then whether the operation
+// ended, as op.
+type finishTry struct {
+	tried, ended bool
+	op           domain.Operation
+}
+
+// finishOperationAfter is finishOperation after f: an operation that ended
+// with its command is recorded as such; one that did not is decided from
+// its row, as read.
+func (t *tx) finishOperationAfter(ctx context.Context, cmd domain.Command, state fsm.CommandState, reason string, result json.RawMessage, late bool, f finishTry) error {
 	if !late && state.Terminal() {
 		t.released(cmd)
 	}
@@ -453,11 +494,12 @@ func (t *tx) finishOperation(ctx context.Context, cmd domain.Command, state fsm.
 	if !ok || (late && to == fsm.OpFailedRetryable) {
 		return nil
 	}
-	var res any
-	if result != nil {
-		res = string(result)
+	if f.ended {
+		t.ended(f.op, fsm.OpStarted, cmd, state)
+		return nil
 	}
-	if !late && fsm.Operation.Can(fsm.OpStarted, to) {
+	res := operationResult(result)
+	if !f.tried && !late && fsm.Operation.Can(fsm.OpStarted, to) {
 		// The common case first, in one statement: the operation is started
 		// and cmd is its current command. Anything else is decided below
 		// from the row as read.
@@ -508,6 +550,15 @@ func (t *tx) finishOperation(ctx context.Context, cmd domain.Command, state fsm.
 		return nil
 	}
 	return t.supersede(ctx, superseded, cmd.CommandID)
+}
+
+// operationResult is the result an operation ends with: its command's
+// final one, or none.
+func operationResult(result json.RawMessage) any {
+	if result == nil {
+		return nil
+	}
+	return string(result)
 }
 
 // ended records an operation that finishOperation moved from state from to

@@ -210,7 +210,7 @@ func (t *tx) receiptsOneByOne(ctx context.Context, device string, rs []wire.Rece
 // read. It returns nil (and writes nothing) for receipts that are not such
 // a run.
 func (t *tx) advanceRun(ctx context.Context, device string, rs []wire.Receipt, beforeCommit func() error) ([]ReceiptOutcome, error) {
-	c, outs, err := t.advanceExpected(ctx, device, rs)
+	c, outs, f, err := t.advanceExpected(ctx, device, rs)
 	if err != nil {
 		return nil, err
 	}
@@ -256,7 +256,7 @@ func (t *tx) advanceRun(ctx context.Context, device string, rs []wire.Receipt, b
 	}
 	if from.Terminal() {
 		c.Status = from
-		if err := t.finishOperation(ctx, c, from, reason, last.Result, false); err != nil {
+		if err := t.finishOperationAfter(ctx, c, from, reason, last.Result, false, f); err != nil {
 			return nil, err
 		}
 	} else if parked(c) {
@@ -326,23 +326,27 @@ func runMoves(from fsm.CommandState, rank int, rs []wire.Receipt) []ReceiptOutco
 // before the first of them: it skips the read that applyReceipt and
 // advanceRun decide from. The statement's conditions are what they would
 // check on that row (the state, a lower rank, the device, the operation),
-// so the outcome is theirs. It returns the command as it is after the
-// change and each receipt's outcome (without the command's ids); no
-// outcomes when the command was not in that state, or rs are not a run
-// that moves it forward, and then nothing was written.
-func (t *tx) advanceExpected(ctx context.Context, device string, rs []wire.Receipt) (domain.Command, []ReceiptOutcome, error) {
+// so the outcome is theirs. When the run ends the command and the backend
+// writes two tables in one statement, the same statement ends the
+// operation in finishOperation's common case (CommandAdvanceFinish), one
+// round trip instead of two on PostgreSQL. It returns the command as it is
+// after the change, each receipt's outcome (without the command's ids) and
+// what the statement did to the operation; no outcomes when the command
+// was not in that state, or rs are not a run that moves it forward, and
+// then nothing was written.
+func (t *tx) advanceExpected(ctx context.Context, device string, rs []wire.Receipt) (domain.Command, []ReceiptOutcome, finishTry, error) {
 	from, ok := expectedBefore(rs[0].Status)
 	if !ok {
-		return domain.Command{}, nil, nil
+		return domain.Command{}, nil, finishTry{}, nil
 	}
 	outs := runMoves(from, fsm.RankNone-1, rs) // the first's rank is the statement's
 	if outs == nil {
-		return domain.Command{}, nil, nil
+		return domain.Command{}, nil, finishTry{}, nil
 	}
 	op := ""
 	for _, r := range rs {
 		if r.OperationID != "" && op != "" && r.OperationID != op {
-			return domain.Command{}, nil, nil
+			return domain.Command{}, nil, finishTry{}, nil
 		}
 		if r.OperationID != "" {
 			op = r.OperationID
@@ -351,15 +355,30 @@ func (t *tx) advanceExpected(ctx context.Context, device string, rs []wire.Recei
 	last := rs[len(rs)-1]
 	to := outs[len(outs)-1].To
 	reason, result := outcomeOf(to, last)
-	c, err := scanCommand(t.QueryRowContext(ctx, t.s.q.CommandAdvanceFrom, to, fsm.ReceiptRank(last.Status), last.Seq,
-		reason, result, ms(t.now), rs[0].CommandID, from, fsm.ReceiptRank(rs[0].Status), device, op))
+	args := []any{to, fsm.ReceiptRank(last.Status), last.Seq, reason, result, ms(t.now),
+		rs[0].CommandID, from, fsm.ReceiptRank(rs[0].Status), device, op}
+	var cr commandRow
+	var f finishTry
+	var err error
+	if opTo, ok := fsm.OperationOutcome(to, reason); ok && t.s.caps.WritesTogether && fsm.Operation.Can(fsm.OpStarted, opTo) {
+		// The command's end and its operation's in one statement.
+		var or operationRow
+		err = t.QueryRowContext(ctx, t.s.q.CommandAdvanceFinish, append(args, opTo, operationResult(last.Result))...).
+			Scan(append(append(cr.dests(), &f.ended), or.wholeDests()...)...)
+		f.tried = true
+		if f.ended {
+			f.op = or.wholeOperation()
+		}
+	} else {
+		err = t.QueryRowContext(ctx, t.s.q.CommandAdvanceFrom, args...).Scan(cr.dests()...)
+	}
 	if errors.Is(err, sql.ErrNoRows) {
-		return domain.Command{}, nil, nil
+		return domain.Command{}, nil, finishTry{}, nil
 	}
 	if err != nil {
-		return domain.Command{}, nil, fmt.Errorf("command %s %s → %s: %w", rs[0].CommandID, from, to, err)
+		return domain.Command{}, nil, finishTry{}, fmt.Errorf("command %s %s → %s: %w", rs[0].CommandID, from, to, err)
 	}
-	return c, outs, nil
+	return cr.command(), outs, f, nil
 }
 
 // receipt is the change of one receipt: applied, its wake-up noted, its
@@ -478,7 +497,7 @@ func (t *tx) applyReceipt(ctx context.Context, device string, r wire.Receipt) (R
 // is in the state expected before it (advanceExpected); ok false: it was
 // not, nothing was written, and applyReceipt reads the command and decides.
 func (t *tx) receiptExpected(ctx context.Context, device string, r wire.Receipt) (out ReceiptOutcome, ok bool, err error) {
-	c, outs, err := t.advanceExpected(ctx, device, []wire.Receipt{r})
+	c, outs, f, err := t.advanceExpected(ctx, device, []wire.Receipt{r})
 	if err != nil || outs == nil {
 		return ReceiptOutcome{}, false, err
 	}
@@ -486,7 +505,7 @@ func (t *tx) receiptExpected(ctx context.Context, device string, r wire.Receipt)
 	out.CommandID, out.OperationID = c.CommandID, c.OperationID
 	reason, _ := outcomeOf(out.To, r)
 	c.Status = out.From // as it was before
-	if err := t.advanced(ctx, c, out.To, r, reason); err != nil {
+	if err := t.advanced(ctx, c, out.To, r, reason, f); err != nil {
 		return out, true, err
 	}
 	if !out.Terminal && parked(c) {
@@ -535,15 +554,16 @@ func (t *tx) advance(ctx context.Context, c domain.Command, r wire.Receipt, rank
 	if err != nil {
 		return "", "", err
 	}
-	if err := t.advanced(ctx, c, to, r, reason); err != nil {
+	if err := t.advanced(ctx, c, to, r, reason, finishTry{}); err != nil {
 		return "", "", err
 	}
 	return EffectApplied, to, nil
 }
 
 // advanced records a receipt that moved command c (as it was before) to
-// state to, and ends its operation when the command ended.
-func (t *tx) advanced(ctx context.Context, c domain.Command, to fsm.CommandState, r wire.Receipt, reason string) error {
+// state to, and ends its operation when the command ended (after f, what
+// the statement that moved it did to the operation).
+func (t *tx) advanced(ctx context.Context, c domain.Command, to fsm.CommandState, r wire.Receipt, reason string, f finishTry) error {
 	why := "receipt " + string(r.Status)
 	if r.QueryID != "" {
 		why += " (query " + r.QueryID + ")"
@@ -555,7 +575,7 @@ func (t *tx) advanced(ctx context.Context, c domain.Command, to fsm.CommandState
 		return nil
 	}
 	c.Status = to
-	return t.finishOperation(ctx, c, to, reason, r.Result, false)
+	return t.finishOperationAfter(ctx, c, to, reason, r.Result, false, f)
 }
 
 // lateReceipt keeps a receipt that arrives after a terminal state: a final

@@ -114,10 +114,11 @@ type Capabilities struct {
 	// Prepares: the store keeps its own prepared statements (the driver
 	// would otherwise prepare each statement afresh).
 	Prepares bool
-	// InsertsTogether: a submit's operation and command go in one
-	// statement (OperationCommandInsert, a data-modifying WITH), one round
-	// trip instead of two.
-	InsertsTogether bool
+	// WritesTogether: a change's two writes go in one statement (a
+	// data-modifying WITH), one round trip instead of two: a submit's
+	// operation and command (OperationCommandInsert), a final receipt's
+	// command and operation (CommandAdvanceFinish).
+	WritesTogether bool
 }
 
 // File is one file of the database, or of its instance lock, whose path

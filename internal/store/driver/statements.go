@@ -67,6 +67,7 @@ type Statements struct {
 	// receipts.go: receipts and answers
 	QueryCommand, QueryAnswer, CommandLastAnswer, CommandDueNow                                string
 	CommandUnpark, CommandAdvance, CommandAdvanceFrom, CommandLateConflict, CommandLateOutcome string
+	CommandAdvanceFinish                                                                       string
 
 	// rollouts.go: rollouts, their devices, starts and history
 	RolloutCounts, RolloutStartsSince, RolloutHistoryInsert               string

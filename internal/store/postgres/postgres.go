@@ -71,10 +71,10 @@ func (*Driver) Name() string { return "postgres" }
 // receipts of its own devices, a device's that queued up together as one
 // change, their commands locked first in command_id order like every
 // batch's), wake each other by notification and lock rows; pgx caches
-// prepared statements per connection by itself; a submit's two inserts go
-// in one statement.
+// prepared statements per connection by itself; a submit's two inserts,
+// and a final receipt's two updates, go in one statement each.
 func (*Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{SharedWriters: true, GroupReceipts: true, Notifications: true, RowLocks: true, InsertsTogether: true}
+	return driver.Capabilities{SharedWriters: true, GroupReceipts: true, Notifications: true, RowLocks: true, WritesTogether: true}
 }
 
 func (*Driver) Migrations() fs.FS {

@@ -289,7 +289,7 @@ RETURNING status, qos
 
 -- name: OperationCommandInsert
 -- OperationInsert and CommandInsertForDevice in one statement
--- (Capabilities.InsertsTogether), for a submit of no serial queue and no
+-- (Capabilities.WritesTogether), for a submit of no serial queue and no
 -- supersede: the command is inserted only with its operation, and no row
 -- comes back when the operation_id is taken.
 WITH op AS (
@@ -483,6 +483,49 @@ UPDATE commands SET status = $1, status_rank = $2, last_seq = $3, reason = $4,
 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
 	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
+
+-- name: CommandAdvanceFinish
+-- CommandAdvanceFrom ($1 to $11) to a final state and OperationFinishCurrent
+-- in one statement (Capabilities.WritesTogether): the operation, when it is
+-- started and the command is its current one, ends as $12 with the result
+-- $13 and the command's reason. It returns the command as CommandAdvanceFrom
+-- does, then whether the operation ended, then the operation as
+-- OperationFinishCurrent returns it (zeros and empty strings when it did
+-- not end). No row: the command did not move, and nothing changed.
+WITH c AS (
+	UPDATE commands SET status = $1, status_rank = $2, last_seq = $3, reason = $4,
+			result = COALESCE($5, result), version = version + 1, updated_at = $6
+		WHERE command_id = $7 AND status = $8 AND status_rank < $9 AND device_id = $10
+			AND operation_id = COALESCE(NULLIF($11, ''), operation_id)
+	RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
+		attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
+		late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
+), o AS (
+	-- By its key alone, the state and the command inside a CASE: with
+	-- status = 'started' written plainly (or a join with c), the planner
+	-- took the index of operations' states and went through every started
+	-- operation.
+	UPDATE operations SET status = $12, result = $13, reason = $4, retry_until = NULL, version = version + 1, updated_at = $6
+		WHERE operation_id = (SELECT operation_id FROM c)
+			AND CASE WHEN status = 'started' THEN command_id END = (SELECT command_id FROM c)
+	RETURNING operation_id, action, target, params, request_hash, status, result, reason, attempt,
+		command_id, version, owner, lease_expires_at, fencing_token, task_id, step, business_version,
+		COALESCE(compensates, '') AS compensates, started_at, updated_at,
+		submitted_by, via, approved_by, COALESCE(approved_version, 0) AS approved_version,
+		COALESCE((SELECT string_agg(k.command_id, ',' ORDER BY k.created_at, k.command_id)
+			FROM commands k WHERE k.operation_id = operations.operation_id), '') AS command_ids,
+		COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
+			FROM operations k WHERE k.compensates = operations.operation_id), '') AS compensations
+)
+SELECT c.*, o.operation_id IS NOT NULL,
+	COALESCE(o.operation_id, ''), COALESCE(o.action, ''), COALESCE(o.target, ''), o.params,
+	COALESCE(o.request_hash, ''), COALESCE(o.status, ''), o.result, COALESCE(o.reason, ''),
+	COALESCE(o.attempt, 0), COALESCE(o.command_id, ''), COALESCE(o.version, 0), COALESCE(o.owner, ''),
+	COALESCE(o.lease_expires_at, 0), COALESCE(o.fencing_token, 0), COALESCE(o.task_id, ''), COALESCE(o.step, ''),
+	COALESCE(o.business_version, ''), COALESCE(o.compensates, ''), COALESCE(o.started_at, 0),
+	COALESCE(o.updated_at, 0), COALESCE(o.submitted_by, ''), COALESCE(o.via, ''), COALESCE(o.approved_by, ''),
+	COALESCE(o.approved_version, 0), COALESCE(o.command_ids, ''), COALESCE(o.compensations, '')
+FROM c LEFT JOIN o ON true
 
 -- name: CommandLateConflict
 UPDATE commands SET late_conflict = 1, updated_at = $1 WHERE command_id = $2

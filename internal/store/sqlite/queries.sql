@@ -276,7 +276,7 @@ INSERT INTO commands (command_id, operation_id, device_id, action, params, issue
 RETURNING status, qos
 
 -- name: OperationCommandInsert
--- Not used: SQLite has no data-modifying WITH (Capabilities.InsertsTogether).
+-- Not used: SQLite has no data-modifying WITH (Capabilities.WritesTogether).
 SELECT NULL WHERE 0
 
 -- name: OperationFinish
@@ -451,6 +451,10 @@ UPDATE OR FAIL commands SET status = ?, status_rank = ?, last_seq = ?, reason = 
 RETURNING command_id, operation_id, device_id, action, params, issued_at, expires_at, status, status_rank,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
 	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq
+
+-- name: CommandAdvanceFinish
+-- Not used: SQLite has no data-modifying WITH (Capabilities.WritesTogether).
+SELECT NULL WHERE 0
 
 -- name: CommandLateConflict
 UPDATE commands SET late_conflict = 1, updated_at = ? WHERE command_id = ?
