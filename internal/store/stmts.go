@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"maps"
 	"sync"
 )
@@ -155,6 +156,23 @@ func (t *tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 		return st.ExecContext(ctx, args...)
 	}
 	return t.c.ExecContext(ctx, query, args...)
+}
+
+// execRows runs a statement whose result nobody reads (a batch's
+// multi-row INSERTs). Where the store prepares its statements (SQLite), it
+// runs as a query: go-sqlite3 binds a query's arguments and takes its
+// first step in one call into C, while an Exec binds each argument with a
+// call of its own (a batch's events insert holds up to 2,560).
+func (t *tx) execRows(ctx context.Context, query string, args ...any) error {
+	if !t.s.caps.Prepares {
+		_, err := t.ExecContext(ctx, query, args...)
+		return err
+	}
+	rows, err := t.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	return errors.Join(rows.Close(), rows.Err())
 }
 
 func (t *tx) Exec(query string, args ...any) (sql.Result, error) {

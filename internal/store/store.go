@@ -506,7 +506,7 @@ func (t *tx) insertRows(ctx context.Context, stmts map[int]string, n int, row fu
 		for i := done; i < done+k; i++ {
 			args = row(args, i)
 		}
-		_, err := t.ExecContext(ctx, stmts[k], args...)
+		err := t.execRows(ctx, stmts[k], args...)
 		clear(args)
 		t.s.scratch.args = args[:0]
 		if err != nil {
