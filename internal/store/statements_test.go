@@ -198,3 +198,13 @@ func topLevelOr(where string) bool {
 	}
 	return false
 }
+
+// PostgreSQL's CommandAdvanceFinish moves the command with
+// CommandAdvanceFrom's very statement (its first part, word for word), so
+// a receipt moves a command under the same conditions whether or not the
+// operation ends in the same statement.
+func TestAdvanceFinishMovesTheCommandAsAdvanceFrom(t *testing.T) {
+	q := postgres.New().Statements()
+	words := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	require.Contains(t, words(q.CommandAdvanceFinish), "WITH c AS ( "+words(q.CommandAdvanceFrom)+" ), o AS (")
+}
