@@ -334,10 +334,10 @@ type queryer interface {
 //	COALESCE(compensates, ''), started_at, updated_at,
 //	submitted_by, via, approved_by, COALESCE(approved_version, 0)
 
-// scanOperation scans operationColumns, then extra columns into more.
-func scanOperation(row interface{ Scan(...any) error }, more ...any) (domain.Operation, error) {
+// scanOperation scans operationColumns.
+func scanOperation(row interface{ Scan(...any) error }) (domain.Operation, error) {
 	var r operationRow
-	if err := row.Scan(append(r.dests(), more...)...); err != nil {
+	if err := row.Scan(r.dests()...); err != nil {
 		return domain.Operation{}, err
 	}
 	return r.operation(), nil
@@ -405,7 +405,7 @@ func getOperation(ctx context.Context, q queryer, id string) (domain.Operation, 
 
 // scanWholeOperation scans an operation with its command and compensation
 // ids (OperationGet's columns).
-func scanWholeOperation(row rowScanner) (domain.Operation, error) {
+func scanWholeOperation(row interface{ Scan(...any) error }) (domain.Operation, error) {
 	var r operationRow
 	if err := row.Scan(r.wholeDests()...); err != nil {
 		return domain.Operation{}, err

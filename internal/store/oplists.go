@@ -277,12 +277,7 @@ const operationListColumns = `o.operation_id, o.action, o.target, o.params, o.re
 func operationList(f OperationFilter) startList[domain.Operation] {
 	l := startList[domain.Operation]{from: "operations o", start: "o.started_at", key: "o.operation_id",
 		columns: operationListColumns,
-		scan: func(row interface{ Scan(...any) error }) (domain.Operation, error) {
-			var cmds, comps string
-			op, err := scanOperation(row, &cmds, &comps)
-			op.CommandIDs, op.Compensations = splitIDs(cmds), splitIDs(comps)
-			return op, err
-		},
+		scan:    scanWholeOperation,
 		cursor: func(op domain.Operation) StartCursor {
 			return StartCursor{Start: op.StartedAt.UnixMilli(), ID: op.OperationID}
 		}}

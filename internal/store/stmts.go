@@ -159,12 +159,10 @@ func (t *tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 }
 
 // execRows runs a statement whose result nobody reads (a batch's
-// multi-row INSERTs). Where the store prepares its statements (SQLite), it
-// runs as a query: go-sqlite3 binds a query's arguments and takes its
-// first step in one call into C, while an Exec binds each argument with a
-// call of its own (a batch's events insert holds up to 2,560).
+// multi-row INSERTs, up to 2,560 arguments), as a query where the driver
+// binds a query's arguments at once (Capabilities.BindsQueriesAtOnce).
 func (t *tx) execRows(ctx context.Context, query string, args ...any) error {
-	if !t.s.caps.Prepares {
+	if !t.s.caps.BindsQueriesAtOnce {
 		_, err := t.ExecContext(ctx, query, args...)
 		return err
 	}

@@ -114,6 +114,10 @@ type Capabilities struct {
 	// Prepares: the store keeps its own prepared statements (the driver
 	// would otherwise prepare each statement afresh).
 	Prepares bool
+	// BindsQueriesAtOnce: the driver binds a query's arguments in one call
+	// (go-sqlite3: with its first step, in one call into C) but an Exec's
+	// one call each, so the batch's multi-row INSERTs run as queries.
+	BindsQueriesAtOnce bool
 	// WritesTogether: a change's two writes go in one statement (a
 	// data-modifying WITH), one round trip instead of two: a submit's
 	// operation and command (OperationCommandInsert), a final receipt's

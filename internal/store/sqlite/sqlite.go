@@ -60,9 +60,10 @@ func (*Driver) Name() string { return "sqlite" }
 
 // Capabilities: one writer applies every receipt (several to a batch),
 // prepared statements kept by the store (go-sqlite3 prepares each string
-// afresh), no notifications and no row locks.
+// afresh), a query's arguments bound at once, no notifications and no row
+// locks.
 func (*Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{GroupReceipts: true, Prepares: true}
+	return driver.Capabilities{GroupReceipts: true, Prepares: true, BindsQueriesAtOnce: true}
 }
 
 func (*Driver) Migrations() fs.FS {
