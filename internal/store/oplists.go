@@ -136,10 +136,22 @@ type startList[T any] struct {
 		column string
 		vals   []any
 	}
+	// parts split the list into disjoint sets, each read apart (a branch
+	// of the page's UNION ALL, a term of the count's sum): a list by device
+	// whose newest rows wait outside the device index
+	// (Capabilities.ListsDevicesInBulk) reads the index and the pending
+	// rows.
+	parts  []listPart
 	scan   func(interface{ Scan(...any) error }) (T, error)
 	cursor func(T) StartCursor
 	// parse reads an After (nil: ParseStartCursor).
 	parse func(string) (StartCursor, error)
+}
+
+// listPart is one of a list's disjoint sets: a condition and its args.
+type listPart struct {
+	cond string
+	args []any
 }
 
 func (l *startList[T]) filter(cond string, args ...any) {
@@ -176,15 +188,29 @@ func (l *startList[T]) bounds(since, until time.Time) {
 // newest rows of that value's range of its index (at most limit), and the
 // outer query orders those few: an IN list on the index's first column
 // would otherwise be a sort of every matching row, or a walk of the
-// whole (start, id) index filtering rows.
+// whole (start, id) index filtering rows. With parts, likewise one branch
+// per part (per part and value with both), and the count is the sum of
+// each part's.
 func (l startList[T]) queries(after *StartCursor, limit int) (count string, countArgs []any, page string, pageArgs []any) {
 	conds := append([]string(nil), l.where...)
-	countArgs = append([]any(nil), l.args...)
+	whereArgs := append([]any(nil), l.args...)
 	if l.anyOf.column != "" {
 		conds = append(conds, l.anyOf.column+" IN (?"+strings.Repeat(", ?", len(l.anyOf.vals)-1)+")")
-		countArgs = append(countArgs, l.anyOf.vals...)
+		whereArgs = append(whereArgs, l.anyOf.vals...)
 	}
-	count = `SELECT count(*) FROM ` + l.from + whereOf(conds)
+	parts := l.parts
+	if len(parts) == 0 {
+		parts = []listPart{{}}
+	}
+	counts := make([]string, len(parts))
+	for i, p := range parts {
+		counts[i] = `SELECT count(*) FROM ` + l.from + whereOf(withCond(conds, p.cond))
+		countArgs = append(append(countArgs, whereArgs...), p.args...)
+	}
+	count = counts[0]
+	if len(counts) > 1 {
+		count = `SELECT (` + strings.Join(counts, `) + (`) + `)`
+	}
 
 	order := ` ORDER BY ` + l.start + ` DESC, ` + l.key + ` DESC LIMIT ?`
 	rangeConds, rangeArgs := append([]string(nil), l.where...), append([]any(nil), l.args...)
@@ -192,19 +218,40 @@ func (l startList[T]) queries(after *StartCursor, limit int) (count string, coun
 		rangeConds = append(rangeConds, "("+l.start+", "+l.key+") < (?, ?)")
 		rangeArgs = append(rangeArgs, after.Start, after.ID)
 	}
-	if l.anyOf.column == "" {
+	if l.anyOf.column == "" && len(l.parts) == 0 {
 		return count, countArgs, `SELECT ` + l.columns + ` FROM ` + l.from + whereOf(rangeConds) + order,
 			append(rangeArgs, limit)
 	}
-	branches := make([]string, len(l.anyOf.vals))
-	for i, v := range l.anyOf.vals {
-		branches[i] = `SELECT k` + strconv.Itoa(i) + `.id FROM (SELECT ` + l.key + ` AS id FROM ` + l.from +
-			whereOf(append([]string{l.anyOf.column + " = ?"}, rangeConds...)) + order + `) k` + strconv.Itoa(i)
-		pageArgs = append(append(append(pageArgs, v), rangeArgs...), limit)
+	vals := l.anyOf.vals
+	if l.anyOf.column == "" {
+		vals = []any{nil}
+	}
+	var branches []string
+	for _, v := range vals {
+		for _, p := range parts {
+			var bconds []string
+			if l.anyOf.column != "" {
+				bconds = append(bconds, l.anyOf.column+" = ?")
+				pageArgs = append(pageArgs, v)
+			}
+			bconds = append(withCond(bconds, p.cond), rangeConds...)
+			pageArgs = append(append(append(pageArgs, p.args...), rangeArgs...), limit)
+			k := `k` + strconv.Itoa(len(branches))
+			branches = append(branches, `SELECT `+k+`.id FROM (SELECT `+l.key+` AS id FROM `+l.from+
+				whereOf(bconds)+order+`) `+k)
+		}
 	}
 	page = `SELECT ` + l.columns + ` FROM ` + l.from + ` WHERE ` + l.key + ` IN (` +
 		strings.Join(branches, ` UNION ALL `) + `)` + order
 	return count, countArgs, page, append(pageArgs, limit)
+}
+
+// withCond is conds and cond, when there is one.
+func withCond(conds []string, cond string) []string {
+	if cond == "" {
+		return conds
+	}
+	return append(append([]string(nil), conds...), cond)
 }
 
 func whereOf(conds []string) string {
@@ -274,7 +321,9 @@ const operationListColumns = `o.operation_id, o.action, o.target, o.params, o.re
 	COALESCE((SELECT string_agg(k.operation_id, ',' ORDER BY k.started_at, k.operation_id)
 		FROM operations k WHERE k.compensates = o.operation_id), '')`
 
-func operationList(f OperationFilter) startList[domain.Operation] {
+// operationList is the list f selects; inBulk: the backend lists devices
+// in bulk (Capabilities.ListsDevicesInBulk).
+func operationList(f OperationFilter, inBulk bool) startList[domain.Operation] {
 	l := startList[domain.Operation]{from: "operations o", start: "o.started_at", key: "o.operation_id",
 		columns: operationListColumns,
 		scan:    scanWholeOperation,
@@ -283,7 +332,7 @@ func operationList(f OperationFilter) startList[domain.Operation] {
 		}}
 	inFilter(&l, "o.status", f.Statuses)
 	if f.Device != "" {
-		l.filter("o.target = ?", f.Device)
+		byDevice(&l, "o.target", "o.device_listed", f.Device, inBulk)
 	}
 	if f.Action != "" {
 		l.filter("o.action = ?", f.Action)
@@ -299,10 +348,25 @@ func operationList(f OperationFilter) startList[domain.Operation] {
 	return l
 }
 
+// byDevice filters a list on its device column. When the backend lists
+// devices in bulk, it reads two parts: the rows already in the device
+// index (listed, the column 1), and the pending ones (0), about half a
+// second of rows, walked in time order by their own index.
+func byDevice[T any](l *startList[T], column, listed, device string, inBulk bool) {
+	if !inBulk {
+		l.filter(column+" = ?", device)
+		return
+	}
+	l.parts = []listPart{
+		{cond: column + " = ? AND " + listed + " = 1", args: []any{device}},
+		{cond: listed + " = 0 AND " + column + " = ?", args: []any{device}},
+	}
+}
+
 // ListOperations lists one page of operations, newest first, with the
 // number that match the filter.
 func (s *DB) ListOperations(ctx context.Context, f OperationFilter, p StartPage) (Listed[domain.Operation], error) {
-	return operationList(f).read(ctx, s, p)
+	return operationList(f, s.caps.ListsDevicesInBulk).read(ctx, s, p)
 }
 
 // commandListColumns are CommandGet's columns.
@@ -310,7 +374,8 @@ const commandListColumns = `command_id, operation_id, device_id, action, params,
 	attempt, queries, qos, version, reason, result, last_seq, executed_as, resolved_by, late_outcome, late_result,
 	late_conflict, last_query_id, last_answer, next_check_at, last_sent_at, created_at, updated_at, serial_seq`
 
-func commandList(f CommandFilter) startList[domain.Command] {
+// commandList is operationList's twin for commands.
+func commandList(f CommandFilter, inBulk bool) startList[domain.Command] {
 	l := startList[domain.Command]{from: "commands", start: "created_at", key: "command_id",
 		columns: commandListColumns, scan: scanCommand,
 		cursor: func(c domain.Command) StartCursor {
@@ -318,7 +383,7 @@ func commandList(f CommandFilter) startList[domain.Command] {
 		}}
 	inFilter(&l, "status", f.Statuses)
 	if f.Device != "" {
-		l.filter("device_id = ?", f.Device)
+		byDevice(&l, "device_id", "device_listed", f.Device, inBulk)
 	}
 	if f.Action != "" {
 		l.filter("action = ?", f.Action)
@@ -333,5 +398,5 @@ func commandList(f CommandFilter) startList[domain.Command] {
 // ListCommands lists one page of commands, newest first, with the number
 // that match the filter.
 func (s *DB) ListCommands(ctx context.Context, f CommandFilter, p StartPage) (Listed[domain.Command], error) {
-	return commandList(f).read(ctx, s, p)
+	return commandList(f, s.caps.ListsDevicesInBulk).read(ctx, s, p)
 }

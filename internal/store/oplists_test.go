@@ -248,6 +248,89 @@ func TestListCommandsNewestFirstFilteredAndPaged(t *testing.T) {
 	})
 }
 
+// TestListsByDeviceTakeNewRowsInBulk (SQLite, Capabilities.ListsDevicesInBulk):
+// new operations and commands wait outside the device indexes until the
+// writer moves them in, once half a second of the store's clock has passed,
+// with the next batch; a list by device holds them the same before and after,
+// and a walk across a move neither repeats nor skips one.
+func TestListsByDeviceTakeNewRowsInBulk(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "sqlite")
+	require.True(t, b.s.caps.ListsDevicesInBulk)
+	pending := func() (ops, cmds int) {
+		t.Helper()
+		require.NoError(t, b.s.r.QueryRowContext(b.ctx, `SELECT (SELECT count(*) FROM operations WHERE device_listed = 0),
+			(SELECT count(*) FROM commands WHERE device_listed = 0)`).Scan(&ops, &cmds))
+		return ops, cmds
+	}
+	submit := func(i int) {
+		t.Helper()
+		op := newOp(fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i))
+		op.Target = fmt.Sprintf("device-%d", i%2)
+		_, err := b.s.Submit(b.ctx, op, nil)
+		require.NoError(t, err)
+		b.clk.Advance(time.Millisecond)
+	}
+	// The store's first batch moved nothing (none yet) and set the clock.
+	for i := range 6 {
+		submit(i)
+	}
+	ops, cmds := pending()
+	require.Equal(t, []int{6, 6}, []int{ops, cmds}, "within half a second, every new row waits")
+
+	byDevice := func(limit int, between func(page int)) (opIDs, cmdIDs []string, opTotal, cmdTotal int64) {
+		t.Helper()
+		p := StartPage{Limit: limit}
+		for page := 0; ; page++ {
+			require.Less(t, page, 20)
+			got, err := b.s.ListOperations(b.ctx, OperationFilter{Device: "device-1"}, p)
+			require.NoError(t, err)
+			opTotal = got.Total
+			for _, op := range got.Items {
+				opIDs = append(opIDs, op.OperationID)
+			}
+			if got.Next == "" {
+				break
+			}
+			p.After = got.Next
+			between(page)
+		}
+		got, err := b.s.ListCommands(b.ctx, CommandFilter{Device: "device-1"}, StartPage{Limit: 100})
+		require.NoError(t, err)
+		for _, c := range got.Items {
+			cmdIDs = append(cmdIDs, c.CommandID)
+		}
+		return opIDs, cmdIDs, got.Total, int64(len(cmdIDs))
+	}
+	nothing := func(int) {}
+	opIDs, cmdIDs, opTotal, cmdTotal := byDevice(2, nothing)
+	require.Equal(t, []string{"op-5", "op-3", "op-1"}, opIDs, "pending rows are listed")
+	require.Equal(t, []string{"c-5", "c-3", "c-1"}, cmdIDs)
+	require.Equal(t, []int64{3, 3}, []int64{opTotal, cmdTotal})
+
+	// A second later (half a second would do) the next batch moves them
+	// first, then writes its own (pending). A walk that began before the
+	// move goes on across it.
+	b.clk.Advance(time.Second)
+	opIDs, _, opTotal, _ = byDevice(1, func(page int) {
+		if page == 0 {
+			submit(7)
+			ops, cmds := pending()
+			require.Equal(t, []int{1, 1}, []int{ops, cmds}, "the six moved, the new one waits")
+		}
+	})
+	require.Equal(t, []string{"op-5", "op-3", "op-1"}, opIDs, "the walk neither repeats nor skips")
+	require.EqualValues(t, 4, opTotal, "op-7 counted (newer than the walk's first page)")
+
+	opIDs, cmdIDs, opTotal, cmdTotal = byDevice(100, nothing)
+	require.Equal(t, []string{"op-7", "op-5", "op-3", "op-1"}, opIDs, "listed and pending together")
+	require.Equal(t, []string{"c-7", "c-5", "c-3", "c-1"}, cmdIDs)
+	require.Equal(t, []int64{4, 4}, []int64{opTotal, cmdTotal})
+	all, err := b.s.ListOperations(b.ctx, OperationFilter{Device: "device-0"}, StartPage{})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, all.Total)
+}
+
 func TestOperatorListCursor(t *testing.T) {
 	t.Parallel()
 	c := StartCursor{Start: 1764669600123, ID: "task-1:step:device-1:approval-v2"}
@@ -307,31 +390,57 @@ func TestOperatorListsUseAnIndex(t *testing.T) {
 		require.Contains(t, c, "COVERING INDEX", name+": the count\n"+c)
 	}
 	na := []fsm.OperationState{fsm.OpStarted}
-	check("operations", operationList(OperationFilter{}), "operations_started")
-	check("operations status", operationList(OperationFilter{Statuses: na}), "operations_status_started")
-	check("operations device", operationList(OperationFilter{Device: "d"}), "operations_target_started")
-	check("operations action", operationList(OperationFilter{Action: "a"}), "operations_action_started")
-	check("operations task", operationList(OperationFilter{TaskID: "t"}), "operations_task_started")
-	check("operations submitted_by", operationList(OperationFilter{SubmittedBy: "p"}), "operations_submitted_by_started")
-	check("operations since", operationList(OperationFilter{Since: time.UnixMilli(5), Until: time.UnixMilli(9)}), "operations_started")
+	check("operations", operationList(OperationFilter{}, true), "operations_started")
+	check("operations status", operationList(OperationFilter{Statuses: na}, true), "operations_status_started")
+	check("operations action", operationList(OperationFilter{Action: "a"}, true), "operations_action_started")
+	check("operations task", operationList(OperationFilter{TaskID: "t"}, true), "operations_task_started")
+	check("operations submitted_by", operationList(OperationFilter{SubmittedBy: "p"}, true), "operations_submitted_by_started")
+	check("operations since", operationList(OperationFilter{Since: time.UnixMilli(5), Until: time.UnixMilli(9)}, true), "operations_started")
 	cs := []fsm.CommandState{fsm.CmdNeedsAttention}
-	check("commands", commandList(CommandFilter{}), "commands_created")
-	check("commands status", commandList(CommandFilter{Statuses: cs}), "commands_status_created")
-	check("commands device", commandList(CommandFilter{Device: "d"}), "commands_device_created")
-	check("commands action", commandList(CommandFilter{Action: "a"}), "commands_action_created")
-	check("commands since", commandList(CommandFilter{Since: time.UnixMilli(5)}), "commands_created")
+	check("commands", commandList(CommandFilter{}, true), "commands_created")
+	check("commands status", commandList(CommandFilter{Statuses: cs}, true), "commands_status_created")
+	check("commands action", commandList(CommandFilter{Action: "a"}, true), "commands_action_created")
+	check("commands since", commandList(CommandFilter{Since: time.UnixMilli(5)}, true), "commands_created")
 	// One operation's commands: a handful, found by commands_operation.
-	_, _, page, args := commandList(CommandFilter{OperationID: "o"}).queries(cursor, 101)
+	_, _, page, args := commandList(CommandFilter{OperationID: "o"}, true).queries(cursor, 101)
 	require.Contains(t, plan(page, args...), "commands_operation")
 
 	// Several statuses: each one's range of the status index, newest
 	// first and limited, then only those rows sorted; the count reads the
 	// index's ranges.
 	open := []fsm.CommandState{fsm.CmdPending, fsm.CmdSent, fsm.CmdNeedsAttention}
-	count, countArgs, page, args := commandList(CommandFilter{Statuses: open, Device: "d"}).queries(cursor, 101)
+	count, countArgs, page, args := commandList(CommandFilter{Statuses: open, Device: "d"}, true).queries(cursor, 101)
 	p := plan(page, args...)
 	require.Equal(t, 3, strings.Count(p, "USING INDEX commands_status_created (status=? AND (created_at,command_id)<(?,?))")+
 		strings.Count(p, "USING INDEX commands_device_created (device_id=? AND (created_at,command_id)<(?,?))"), p)
 	require.NotContains(t, p, "SCAN commands", p)
 	require.Contains(t, plan(count, countArgs...), "INDEX")
+
+	// A list by device, its new rows listed in bulk: the device index's
+	// range and the pending rows' index, each walked newest first and
+	// limited, then those rows sorted; the count reads the device index
+	// alone and the pending rows (at most about half a second of them).
+	for _, c := range []struct {
+		name, listed, pending string
+		l                     interface {
+			queries(*StartCursor, int) (string, []any, string, []any)
+		}
+	}{
+		{"operations device", "operations_target_started (target=? AND (started_at,operation_id)<(?,?))",
+			"operations_device_pending (device_listed=? AND (started_at,operation_id)<(?,?))", operationList(OperationFilter{Device: "d"}, true)},
+		{"commands device", "commands_device_created (device_id=? AND (created_at,command_id)<(?,?))",
+			"commands_device_pending (device_listed=? AND (created_at,command_id)<(?,?))", commandList(CommandFilter{Device: "d"}, true)},
+	} {
+		count, countArgs, page, args := c.l.queries(cursor, 101)
+		p := plan(page, args...)
+		require.Contains(t, p, "INDEX "+c.listed, c.name+"\n"+p)
+		require.Contains(t, p, "INDEX "+c.pending, c.name+"\n"+p)
+		require.NotContains(t, p, "SCAN o\n", c.name+"\n"+p)
+		require.NotContains(t, p, "SCAN commands", c.name+"\n"+p)
+		p = plan(count, countArgs...)
+		require.Contains(t, p, "COVERING INDEX "+strings.Fields(c.listed)[0], c.name+": the count\n"+p)
+		require.Contains(t, p, "INDEX "+strings.Fields(c.pending)[0], c.name+": the count\n"+p)
+		require.NotContains(t, p, "SCAN o\n", c.name+"\n"+p)
+		require.NotContains(t, p, "SCAN commands", c.name+"\n"+p)
+	}
 }

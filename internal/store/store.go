@@ -201,6 +201,11 @@ type DB struct {
 	delaying      func(n int) // tests: called as a batch of n begins to wait for more
 	quit, stopped chan struct{}
 	trips         atomic.Int64 // statements sent to the database
+	moveTrips     atomic.Int64 // of which the writer's moves into the device lists (listDevices)
+	// listedAt is when the writer last moved the pending rows into the
+	// lists' device indexes (Capabilities.ListsDevicesInBulk), on the
+	// store's clock: the writer goroutine's own.
+	listedAt time.Time
 	// touched is when a committed change of this store last touched each
 	// device (touchDevice), in ms: the writer goroutine's own.
 	touched map[string]int64

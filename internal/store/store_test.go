@@ -335,11 +335,16 @@ func receipt(cmd string, st wire.ReceiptStatus, seq int) wire.Receipt {
 // receiptTrips applies r from device-1 and returns the statements it took.
 func receiptTrips(t *testing.T, b *testBundle, r wire.Receipt) int64 {
 	t.Helper()
-	before := b.s.RoundTrips()
+	before := changeTrips(b.s)
 	_, err := b.s.ApplyReceipt(b.ctx, "device-1", r, nil)
 	require.NoError(t, err)
-	return b.s.RoundTrips() - before
+	return changeTrips(b.s) - before
 }
+
+// changeTrips is RoundTrips without the statements of the writer's moves
+// of pending rows into the device lists (listDevices), which join a batch
+// on the store's clock, whoever's change it holds.
+func changeTrips(s *DB) int64 { return s.RoundTrips() - s.moveTrips.Load() }
 
 // sentToOnline is sentCommand to device-1 online.
 func sentToOnline(t *testing.T, b *testBundle) {
@@ -1141,10 +1146,10 @@ func TestSubmitFromTheDevicesRow(t *testing.T) {
 		// PostgreSQL the operation and its command are one statement, one
 		// round trip less than a submit that names its QoS).
 		trips := func(n NewOperation) int64 {
-			before := b.s.RoundTrips()
+			before := changeTrips(b.s)
 			_, err := b.s.Submit(b.ctx, n, nil)
 			require.NoError(t, err)
-			return b.s.RoundTrips() - before
+			return changeTrips(b.s) - before
 		}
 		again := newOp("op-never-seen", "c-again")
 		again.Target, again.FromDevice = "never-seen", true
@@ -1221,11 +1226,11 @@ func TestApplyReceiptsWritesACommandsRunOnce(t *testing.T) {
 		sentAs(t, b, "op-2", "c-2")
 
 		b.clk.Advance(time.Second)
-		before := b.s.RoundTrips()
+		before := changeTrips(b.s)
 		res, err := b.s.ApplyReceipts(b.ctx, "device-1", []wire.Receipt{receipt("c-1", wire.ReceiptReceived, 1),
 			receipt("c-1", wire.ReceiptExecuting, 2), receipt("c-1", wire.ReceiptSucceeded, 3)}, nil)
 		require.NoError(t, err)
-		run := b.s.RoundTrips() - before
+		run := changeTrips(b.s) - before
 		require.Len(t, res, 3)
 		var tos []fsm.CommandState
 		for _, r := range res {

@@ -123,6 +123,13 @@ type Capabilities struct {
 	// operation and command (OperationCommandInsert), a final receipt's
 	// command and operation (CommandAdvanceFinish).
 	WritesTogether bool
+	// ListsDevicesInBulk: new operations and commands are written outside
+	// the lists' device indexes (device_listed = 0, in an index of pending
+	// rows in time order), and the writer moves them in about once a
+	// second (DeviceListOperations, DeviceListCommands); a list by device
+	// reads both. On SQLite each commit otherwise rewrote a leaf of each
+	// device index per device it touched.
+	ListsDevicesInBulk bool
 }
 
 // File is one file of the database, or of its instance lock, whose path

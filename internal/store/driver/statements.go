@@ -107,6 +107,10 @@ type Statements struct {
 	// entity with their principal, the state gauges' counts (issue 27).
 	AuditInsert, EventListOfBy, OperationStatusCounts, CommandStatusCounts string
 	OperationOpenStatusCounts, CommandOpenStatusCounts                     string
+
+	// oplists.go: the lists by device take the pending rows in bulk
+	// (Capabilities.ListsDevicesInBulk).
+	DeviceListOperations, DeviceListCommands string
 }
 
 // Parse reads a queries.sql file into a Statements.

@@ -905,3 +905,13 @@ SELECT status, count(*) FROM operations WHERE status IN ('started','failed_retry
 -- name: CommandOpenStatusCounts
 SELECT status, count(*) FROM commands
 	WHERE status IN ('pending','waiting_device','sent','received','executing','needs_attention') GROUP BY status
+
+-- oplists.go: the lists by device
+
+-- name: DeviceListOperations
+-- Not used: every row is in its device index when written
+-- (Capabilities.ListsDevicesInBulk).
+SELECT NULL WHERE FALSE
+
+-- name: DeviceListCommands
+SELECT NULL WHERE FALSE

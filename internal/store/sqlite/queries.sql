@@ -250,14 +250,14 @@ UPDATE commands SET next_check_at = ?, version = version + 1 WHERE device_id = ?
 INSERT INTO operations (operation_id, action, target, params, request_hash, status,
 		attempt, command_id, version, owner, lease_expires_at, fencing_token,
 		task_id, step, business_version, compensates, started_at, updated_at,
-		submitted_by, via, approved_by, approved_version)
-	VALUES (?, ?, ?, ?, ?, 'started', 1, ?, 1, ?, ?, 1, ?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?, ?, NULLIF(?, 0))
+		submitted_by, via, approved_by, approved_version, device_listed)
+	VALUES (?, ?, ?, ?, ?, 'started', 1, ?, 1, ?, ?, 1, ?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?, ?, NULLIF(?, 0), 0)
 	ON CONFLICT (operation_id) DO NOTHING
 
 -- name: CommandInsert
 INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
-		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason)
-	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason, device_listed)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)
 
 -- name: CommandInsertForDevice
 -- CommandInsert with the first publish decision made from the device's row
@@ -266,11 +266,11 @@ INSERT INTO commands (command_id, operation_id, device_id, action, params, issue
 -- is online, pending otherwise; QoS 1 when the device deduplicates. It
 -- returns the status and QoS it wrote.
 INSERT INTO commands (command_id, operation_id, device_id, action, params, issued_at, expires_at,
-		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason)
+		status, attempt, qos, version, next_check_at, last_sent_at, created_at, updated_at, serial_seq, reason, device_listed)
 	SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7,
 		CASE WHEN d.claim THEN 'sent' ELSE 'pending' END, CASE WHEN d.claim THEN 1 ELSE 0 END, d.dedupe,
 		CASE WHEN d.claim THEN 2 ELSE 1 END, CASE WHEN d.claim THEN ?8 ELSE ?9 END, CASE WHEN d.claim THEN ?10 END,
-		?11, ?12, ?13, ?14
+		?11, ?12, ?13, ?14, 0
 	FROM (SELECT ?15 = 1 AND COALESCE((SELECT online FROM devices WHERE device_id = ?3), 0) = 1 AS claim,
 		COALESCE((SELECT dedupe FROM devices WHERE device_id = ?3), 0) AS dedupe) d
 RETURNING status, qos
@@ -834,3 +834,13 @@ SELECT status, count(*) FROM operations WHERE status IN ('started','failed_retry
 -- name: CommandOpenStatusCounts
 SELECT status, count(*) FROM commands
 	WHERE status IN ('pending','waiting_device','sent','received','executing','needs_attention') GROUP BY status
+
+-- oplists.go: the lists by device (Capabilities.ListsDevicesInBulk)
+
+-- name: DeviceListOperations
+-- Moves the pending operations into operations_target_started
+-- (migration 0014), found by their own index.
+UPDATE operations SET device_listed = 1 WHERE device_listed = 0
+
+-- name: DeviceListCommands
+UPDATE commands SET device_listed = 1 WHERE device_listed = 0

@@ -63,7 +63,7 @@ func (*Driver) Name() string { return "sqlite" }
 // afresh), a query's arguments bound at once, no notifications and no row
 // locks.
 func (*Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{GroupReceipts: true, Prepares: true, BindsQueriesAtOnce: true}
+	return driver.Capabilities{GroupReceipts: true, Prepares: true, BindsQueriesAtOnce: true, ListsDevicesInBulk: true}
 }
 
 func (*Driver) Migrations() fs.FS {
