@@ -246,3 +246,17 @@ func TestSupersedeLeavesTheLatestIntent(t *testing.T) {
 		require.Equal(t, "c-5", c6.QueuedBehind)
 	})
 }
+
+// A supersede submit finds the intents it replaces among its device's open
+// commands, each joined to its operation by key: never a range of the
+// operations of an action, which holds the whole history (SQLite's plan;
+// PostgreSQL's planner chooses from its statistics).
+func TestSupersedeReadsNoOperationsHistory(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "sqlite")
+	p := queryPlan(t, b, b.s.q.QueueSupersedable, "device-1", "set-config", "op-1")
+	require.Contains(t, p, "SEARCH c USING INDEX commands_device_open (device_id=?)", p)
+	require.Contains(t, p, "SEARCH o USING INDEX sqlite_autoindex_operations_1 (operation_id=?)", p)
+	require.NotContains(t, p, "SCAN", p)
+	require.NotContains(t, p, "_started", p)
+}

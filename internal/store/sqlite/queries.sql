@@ -326,9 +326,14 @@ SELECT command_id, attempt FROM commands WHERE device_id = ? AND serial_seq IS N
 	AND status <> 'succeeded' AND status <> 'failed' AND status <> 'timeout' AND status <> 'cancelled' ORDER BY serial_seq LIMIT 1
 
 -- name: QueueSupersedable
-SELECT c.command_id FROM operations o JOIN commands c ON c.command_id = o.command_id
-WHERE o.target = ? AND o.action = ? AND o.status = 'started' AND o.operation_id <> ?
+-- From the device's open commands (commands_device_open, a handful), each
+-- joined to its operation by key: left to itself the planner walked every
+-- operation of the action (operations_action_started), the history
+-- included, inside the writer.
+SELECT c.command_id FROM commands c CROSS JOIN operations o ON o.operation_id = c.operation_id
+WHERE c.device_id = ?1 AND c.status <> 'succeeded' AND c.status <> 'failed' AND c.status <> 'timeout' AND c.status <> 'cancelled'
 	AND c.attempt = 0 AND c.status IN ('pending','waiting_device')
+	AND o.command_id = c.command_id AND o.target = ?1 AND o.action = ?2 AND o.status = 'started' AND o.operation_id <> ?3
 ORDER BY c.command_id
 
 -- name: QueueInFlight
