@@ -219,7 +219,8 @@ func New(ctx context.Context, cfg Config, log *slog.Logger, stderr io.Writer) (_
 	c.bus = events.New(events.Config{First: uint64(time.Now().UnixMicro())})
 	met.Registry.MustRegister(c.bus.Collectors()...)
 	c.feed = feed.New()
-	db, err := backend.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: met, Feed: c.feed})
+	db, err := backend.Open(ctx, store.Config{Path: cfg.DB, Instance: cfg.InstanceID, Observer: met, Feed: c.feed,
+		BeforeListMove: func() error { return fp.Hit(failpoint.BeforeDeviceListMove) }})
 	if err != nil {
 		return nil, err
 	}

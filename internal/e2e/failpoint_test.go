@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -182,4 +183,61 @@ func TestSecondInstanceWithSameIDRefused(t *testing.T) {
 		b.ctl.Restart()
 		require.Less(t, time.Since(start), 10*time.Second)
 	})
+}
+
+// TestFailpointBeforeDeviceListMove (SQLite, whose lists by device take new
+// rows in bulk): with every move failing, submits and their receipts commit
+// all the same and the lists by device hold every operation, its rows
+// pending; a crash at the move leaves them pending; the next instance moves
+// them with its first batch, and the lists read the same throughout.
+func TestFailpointBeforeDeviceListMove(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{backend: "sqlite", env: []string{"CONTROLLER_FAILPOINTS=before-device-list-move=error"}})
+	require.Contains(t, b.ctl.Output(), "failpoint armed: before-device-list-move=error")
+	hits := func() float64 { return b.metric(`controller_failpoint_hits_total{name="before-device-list-move"}`) }
+	// Moves run at most twice a second, with a batch: submit until three
+	// were tried, the last of them after the first operation existed.
+	var ids []string
+	for i := 0; len(ids) < 3 || hits() < 3; i++ {
+		require.Less(t, i, 300, "three moves within 300 operations")
+		op, status, err := b.client.Submit(b.ctx(), req(fmt.Sprintf("task-lm%d", i), "device-1"), "")
+		require.NoError(t, err)
+		require.Equal(t, http.StatusCreated, status)
+		require.Equal(t, "succeeded", b.waitFinal(op.OperationID).Status, "the failed move took nothing with it")
+		ids = append([]string{op.OperationID}, ids...) // newest first
+	}
+	pending := func() string {
+		return strings.Join(b.rows(`SELECT (SELECT count(*) FROM operations WHERE device_listed = 0),
+			(SELECT count(*) FROM commands WHERE device_listed = 0)`), "")
+	}
+	all := fmt.Sprintf("%d|%d", len(ids), len(ids))
+	require.Equal(t, all, pending(), "no move stood: every row waits")
+	listed := func(c *client.Client) []string {
+		ops, err := c.ListOperations(b.ctx(), client.OperationQuery{Device: "device-1", Limit: 7})
+		require.NoError(t, err)
+		var out []string
+		for _, op := range ops {
+			out = append(out, op.OperationID)
+		}
+		cmds, err := c.ListCommands(b.ctx(), client.CommandQuery{Device: "device-1"})
+		require.NoError(t, err)
+		require.Len(t, cmds, len(ids))
+		return out
+	}
+	require.Equal(t, ids, listed(b.client), "the lists by device read the pending rows")
+
+	// A crash at the move: the next start's first batch moves first.
+	b.ctl.Kill()
+	crashing := startRaw(t, b, "CONTROLLER_FAILPOINTS=before-device-list-move=1*crash")
+	require.Equal(t, 137, crashing.ExitCode(), "it crashed at the move:\n%s", crashing.Output())
+	require.Equal(t, all, pending(), "the crash left them pending")
+
+	b.ctl.Restart() // no failpoints
+	deadline := time.Now().Add(10 * time.Second)
+	for pending() != "0|0" {
+		require.True(t, time.Now().Before(deadline), "moved by the instance's first batch: %s pending", pending())
+		<-time.After(20 * time.Millisecond) // poll interval of a deadline-bounded wait
+	}
+	require.Equal(t, ids, listed(b.client), "the same lists once moved")
+	b.verify()
 }

@@ -38,6 +38,11 @@ const (
 	// BeforeStepInsert: the task runner, before a step's check-and-insert
 	// transaction.
 	BeforeStepInsert = "before-step-insert"
+	// BeforeDeviceListMove: the writer, before it moves the pending
+	// operations and commands into the lists' device indexes (SQLite,
+	// twice a second). error: the move fails, its batch's other changes
+	// commit, and the rows stay pending until a later move.
+	BeforeDeviceListMove = "before-device-list-move"
 )
 
 // Known lists every point the controller defines, for Parse and FromEnv.
@@ -49,6 +54,7 @@ var Known = []string{
 	BeforeReceiptCommit,
 	BeforeLeaseRenew,
 	BeforeStepInsert,
+	BeforeDeviceListMove,
 }
 
 // CrashExitCode is the exit status of the crash action: 128+SIGKILL.

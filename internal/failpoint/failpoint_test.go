@@ -55,7 +55,7 @@ func TestKnown(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, []string{
 		"submit-before-commit", "submit-after-commit", "before-publish", "after-publish",
-		"before-receipt-commit", "before-lease-renew", "before-step-insert",
+		"before-receipt-commit", "before-lease-renew", "before-step-insert", "before-device-list-move",
 	}, failpoint.Known)
 }
 

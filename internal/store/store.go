@@ -162,6 +162,11 @@ type Config struct {
 	// it commits a small batch while others are in flight (runWriter);
 	// DefaultCommitDelay when 0, never when negative.
 	CommitDelay time.Duration
+	// BeforeListMove runs inside the writer's move of pending rows into
+	// the lists' device indexes (Capabilities.ListsDevicesInBulk), before
+	// its statements (the before-device-list-move failpoint); an error
+	// fails the move alone. Nil: nothing.
+	BeforeListMove func() error
 }
 
 // DB is the store, on either backend. It is safe for concurrent use.
@@ -205,7 +210,8 @@ type DB struct {
 	// listedAt is when the writer last moved the pending rows into the
 	// lists' device indexes (Capabilities.ListsDevicesInBulk), on the
 	// store's clock: the writer goroutine's own.
-	listedAt time.Time
+	listedAt       time.Time
+	beforeListMove func() error // Config.BeforeListMove
 	// touched is when a committed change of this store last touched each
 	// device (touchDevice), in ms: the writer goroutine's own.
 	touched map[string]int64
@@ -270,7 +276,8 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	q := d.Statements()
 	s := &DB{d: d, q: q, caps: d.Capabilities(), eventInserts: rowInserts(d, q.EventsInsertHead), receiptInserts: rowInserts(d, q.ReceiptsInsertHead), dsn: cfg.Path, w: w, r: r, now: cfg.Now, obs: cfg.Observer, instance: cfg.Instance,
 		feed: cfg.Feed, queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch, commitDelay: cfg.CommitDelay,
-		quit: make(chan struct{}), stopped: make(chan struct{}), touched: map[string]int64{}}
+		quit: make(chan struct{}), stopped: make(chan struct{}), touched: map[string]int64{},
+		beforeListMove: cfg.BeforeListMove}
 	if err := s.migrate(ctx); err != nil {
 		w.Close()
 		r.Close()

@@ -227,6 +227,11 @@ const deviceListEvery = 500 * time.Millisecond
 // waits for it: if its batch fails, the rows stay pending, which the lists
 // read as well, until the next one.
 func (s *DB) listDevices(ctx context.Context, t *tx) error {
+	if s.beforeListMove != nil {
+		if err := t.hook(s.beforeListMove); err != nil {
+			return err
+		}
+	}
 	for _, q := range []string{s.q.DeviceListOperations, s.q.DeviceListCommands} {
 		s.moveTrips.Add(1)
 		if _, err := t.ExecContext(ctx, q); err != nil {
