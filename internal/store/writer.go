@@ -218,7 +218,7 @@ func (s *DB) runWriter() {
 // a batch that has room, once this long has passed on the store's clock.
 // A list by device reads the pending rows by a walk of their own index,
 // so they are kept to about this long's worth; and the move runs in a
-// batch others wait for, 3 to 8 ms for the 1,300 rows of a second at
+// batch others wait for, 6 to 9 ms for the 1,300 rows of a second at
 // 1,300 operations a second, so it runs twice a second rather than once.
 const deviceListEvery = 500 * time.Millisecond
 
