@@ -331,6 +331,28 @@ func TestListsByDeviceTakeNewRowsInBulk(t *testing.T) {
 	require.EqualValues(t, 3, all.Total)
 }
 
+// TestFullBatchesStillMoveTheDeviceLists: a writer whose batches are
+// always full (here MaxBatch 1) moves the pending rows all the same, one
+// change beyond the bound; otherwise they would pile up for as long as the
+// load lasts, and every list by device read them all.
+func TestFullBatchesStillMoveTheDeviceLists(t *testing.T) {
+	t.Parallel()
+	b := setupConfig(t, "sqlite", func(c *Config) { c.MaxBatch = 1 })
+	pending := func() (n int) {
+		t.Helper()
+		require.NoError(t, b.s.r.QueryRowContext(b.ctx, `SELECT count(*) FROM operations WHERE device_listed = 0`).Scan(&n))
+		return n
+	}
+	for i := range 3 {
+		if i == 2 {
+			b.clk.Advance(time.Second)
+		}
+		_, err := b.s.Submit(b.ctx, newOp(fmt.Sprintf("op-%d", i), fmt.Sprintf("c-%d", i)), nil)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, pending(), "the two before moved in the third's batch of one")
+}
+
 func TestOperatorListCursor(t *testing.T) {
 	t.Parallel()
 	c := StartCursor{Start: 1764669600123, ID: "task-1:step:device-1:approval-v2"}

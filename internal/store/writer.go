@@ -201,7 +201,7 @@ func (s *DB) runWriter() {
 			delay.Stop()
 		}
 		last = len(batch)
-		if s.caps.ListsDevicesInBulk && len(batch) < s.maxBatch && !s.now().Before(s.listedAt.Add(deviceListEvery)) {
+		if s.caps.ListsDevicesInBulk && !s.now().Before(s.listedAt.Add(deviceListEvery)) {
 			s.listedAt = s.now()
 			batch = slices.Insert(batch, 0, &job{ctx: context.Background(), fn: s.listDevices, done: make(chan error, 1)})
 		}
@@ -214,8 +214,10 @@ func (s *DB) runWriter() {
 }
 
 // deviceListEvery is how often the writer moves the pending operations
-// and commands into the lists' device indexes (ListsDevicesInBulk): with
-// a batch that has room, once this long has passed on the store's clock.
+// and commands into the lists' device indexes (ListsDevicesInBulk): first
+// in the first batch once this long has passed on the store's clock, a
+// full one included (one change beyond MaxBatch), so that a writer whose
+// batches are always full still moves them.
 // A list by device reads the pending rows by a walk of their own index,
 // so they are kept to about this long's worth; and the move runs in a
 // batch others wait for, 6 to 9 ms for the 1,300 rows of a second at

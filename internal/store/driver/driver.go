@@ -125,7 +125,7 @@ type Capabilities struct {
 	WritesTogether bool
 	// ListsDevicesInBulk: new operations and commands are written outside
 	// the lists' device indexes (device_listed = 0, in an index of pending
-	// rows in time order), and the writer moves them in about once a
+	// rows in time order), and the writer moves them in about twice a
 	// second (DeviceListOperations, DeviceListCommands); a list by device
 	// reads both. On SQLite each commit otherwise rewrote a leaf of each
 	// device index per device it touched.
