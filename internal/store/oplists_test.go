@@ -300,7 +300,7 @@ func TestListsByDeviceTakeNewRowsInBulk(t *testing.T) {
 		for _, c := range got.Items {
 			cmdIDs = append(cmdIDs, c.CommandID)
 		}
-		return opIDs, cmdIDs, got.Total, int64(len(cmdIDs))
+		return opIDs, cmdIDs, opTotal, got.Total
 	}
 	nothing := func(int) {}
 	opIDs, cmdIDs, opTotal, cmdTotal := byDevice(2, nothing)
@@ -372,6 +372,18 @@ func TestOperatorListCursor(t *testing.T) {
 		_, err = b.s.ListCommands(b.ctx, CommandFilter{}, StartPage{After: "nope!"})
 		require.ErrorIs(t, err, domain.ErrInvalid)
 	})
+}
+
+// scansTable reports a step of plan that walks operations (o) or commands
+// whole: a SCAN of either (the page's own subqueries, k0 and k1, are
+// SCANs of the few rows they keep).
+func scansTable(plan string) bool {
+	for _, line := range strings.Split(plan, "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "SCAN" && (f[1] == "o" || f[1] == "commands") {
+			return true
+		}
+	}
+	return false
 }
 
 // queryPlan is SQLite's plan of q, a line for each step.
@@ -457,12 +469,10 @@ func TestOperatorListsUseAnIndex(t *testing.T) {
 		p := plan(page, args...)
 		require.Contains(t, p, "INDEX "+c.listed, c.name+"\n"+p)
 		require.Contains(t, p, "INDEX "+c.pending, c.name+"\n"+p)
-		require.NotContains(t, p, "SCAN o\n", c.name+"\n"+p)
-		require.NotContains(t, p, "SCAN commands", c.name+"\n"+p)
+		require.False(t, scansTable(p), c.name+": no table or index walked whole\n"+p)
 		p = plan(count, countArgs...)
 		require.Contains(t, p, "COVERING INDEX "+strings.Fields(c.listed)[0], c.name+": the count\n"+p)
 		require.Contains(t, p, "INDEX "+strings.Fields(c.pending)[0], c.name+": the count\n"+p)
-		require.NotContains(t, p, "SCAN o\n", c.name+"\n"+p)
-		require.NotContains(t, p, "SCAN commands", c.name+"\n"+p)
+		require.False(t, scansTable(p), c.name+": the count walks nothing whole\n"+p)
 	}
 }

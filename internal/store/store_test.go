@@ -1276,6 +1276,17 @@ func TestApplyReceiptsWritesACommandsRunOnce(t *testing.T) {
 	})
 }
 
+// writesTogether sets the store's Capabilities.WritesTogether on the
+// writer goroutine, which reads the capabilities while it runs: a change
+// of its own orders the write before the next batch's reads.
+func writesTogether(t *testing.T, b *testBundle, on bool) {
+	t.Helper()
+	require.NoError(t, b.s.write(b.ctx, func(context.Context, *tx) error {
+		b.s.caps.WritesTogether = on
+		return nil
+	}))
+}
+
 // On PostgreSQL a final receipt ends its command and its operation in one
 // statement (CommandAdvanceFinish): one round trip fewer than the two
 // statements it takes without (SQLite's way), to the same end and events.
@@ -1303,10 +1314,10 @@ func TestAFinalReceiptEndsItsOperationInOneStatement(t *testing.T) {
 		}
 		final(1) // the first of the store's final receipts reads once more
 		together := final(2)
-		caps := b.s.caps
-		b.s.caps.WritesTogether = false
+		was := b.s.caps.WritesTogether
+		writesTogether(t, b, false)
 		apart := final(3)
-		b.s.caps = caps
+		writesTogether(t, b, was)
 		want := apart
 		if be == "postgres" {
 			want--
