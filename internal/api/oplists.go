@@ -193,7 +193,7 @@ func (s *Server) handleListOperations(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	out := make([]apiwire.Operation, 0, len(l.Items))
+	out := make(apiwire.Operations, 0, len(l.Items))
 	for _, op := range l.Items {
 		out = append(out, operationView(op))
 	}
