@@ -154,6 +154,11 @@ func CanonicalParams(params json.RawMessage) (json.RawMessage, error) {
 // what the device receives, and canonical (RFC 8785), which only the hash
 // uses. Absent or null is {}; anything but an I-JSON object is invalid.
 func SplitParams(params json.RawMessage) (sent, canonical json.RawMessage, err error) {
+	if jcs.Plain(params) {
+		// Already compact, canonical and I-JSON: both forms are params.
+		p := bytes.Clone(params)
+		return p, p, nil
+	}
 	if canonical, err = CanonicalParams(params); err != nil {
 		return nil, nil, err
 	}

@@ -106,3 +106,21 @@ func TestRequestHashIgnoresKeyOrderAndNumberSpelling(t *testing.T) {
 	h4 := RequestHash("restart", "device-1", p4)
 	require.NotEqual(t, h1, h4)
 }
+
+// BenchmarkSplitParams: a submit's params, flat (the common kind, Plain)
+// and nested (canonicalised and checked the full way).
+func BenchmarkSplitParams(b *testing.B) {
+	for name, p := range map[string]string{
+		"flat":   `{"reason":"maintenance","window_s":300}`,
+		"nested": `{"window":{"s":300,"from":"02:00"},"reason":"maintenance"}`,
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := SplitParams(json.RawMessage(p)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -9,6 +9,7 @@ package jcs_test
 //     same JSON value, and equals an independent serialiser's output; what is
 //     refused wraps one of the package's errors, and CheckIJSON agrees with
 //     Canonicalize on duplicate names and numbers that fit no double.
+//     What Plain accepts is its own canonical form, I-JSON and compact.
 //   - FuzzEquivalentSpellings: the input drives a generator of JSON values,
 //     each written twice with other key orders, whitespace, string escapes and
 //     number spellings (1, 1.0, 1e0, 10e-1, 0.1e1, -0 for 0, ...). Both
@@ -186,6 +187,7 @@ func FuzzCanonicalForm(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		out, err := jcs.Canonicalize(data)
 		ij := jcs.CheckIJSON(data)
+		checkPlain(t, data, out, err, ij)
 		if err != nil {
 			if out != nil || !wrapsOne(err) {
 				t.Fatalf("Canonicalize(%q) = %q, %v: want nil and one of the package's errors", data, out, err)
