@@ -21,7 +21,9 @@ func encode(d apiwire.EventData) []byte {
 		}
 		return b
 	}
-	b := make([]byte, 0, 64+len(d.Kind)+len(d.ID)+len(d.Status)+len(d.Principal))
+	// The names and punctuation (54 bytes with a principal) and a time of
+	// up to 35: one allocation.
+	b := make([]byte, 0, 96+len(d.Kind)+len(d.ID)+len(d.Status)+len(d.Principal))
 	b = append(b, `{"kind":"`...)
 	b = append(b, d.Kind...)
 	b = append(b, `","id":"`...)
