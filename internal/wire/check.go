@@ -449,6 +449,9 @@ func DecodeDevice(payload []byte, v any) error {
 	if err := CheckJSON(payload, CheckOptions{}); err != nil {
 		return err
 	}
+	if r, ok := v.(*Receipt); ok && decodeReceiptPlain(payload, r) {
+		return nil
+	}
 	return DecodeInto(payload, v, false)
 }
 

@@ -20,7 +20,9 @@ package wire
 //     for the re-encoded value, and what it accepts keeps the contract's
 //     rules: ids in their charset and length, status and seq, a result
 //     object, text PostgreSQL can store; presence ranking in session order
-//     (no overflow, nothing at or below a device never seen).
+//     (no overflow, nothing at or below a device never seen);
+//   - a receipt DecodeDevice decodes its own plain way (decodeReceiptPlain)
+//     is the one json.Unmarshal decodes.
 
 import (
 	"bytes"
@@ -212,6 +214,7 @@ func validID(id string, maxLen int) bool {
 
 func FuzzReceipt(f *testing.F) {
 	f.Fuzz(func(t *testing.T, payload []byte) {
+		checkReceiptPlain(t, payload)
 		var r Receipt
 		if !controllerSide.accepts(t, payload, &r) {
 			return
