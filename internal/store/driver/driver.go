@@ -17,6 +17,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"time"
 )
 
 // ErrInstanceRunning: another live process holds this instance id.
@@ -92,6 +93,15 @@ type Driver interface {
 	// naming the files the store opened (the store's guard.go), the
 	// database first; none when the database has no files of its own.
 	Files(dsn string) []File
+}
+
+// Checkpointer is a backend whose log the store has copied into the
+// database beside its writer, rather than by the writer inside a commit
+// (SQLite's WAL). StartCheckpoints begins on a connection of its own, a
+// checkpoint each every; stop ends them and closes the connection (once,
+// however often it is called).
+type Checkpointer interface {
+	StartCheckpoints(dsn string, every time.Duration) (stop func() error, err error)
 }
 
 // Capabilities is what a backend lets the rest rely on, so that nothing

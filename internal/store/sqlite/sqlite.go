@@ -16,7 +16,9 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/mattn/go-sqlite3"
 
@@ -43,9 +45,61 @@ func init() {
 		// and truncated a file, 0.5 ms of system time a receipt. They
 		// only ever roll back a change inside an open transaction; the
 		// commit's durability is the WAL's and unchanged.
-		_, err := c.Exec("PRAGMA temp_store = MEMORY", nil)
+		if _, err := c.Exec("PRAGMA temp_store = MEMORY", nil); err != nil {
+			return err
+		}
+		// The WAL is checkpointed beside the writer (StartCheckpoints);
+		// the writer's own checkpoint, inside the commit that crosses this
+		// many frames, only bounds the WAL when those fall behind.
+		_, err := c.Exec(fmt.Sprintf("PRAGMA wal_autocheckpoint = %d", WriterCheckpointFrames), nil)
 		return err
 	}})
+}
+
+// WriterCheckpointFrames is the WAL's length, in frames (pages), at which
+// the writer checkpoints it itself (SQLite's default is 1,000): about
+// 32 MiB of 4 KiB pages.
+const WriterCheckpointFrames = 8000
+
+// StartCheckpoints copies the WAL into the database every interval, on a
+// connection of its own, so that the writer's commits no longer do it:
+// with SQLite's default, the commit that crossed 1,000 frames did (at
+// half load about one commit in eighteen, 3 ms at p50), holding its
+// batch's answers and the next batch. A checkpoint beside the writer is
+// PASSIVE: it copies what no reader still needs and never waits for the
+// writer or a reader, which may go on meanwhile. The WAL begins again from
+// its start at a writer's next transaction once every frame is copied;
+// while commits follow each other closely that takes the writer's own
+// checkpoint, past WriterCheckpointFrames, which finds most frames copied
+// already. A failed checkpoint is tried again at the next interval, as
+// SQLite's own automatic one is: a checkpoint loses nothing, the WAL
+// only grows until one succeeds.
+func (*Driver) StartCheckpoints(path string, every time.Duration) (stop func() error, err error) {
+	cp, err := sql.Open(driverName, "file:"+url.PathEscape(path)+"?_busy_timeout=10000&_synchronous=FULL")
+	if err != nil {
+		return nil, fmt.Errorf("open checkpointer: %w", err)
+	}
+	cp.SetMaxOpenConns(1)
+	cp.SetConnMaxIdleTime(0)
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				_, _ = cp.Exec("PRAGMA wal_checkpoint(PASSIVE)")
+			}
+		}
+	}()
+	return sync.OnceValue(func() error {
+		close(quit)
+		<-done
+		return cp.Close()
+	}), nil
 }
 
 // Driver is the SQLite backend.
@@ -54,7 +108,10 @@ type Driver struct{}
 // New returns the SQLite backend.
 func New() *Driver { return &Driver{} }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver       = (*Driver)(nil)
+	_ driver.Checkpointer = (*Driver)(nil)
+)
 
 func (*Driver) Name() string { return "sqlite" }
 
