@@ -87,13 +87,13 @@ func (l Operations) AppendJSON(b []byte) ([]byte, error) {
 func (o *Operation) plain() bool {
 	for _, s := range [...]string{o.OperationID, o.Status, o.RequestHash, o.Action, o.Target, o.Reason, o.CommandID,
 		o.TaskID, o.Step, o.BusinessVersion, o.Compensates, o.Owner, o.SubmittedBy, o.Via, o.ApprovedBy} {
-		if !plainString(s) {
+		if !PlainString(s) {
 			return false
 		}
 	}
 	for _, l := range [...][]string{o.CommandIDs, o.Compensations} {
 		for _, s := range l {
-			if !plainString(s) {
+			if !PlainString(s) {
 				return false
 			}
 		}
@@ -106,10 +106,11 @@ func (o *Operation) plain() bool {
 	return plainRaw(o.Params) && plainRaw(o.Result)
 }
 
-// plainString says encoding/json writes s as it is, between quotes:
+// PlainString says encoding/json writes s as it is, between quotes:
 // printable ASCII without the quote, the backslash and the characters it
-// escapes for HTML (<, >, &).
-func plainString(s string) bool {
+// escapes for HTML (<, >, &). The API's hand-written encoders (here, and
+// the event stream's) write such strings themselves.
+func PlainString(s string) bool {
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
 		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':

@@ -177,15 +177,20 @@ func shorten(s string, n int) string {
 	return s[:n] + "..."
 }
 
-func (c *checker) skipSpace() {
-	for c.i < len(c.data) {
-		switch c.data[c.i] {
+func (c *checker) skipSpace() { c.i = spaceEnd(c.data, c.i) }
+
+// spaceEnd returns the index of the first byte of b at or after i that is
+// not JSON whitespace.
+func spaceEnd(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
 		case ' ', '\t', '\n', '\r':
-			c.i++
+			i++
 		default:
-			return
+			return i
 		}
 	}
+	return i
 }
 
 func (c *checker) value(depth int) error {

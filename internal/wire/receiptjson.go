@@ -101,16 +101,7 @@ type scanner struct {
 	i int
 }
 
-func (s *scanner) space() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\r', '\n':
-			s.i++
-		default:
-			return
-		}
-	}
-}
+func (s *scanner) space() { s.i = spaceEnd(s.b, s.i) }
 
 // byte reads c after any whitespace.
 func (s *scanner) byte(c byte) bool {
