@@ -57,8 +57,8 @@ func TestWALIsCheckpointedBesideTheWriter(t *testing.T) {
 }
 
 // Without the checkpoints beside it (or while they fall behind), the
-// writer's own bound the WAL: it begins again from its start, twice, and
-// its file never grows much past WriterCheckpointFrames.
+// writer's own checkpoints bound the WAL: it begins again from its start,
+// twice, and its file never grows much past WriterCheckpointFrames.
 func TestWriterBoundsTheWALWithoutCheckpointsBeside(t *testing.T) {
 	t.Parallel()
 	b := setupConfig(t, "sqlite", func(c *Config) { c.CheckpointEvery = -1 })
