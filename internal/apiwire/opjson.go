@@ -99,7 +99,7 @@ func (o *Operation) plain() bool {
 		}
 	}
 	for _, t := range [...]time.Time{o.LeaseExpiresAt, o.StartedAt, o.UpdatedAt} {
-		if !plainTime(t) {
+		if !PlainTime(t) {
 			return false
 		}
 	}
@@ -137,9 +137,9 @@ func plainRaw(m json.RawMessage) bool {
 	return json.Valid(m)
 }
 
-// plainTime says json.Marshal writes t without an error: a year of four
+// PlainTime says json.Marshal writes t without an error: a year of four
 // digits and a zone less than 24 hours from UTC.
-func plainTime(t time.Time) bool {
+func PlainTime(t time.Time) bool {
 	_, off := t.Zone()
 	y := t.Year()
 	return y >= 0 && y <= 9999 && off > -24*3600 && off < 24*3600

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -90,6 +91,28 @@ func TestAppendJSONIsMarshal(t *testing.T) {
 	if _, err := l.AppendJSON(nil); err == nil {
 		t.Fatal("an operation json.Marshal refuses does not fail its page")
 	}
+}
+
+// A record with every member set is written as json.Marshal writes it: a
+// field added to Operation fails this test until AppendJSON writes it (the
+// check below finds any field left zero).
+func TestAppendJSONWritesEveryMember(t *testing.T) {
+	at := time.Date(2026, 12, 7, 9, 30, 1, 5, time.UTC)
+	o := Operation{OperationID: "op", Status: "succeeded", RequestHash: "h", Action: "restart", Target: "dev-1",
+		Params: json.RawMessage(`{"a":1}`), Result: json.RawMessage(`{"b":2}`), Reason: "r", CommandID: "c-2",
+		CommandIDs: []string{"c-1", "c-2"}, Attempt: 2, TaskID: "t", Step: "s", BusinessVersion: "v1", Compensates: "op-0",
+		Compensations: []string{"op-2"}, Owner: "ctl-1", FencingToken: 3, LeaseExpiresAt: at, Version: 4, StartedAt: at,
+		UpdatedAt: at, SubmittedBy: "alice", Via: "api", ApprovedBy: "bob", ApprovedVersion: 5}
+	v := reflect.ValueOf(o)
+	for i := range v.NumField() {
+		if v.Field(i).IsZero() {
+			t.Fatalf("the record leaves %s zero: set it", v.Type().Field(i).Name)
+		}
+	}
+	if !o.plain() {
+		t.Fatal("the record is not one AppendJSON writes itself")
+	}
+	checkAppendJSON(t, o)
 }
 
 // TestAppendJSONIsMarshalAtRandom draws operations from plain and awkward

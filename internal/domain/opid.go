@@ -159,6 +159,12 @@ func SplitParams(params json.RawMessage) (sent, canonical json.RawMessage, err e
 		p := bytes.Clone(params)
 		return p, p, nil
 	}
+	return splitParams(params)
+}
+
+// splitParams is SplitParams the full way: canonicalised, checked for
+// I-JSON and compacted, whatever params are.
+func splitParams(params json.RawMessage) (sent, canonical json.RawMessage, err error) {
 	if canonical, err = CanonicalParams(params); err != nil {
 		return nil, nil, err
 	}

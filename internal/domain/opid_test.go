@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/fleetctl/fleetctl/internal/jcs"
 )
 
 func TestDerive(t *testing.T) {
@@ -108,19 +110,37 @@ func TestRequestHashIgnoresKeyOrderAndNumberSpelling(t *testing.T) {
 }
 
 // BenchmarkSplitParams: a submit's params, flat (the common kind, Plain)
-// and nested (canonicalised and checked the full way).
+// and nested, and the flat ones the full way (splitParams), as before Plain.
 func BenchmarkSplitParams(b *testing.B) {
-	for name, p := range map[string]string{
-		"flat":   `{"reason":"maintenance","window_s":300}`,
-		"nested": `{"window":{"s":300,"from":"02:00"},"reason":"maintenance"}`,
+	const flat = `{"reason":"maintenance","window_s":300}`
+	for _, c := range []struct {
+		name, params string
+		split        func(json.RawMessage) (json.RawMessage, json.RawMessage, error)
+	}{
+		{"flat", flat, SplitParams},
+		{"flat-full-way", flat, splitParams},
+		{"nested", `{"window":{"s":300,"from":"02:00"},"reason":"maintenance"}`, SplitParams},
 	} {
-		b.Run(name, func(b *testing.B) {
+		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, _, err := SplitParams(json.RawMessage(p)); err != nil {
+				if _, _, err := c.split(json.RawMessage(c.params)); err != nil {
 					b.Fatal(err)
 				}
 			}
 		})
+	}
+}
+
+// Params Plain takes as they are come out as the full way makes them.
+func TestPlainParamsSplitAsTheFullWay(t *testing.T) {
+	for _, p := range []string{`{}`, `{"reason":"maintenance","window_s":300}`, `{"A":-1,"a":true,"b":null,"c":"<&> ~"}`} {
+		require.True(t, jcs.Plain([]byte(p)), p)
+		sent, canonical, err := SplitParams(json.RawMessage(p))
+		require.NoError(t, err)
+		fsent, fcanonical, err := splitParams(json.RawMessage(p))
+		require.NoError(t, err)
+		require.Equal(t, string(fsent), string(sent), p)
+		require.Equal(t, string(fcanonical), string(canonical), p)
 	}
 }

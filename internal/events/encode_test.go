@@ -29,6 +29,7 @@ func TestEncodeIsMarshal(t *testing.T) {
 		{Kind: "operation", ID: "x", Status: "tab\there", At: at.In(time.FixedZone("", 3600))},
 		{Kind: "operation", ID: "x", Status: "far", At: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
 		{Kind: "operation", ID: "x", Status: "early", At: time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{Kind: "operation", ID: "x", Status: "a zone of 24 hours", At: at.In(time.FixedZone("", 24*3600))},
 	} {
 		checkEncode(t, d)
 	}

@@ -2,12 +2,20 @@ package wire
 
 import (
 	"encoding/json"
+	"reflect"
 	"strconv"
 	"strings"
 )
 
-// receiptMembers are Receipt's JSON names.
-var receiptMembers = [...]string{"command_id", "operation_id", "status", "seq", "at", "result", "error", "query_id"}
+// receiptMembers are Receipt's JSON names, read from its tags.
+var receiptMembers = func() []string {
+	t := reflect.TypeFor[Receipt]()
+	names := make([]string, t.NumField())
+	for i := range names {
+		names[i], _, _ = strings.Cut(t.Field(i).Tag.Get("json"), ",")
+	}
+	return names
+}()
 
 // decodeReceiptPlain decodes a receipt payload that CheckJSON accepted into
 // r as json.Unmarshal would, for the common kind: every member of the
@@ -27,10 +35,10 @@ func decodeReceiptPlain(data []byte, r *Receipt) bool {
 	if !s.byte('{') {
 		return false
 	}
-	if s.byte('}') {
-		return s.end() && set(r, out)
-	}
-	for {
+	for first := true; !s.byte('}'); first = false {
+		if !first && !s.byte(',') {
+			return false
+		}
 		name, ok := s.plainString()
 		if !ok || !s.byte(':') {
 			return false
@@ -38,37 +46,25 @@ func decodeReceiptPlain(data []byte, r *Receipt) bool {
 		s.space()
 		start := s.i
 		switch string(name) {
-		case "command_id", "operation_id", "status", "error", "query_id":
-			v, ok := s.plainString()
-			if !ok {
-				return false
-			}
-			switch string(name) {
-			case "command_id":
-				out.CommandID = string(v)
-			case "operation_id":
-				out.OperationID = string(v)
-			case "status":
-				out.Status = ReceiptStatus(v)
-			case "error":
-				out.Error = string(v)
-			case "query_id":
-				out.QueryID = string(v)
-			}
+		case "command_id":
+			ok = s.text(&out.CommandID)
+		case "operation_id":
+			ok = s.text(&out.OperationID)
+		case "status":
+			var v string
+			ok = s.text(&v)
+			out.Status = ReceiptStatus(v)
+		case "error":
+			ok = s.text(&out.Error)
+		case "query_id":
+			ok = s.text(&out.QueryID)
 		case "seq":
-			n, ok := s.integer()
-			if !ok {
-				return false
-			}
-			out.Seq = n
+			out.Seq, ok = s.integer()
 		case "at":
-			if _, ok := s.plainString(); !ok || out.At.UnmarshalJSON(data[start:s.i]) != nil {
-				return false
-			}
+			_, ok = s.plainString()
+			ok = ok && out.At.UnmarshalJSON(data[start:s.i]) == nil
 		case "result":
-			if !s.skipValue() {
-				return false
-			}
+			ok = s.skipValue()
 			out.Result = append(json.RawMessage(nil), data[start:s.i]...)
 		default:
 			for _, m := range receiptMembers {
@@ -76,22 +72,16 @@ func decodeReceiptPlain(data []byte, r *Receipt) bool {
 					return false
 				}
 			}
-			if !s.skipValue() {
-				return false
-			}
+			ok = s.skipValue()
 		}
-		s.space()
-		if s.byte('}') {
-			return s.end() && set(r, out)
-		}
-		if !s.byte(',') {
+		if !ok {
 			return false
 		}
 	}
-}
-
-func set(r *Receipt, v Receipt) bool {
-	*r = v
+	if !s.end() {
+		return false
+	}
+	*r = out
 	return true
 }
 
@@ -136,6 +126,13 @@ func (s *scanner) plainString() ([]byte, bool) {
 		}
 	}
 	return nil, false
+}
+
+// text reads a plainString into v.
+func (s *scanner) text(v *string) bool {
+	b, ok := s.plainString()
+	*v = string(b)
+	return ok
 }
 
 // integer reads an integer of at most 18 digits (no fraction, no exponent).

@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bytes"
 	"encoding/json"
 	"reflect"
 	"testing"
@@ -76,14 +75,25 @@ func TestDecodeReceiptPlainIsUnmarshal(t *testing.T) {
 	}
 }
 
-// The receipts the simulated fleet sends, as it sends them, take the plain
-// way.
+// The receipts a device sends, as it sends them, take the plain way to the
+// same receipt. The last sets every field: a field added to Receipt fails
+// this test until it is set there (the check below finds any left zero),
+// and then until decodeReceiptPlain reads it.
 func TestDeviceReceiptsDecodePlain(t *testing.T) {
 	at := time.Date(2026, 12, 7, 9, 30, 1, 123456789, time.UTC)
+	every := Receipt{CommandID: "c-01JXYZ", OperationID: "t:s:dev-1:v1", Status: ReceiptSucceeded, Seq: 3, At: at,
+		Result: json.RawMessage(`{"ok":true}`), Error: "none", QueryID: "q-01JXYZ"}
+	v := reflect.ValueOf(every)
+	for i := range v.NumField() {
+		if v.Field(i).IsZero() {
+			t.Fatalf("the last receipt leaves %s zero: set it", v.Type().Field(i).Name)
+		}
+	}
 	for _, r := range []Receipt{
 		{CommandID: "c-01JXYZ", OperationID: "bench-sat-12:restart:dev-0042:v1", Status: ReceiptReceived, Seq: 1, At: at},
 		{CommandID: "c-01JXYZ", OperationID: "op", Status: ReceiptSucceeded, Seq: 3, At: at, Result: json.RawMessage(`{"restarted_at":"2026-12-07T09:30:01Z"}`)},
 		{CommandID: "c-01JXYZ", Status: ReceiptFailed, Seq: 2, At: at, Error: "disk full"},
+		every,
 	} {
 		b, err := Encode(r)
 		if err != nil {
@@ -93,7 +103,7 @@ func TestDeviceReceiptsDecodePlain(t *testing.T) {
 			t.Fatalf("%s: not decoded the plain way", b)
 		}
 		var back Receipt
-		if err := DecodeDevice(b, &back); err != nil || !bytes.Equal(back.Result, r.Result) || back.Seq != r.Seq || !back.At.Equal(r.At) {
+		if err := DecodeDevice(b, &back); err != nil || !reflect.DeepEqual(back, r) {
 			t.Fatalf("DecodeDevice(%s) = %+v, %v", b, back, err)
 		}
 	}

@@ -56,6 +56,10 @@ func init() {
 	}})
 }
 
+// fileParams are the DSN parameters of every connection the store opens
+// on the file: the writer's, the readers' and the checkpoints'.
+const fileParams = "_journal_mode=WAL&_busy_timeout=10000&_synchronous=FULL&_foreign_keys=on"
+
 // WriterCheckpointFrames is the WAL's length, in frames (pages), at which
 // the writer checkpoints it itself (SQLite's default is 1,000): about
 // 32 MiB of 4 KiB pages.
@@ -75,7 +79,7 @@ const WriterCheckpointFrames = 8000
 // SQLite's own automatic one is: a checkpoint loses nothing, the WAL
 // only grows until one succeeds.
 func (*Driver) StartCheckpoints(path string, every time.Duration) (stop func() error, err error) {
-	cp, err := sql.Open(driverName, "file:"+url.PathEscape(path)+"?_busy_timeout=10000&_synchronous=FULL")
+	cp, err := sql.Open(driverName, "file:"+url.PathEscape(path)+"?"+fileParams)
 	if err != nil {
 		return nil, fmt.Errorf("open checkpointer: %w", err)
 	}
@@ -137,8 +141,7 @@ func (*Driver) Rebind(q string) string         { return q }
 func (*Driver) Arg(v any) any                  { return v }
 
 func (*Driver) Open(_ context.Context, path string, readers int) (w, r *sql.DB, err error) {
-	file := url.PathEscape(path)
-	params := "_journal_mode=WAL&_busy_timeout=10000&_synchronous=FULL&_foreign_keys=on"
+	file, params := url.PathEscape(path), fileParams
 	// The writer keeps up to 64 MiB of pages in its cache (allocated as
 	// they are read): SQLite's default of 2 MiB is less than the working
 	// set of a busy fleet (the 100-device bench's file reaches 5 MiB in

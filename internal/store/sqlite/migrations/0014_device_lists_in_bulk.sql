@@ -7,8 +7,10 @@
 -- min(n, d) leaves of each of the two indexes to the WAL, then to the
 -- database at the checkpoint, where every other list index (time first)
 -- rewrote one leaf at its tail. Those two indexes were 38 % of the pages a
--- saturated run's commits wrote, and dropping them took 12 % off the
--- controller's CPU per operation (7 Dec, two pairs of make bench).
+-- saturated run's commits wrote. Taking their new rows in bulk wrote a
+-- third fewer pages and took about 4 % off the controller's CPU per
+-- operation (7 Dec, twelve runs of make bench each way; one pair alone
+-- had said 13 %).
 --
 -- A new row is written with device_listed = 0: outside the device index,
 -- in the pending one, which is in time order and so costs one leaf at its
