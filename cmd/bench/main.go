@@ -43,7 +43,7 @@ default a temporary file), BENCH_CONCURRENCY (default 256), BENCH_INSTANCES
 each its own HTTP port on the same --db and broker, operation k submitted to
 instance k%N and waited for there; more than 1 needs a postgres:// BENCH_DB),
 BENCH_NAME (also write NAME.json and NAME.html in --out), BENCH_PROFILE (set:
-write a CPU profile of each saturated controller phase in --out),
+write a CPU profile of each controller phase in --out),
 BENCH_FLEET_DIR (where devicesim keeps its devices' files, in a directory
 made and removed by the run; default /dev/shm when it is a tmpfs, so that
 the fleet's fsyncs do not share the controller's disk).
@@ -77,7 +77,7 @@ func main() {
 	flag.StringVar(&cfg.Doc, "doc", os.Getenv("BENCH_DOC"), "also write the figures as a Markdown page of the docs (env BENCH_DOC)")
 	flag.StringVar(&cfg.Name, "name", os.Getenv("BENCH_NAME"), "also write NAME.json and NAME.html in --out (env BENCH_NAME)")
 	flag.StringVar(&cfg.TopicRoot, "topic-root", "fleet", "MQTT topic root")
-	flag.BoolVar(&cfg.Profile, "profile", os.Getenv("BENCH_PROFILE") != "", "write a CPU profile of the controller's saturated phases in --out (env BENCH_PROFILE)")
+	flag.BoolVar(&cfg.Profile, "profile", os.Getenv("BENCH_PROFILE") != "", "write a CPU profile of each controller phase in --out (env BENCH_PROFILE)")
 	flag.Usage = func() {
 		fmt.Fprint(flag.CommandLine.Output(), usage)
 		flag.PrintDefaults()

@@ -79,8 +79,9 @@ type Config struct {
 	// Bin holds the controller and devicesim binaries.
 	Bin string
 	// Profile: the first controller serves Go's profiler (--pprof) and a
-	// CPU profile of each saturated controller phase is written to OutDir
-	// (controller-cpu.pprof, controller-serial-cpu.pprof). The profiler
+	// CPU profile of each controller phase is written to OutDir
+	// (controller-cpu.pprof, controller-half-cpu.pprof at R,
+	// controller-serial-cpu.pprof). The profiler
 	// costs a few per cent: figures of a profiled run are not compared
 	// with others.
 	Profile bool
@@ -495,7 +496,9 @@ func (r *run) controllerPhases(ctx context.Context) (*Phase, *Phase, error) {
 	half := &Phase{Name: "controller_half_load", Target: "controller"}
 	r.logf("phase controller_half_load: open loop at %.1f/s, %s", rate, cfg.Window)
 	before := r.readStore(ctx, load)
+	profiled := r.profile(ctx, "controller-half-cpu.pprof")
 	openLoop(ctx, half, rate, cfg.MaxOutstanding, r.opts(), load.op("half"))
+	profiled()
 	r.countStore(ctx, load, half, before)
 	half.Overloaded = load.overloaded.Swap(0)
 	if err := r.controllersAlive(ctx); err != nil {

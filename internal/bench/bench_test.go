@@ -51,8 +51,8 @@ func TestRunWritesSaneFigures(t *testing.T) {
 	require.Equal(t, bench.Storage(fleetDir), res.FleetStorage)
 	require.Contains(t, log.String(), "their files in "+filepath.Join(fleetDir, "fleetctl-bench-fleet-"), "devicesim keeps its files in FleetDir")
 
-	// The controller's CPU profiles of its two saturated phases.
-	for _, name := range []string{"controller-cpu.pprof", "controller-serial-cpu.pprof"} {
+	// The controller's CPU profiles of its two saturated phases and at R.
+	for _, name := range []string{"controller-cpu.pprof", "controller-half-cpu.pprof", "controller-serial-cpu.pprof"} {
 		st, err := os.Stat(filepath.Join(out, name))
 		require.NoError(t, err, "%s\n%s", name, log.String())
 		require.Positive(t, st.Size(), name)
