@@ -145,8 +145,10 @@ func (*Driver) Open(_ context.Context, path string, readers int) (w, r *sql.DB, 
 	// The writer keeps up to 64 MiB of pages in its cache (allocated as
 	// they are read): SQLite's default of 2 MiB is less than the working
 	// set of a busy fleet (the 100-device bench's file reaches 5 MiB in
-	// 10 s), and a page read again from the file is a system call.
-	if w, err = sql.Open(driverName, "file:"+file+"?"+params+"&_txlock=immediate&_cache_size=-65536"); err != nil {
+	// 10 s), and a page read again from the file is a system call. Its
+	// WAL writes are gathered (gatherVFS): it is the only connection that
+	// writes the WAL.
+	if w, err = sql.Open(driverName, "file:"+file+"?"+params+"&_txlock=immediate&_cache_size=-65536"+writerVFS()); err != nil {
 		return nil, nil, fmt.Errorf("open writer: %w", err)
 	}
 	w.SetMaxOpenConns(1)
