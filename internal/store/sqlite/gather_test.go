@@ -23,6 +23,17 @@ func openGathered(t *testing.T, path string) (w, r *sql.DB) {
 	return w, r
 }
 
+// newGathered opens a new file through the VFS, with the table t.
+func newGathered(t *testing.T) (path string, w, r *sql.DB) {
+	t.Helper()
+	require.Zero(t, gatherErr, "the VFS is registered")
+	path = filepath.Join(t.TempDir(), "db.sqlite")
+	w, r = openGathered(t, path)
+	_, err := w.Exec(`CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)`)
+	require.NoError(t, err)
+	return path, w, r
+}
+
 func integrityOK(t *testing.T, db *sql.DB) {
 	t.Helper()
 	var res string
@@ -49,11 +60,7 @@ func insertRows(w *sql.DB, from, n int) error {
 // they hold is what SQLite wrote: the readers and a new connection read
 // every row, and the file is intact.
 func TestWALWritesAreGathered(t *testing.T) {
-	require.Zero(t, gatherErr, "the VFS is registered")
-	path := filepath.Join(t.TempDir(), "db.sqlite")
-	w, r := openGathered(t, path)
-	_, err := w.Exec(`CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)`)
-	require.NoError(t, err)
+	path, w, r := newGathered(t)
 
 	wal0, file0 := gatherCounts()
 	const commits, rows = 40, 30 // 30 KiB a commit: about 10 frames
@@ -95,16 +102,12 @@ func TestWALWritesAreGathered(t *testing.T) {
 // nothing of the transaction is read afterwards, the writer goes on, and
 // the file is intact.
 func TestAFailedGatheredWriteFailsTheCommit(t *testing.T) {
-	require.Zero(t, gatherErr, "the VFS is registered")
-	path := filepath.Join(t.TempDir(), "db.sqlite")
-	w, r := openGathered(t, path)
-	_, err := w.Exec(`CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)`)
-	require.NoError(t, err)
+	path, w, r := newGathered(t)
 	require.NoError(t, insertRows(w, 0, 10))
 
 	gatherFailWrites(1)
 	t.Cleanup(func() { gatherFailWrites(0) })
-	err = insertRows(w, 10, 10)
+	err := insertRows(w, 10, 10)
 	require.Error(t, err, "the commit whose frames could not be written fails")
 	var se sqlite3.Error
 	require.True(t, errors.As(err, &se), "%v", err)
