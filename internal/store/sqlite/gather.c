@@ -1,7 +1,8 @@
 // The "gather" VFS: SQLite's default VFS, except that the writes to a WAL
-// file are gathered into one buffer and reach the file in one pwrite when
-// anything else is asked of that file (its sync above all), rather than in
-// two pwrites a frame (the frame's header, then its page). See gather.go.
+// file are gathered into a buffer and reach the file in one pwrite when it
+// is full (30 frames) or anything else is asked of that file (its sync
+// above all), rather than in two pwrites a frame (the frame's header, then
+// its page). See gather.go.
 //
 // SQLite's own header is go-sqlite3's and not on the include path, so the
 // few declarations used here are written out from SQLite's documented C
@@ -70,7 +71,6 @@ extern int sqlite3_vfs_register(sqlite3_vfs *, int);
 
 #define SQLITE_OK 0
 #define SQLITE_ERROR 1
-#define SQLITE_NOMEM 7
 #define SQLITE_IOERR_WRITE (10 | (3 << 8))
 #define SQLITE_OPEN_WAL 0x00080000
 
@@ -81,6 +81,7 @@ extern int sqlite3_vfs_register(sqlite3_vfs *, int);
 // goes out in several writes: at half load about two, saturated five to
 // seven, against two a frame.
 #define GATHER_CAP (30 * (4096 + 24))
+_Static_assert(GATHER_CAP <= 0x1ffff, "the default VFS writes it in one call");
 
 // A gathered WAL file: the real file (the default VFS's) follows it in the
 // same allocation, of the default VFS's szOsFile (at g + 1: the struct's

@@ -10,7 +10,7 @@ import "C"
 
 // gatherVFS is the name of the writer's VFS (gather.c): SQLite's default,
 // except that a WAL file's writes are gathered and reach the file in one
-// write at the commit's sync.
+// write for up to 30 frames, at the latest at the commit's sync.
 //
 // SQLite writes each frame of a commit to the WAL in two pwrites, its
 // 24-byte header and then its page, and then syncs. A commit of 45 frames
