@@ -35,6 +35,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -1000,23 +1001,40 @@ func redactURL(s string) string {
 	return u.Redacted()
 }
 
+// buildInfo is the Go version and the commit the bench was built from:
+// the build's VCS stamp, or, when it has none (GOFLAGS=-buildvcs=false),
+// the work tree's it runs in (gitCommit). A tree with changes to tracked
+// files is "+dirty".
 func buildInfo() (goVersion, commit string) {
 	goVersion = runtime.Version()
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return goVersion, ""
-	}
 	modified := false
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			commit = s.Value
-		case "vcs.modified":
-			modified = s.Value == "true"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				commit = s.Value
+			case "vcs.modified":
+				modified = s.Value == "true"
+			}
 		}
+	}
+	if commit == "" {
+		commit, modified = gitCommit()
 	}
 	if commit != "" && modified {
 		commit += "+dirty"
 	}
 	return goVersion, commit
+}
+
+// gitCommit is HEAD of the git work tree the bench runs in (its
+// repository's root, by its usage) and whether tracked files differ from
+// it; "" when git or the tree is missing.
+func gitCommit() (commit string, modified bool) {
+	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		return "", false
+	}
+	status, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output()
+	return strings.TrimSpace(string(out)), err == nil && len(bytes.TrimSpace(status)) > 0
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -29,4 +30,17 @@ func TestMarkdownCarriesTheFigures(t *testing.T) {
 		require.Contains(t, md, want)
 	}
 	require.False(t, strings.Contains(md, "commit -"), "a known commit is named")
+}
+
+// The commit a run names is the work tree's HEAD when the build carries no
+// VCS stamp (go test builds without one), and nothing outside a git tree.
+func TestBuildInfoNamesTheWorkTreesCommit(t *testing.T) {
+	_, commit := buildInfo()
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		require.Empty(t, commit, "no git tree, no commit")
+		return
+	}
+	require.NotEmpty(t, commit)
+	require.Equal(t, strings.TrimSpace(string(head)), strings.TrimSuffix(commit, "+dirty"))
 }
