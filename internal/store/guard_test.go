@@ -2,9 +2,11 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,4 +142,36 @@ func BenchmarkFileGuardCheck(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// filesOpenUnder counts this process's descriptors open on files whose
+// path begins with prefix (the database, its WAL and its shared memory).
+func filesOpenUnder(t *testing.T, prefix string) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	n := 0
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && strings.HasPrefix(target, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// An Open that fails (here at its first migration: the file holds a table
+// of that name already) closes what it opened: no connection is left on
+// the file.
+func TestAFailedOpenLeavesNothingOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.db")
+	db, err := sql.Open("sqlite3", path)
+	require.NoError(t, err)
+	_, err = db.Exec(`CREATE TABLE operations (x)`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	require.Zero(t, filesOpenUnder(t, path))
+
+	_, err = testOpen(context.Background(), Config{Path: path, Instance: "i1"})
+	require.ErrorContains(t, err, "migration 0001")
+	require.Zero(t, filesOpenUnder(t, path), "the failed Open's connections are closed")
 }

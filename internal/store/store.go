@@ -282,6 +282,9 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 	if cfg.CommitDelay == 0 {
 		cfg.CommitDelay = DefaultCommitDelay
 	}
+	if cfg.CheckpointEvery == 0 {
+		cfg.CheckpointEvery = DefaultCheckpointEvery
+	}
 	d := cfg.Driver
 	w, r, err := d.Open(ctx, cfg.Path, cfg.Readers)
 	if err != nil {
@@ -292,30 +295,29 @@ func Open(ctx context.Context, cfg Config) (*DB, error) {
 		feed: cfg.Feed, queue: make(chan *job, cfg.QueueSize), maxBatch: cfg.MaxBatch, commitDelay: cfg.CommitDelay,
 		quit: make(chan struct{}), stopped: make(chan struct{}), touched: map[string]int64{},
 		beforeListMove: cfg.BeforeListMove}
-	if err := s.migrate(ctx); err != nil {
-		w.Close()
-		r.Close()
-		return nil, err
-	}
-	if s.files, err = newFileGuard(guardedFiles(d.Files(cfg.Path)), guardInterval); err != nil {
-		w.Close()
-		r.Close()
-		return nil, err
-	}
-	if c, ok := d.(driver.Checkpointer); ok && cfg.CheckpointEvery >= 0 {
-		if cfg.CheckpointEvery == 0 {
-			cfg.CheckpointEvery = DefaultCheckpointEvery
-		}
-		if s.stopCheckpoints, err = c.StartCheckpoints(cfg.Path, cfg.CheckpointEvery); err != nil {
+	opened := false
+	defer func() {
+		if !opened { // a failed Open closes what it opened (the guard is nil-safe)
 			s.files.close()
 			w.Close()
 			r.Close()
+		}
+	}()
+	if err := s.migrate(ctx); err != nil {
+		return nil, err
+	}
+	if s.files, err = newFileGuard(guardedFiles(d.Files(cfg.Path)), guardInterval); err != nil {
+		return nil, err
+	}
+	if c, ok := d.(driver.Checkpointer); ok && cfg.CheckpointEvery > 0 {
+		if s.stopCheckpoints, err = c.StartCheckpoints(cfg.Path, cfg.CheckpointEvery); err != nil {
 			return nil, err
 		}
 	}
 	s.rq = readers{s: s, db: r, c: newStmtCache(r)}
 	s.wstmts = newStmtCache(nil) // on the writer's connection, once it has one
 	go s.runWriter()
+	opened = true
 	return s, nil
 }
 

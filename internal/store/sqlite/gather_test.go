@@ -29,6 +29,11 @@ func newGathered(t *testing.T) (path string, w, r *sql.DB) {
 	require.Zero(t, gatherErr, "the VFS is registered")
 	path = filepath.Join(t.TempDir(), "db.sqlite")
 	w, r = openGathered(t, path)
+	// The VFS relies on it (gather.go): SQLite syncs, and so writes out
+	// what is gathered, at every commit before other connections read it.
+	var sync int
+	require.NoError(t, w.QueryRow(`PRAGMA synchronous`).Scan(&sync))
+	require.Equal(t, 2, sync, "the writer runs with synchronous=FULL")
 	_, err := w.Exec(`CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)`)
 	require.NoError(t, err)
 	return path, w, r
