@@ -880,6 +880,9 @@ func (r *run) countStore(ctx context.Context, load *controllerLoad, p *Phase, be
 	}
 	trips, commits, busy := sum[0], sum[1], sum[2]
 	p.DBRoundTrips, p.Commits = int64(trips), int64(commits)
+	if submits, receipts := sum[3], sum[5]; submits > 0 && receipts > 0 {
+		p.SubmitCommitMS, p.ReceiptCommitMS = round(sum[4]/submits*1000, 2), round(sum[6]/receipts*1000, 2)
+	}
 	if p.Completed > 0 {
 		p.DBRoundTripsPerOp = round(trips/float64(p.Completed), 2)
 		p.CommitsPerOp = round(commits/float64(p.Completed), 3)

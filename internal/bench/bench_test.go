@@ -70,7 +70,9 @@ func TestRunWritesSaneFigures(t *testing.T) {
 		"half_load_rate", "passthrough_half_load_p99_ms", "statements_per_op",
 		"serial_per_s", "serial_ratio", "serial_vs_parallel", "serial_cpu_ms_per_op", "serial_p50_ms", "serial_p99_ms",
 		// The writer's commits and busy share.
-		"commits_per_op", "writer_busy", "half_load_commits_per_op", "half_load_writer_busy"} {
+		"commits_per_op", "writer_busy", "half_load_commits_per_op", "half_load_writer_busy",
+		// Where an operation's time at R goes.
+		"half_load_mean_ms", "half_load_submit_commit_ms", "half_load_receipt_commit_ms", "passthrough_half_load_mean_ms"} {
 		v, ok := got[k].(float64)
 		require.True(t, ok, "%s missing or not a number in %s", k, raw)
 		require.Greater(t, v, 0.0, k)
@@ -123,7 +125,11 @@ func TestRunWritesSaneFigures(t *testing.T) {
 	for _, p := range []*bench.Phase{res.Phases[3], res.Phases[4], res.Phases[6]} {
 		require.LessOrEqual(t, p.Commits, p.DBRoundTrips, p.Name)
 		require.LessOrEqual(t, p.WriterBusy, 1.0, p.Name)
+		require.Positive(t, p.SubmitCommitMS, p.Name)
+		require.Positive(t, p.ReceiptCommitMS, p.Name)
 	}
+	require.InDelta(t, res.HalfLoadMeanMS-res.HalfLoadSubmitCommitMS-res.HalfLoadReceiptCommitMS, res.HalfLoadOtherMS, 0.01,
+		"the rest is the mean less the store's two answers")
 
 	html, err := os.ReadFile(filepath.Join(out, "latest.html"))
 	require.NoError(t, err)
@@ -137,6 +143,7 @@ func TestRunWritesSaneFigures(t *testing.T) {
 	require.Contains(t, table.String(), "passthrough_per_s")
 	require.Contains(t, string(html), "The targets side by side")
 	require.Contains(t, string(html), "CPU per operation, by process")
+	require.Contains(t, string(html), "the store's answer to the submit")
 }
 
 // Two controller instances on one PostgreSQL database (the operations

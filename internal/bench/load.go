@@ -57,6 +57,13 @@ type Phase struct {
 	Commits      int64   `json:"commits,omitempty"`
 	CommitsPerOp float64 `json:"commits_per_op,omitempty"`
 	WriterBusy   float64 `json:"writer_busy,omitempty"`
+	// SubmitCommitMS and ReceiptCommitMS (controller phases): over the
+	// same span, the mean time a submit, and a call applying receipts
+	// (one, or a device's group), waited for the store's answer: the
+	// writer's queue, the batch and its commit
+	// (controller_store_change_seconds).
+	SubmitCommitMS  float64 `json:"submit_commit_ms,omitempty"`
+	ReceiptCommitMS float64 `json:"receipt_commit_ms,omitempty"`
 
 	latencies []time.Duration
 }

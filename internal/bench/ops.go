@@ -287,9 +287,12 @@ func nextLink(base, h string) string {
 // GET /metrics around each controller phase: the statements sent to the
 // database (BEGIN, SAVEPOINT, RELEASE and COMMIT included), the writer's
 // batches (one commit each) and the seconds it spent applying and
-// committing them.
+// committing them; then the submits and the calls applying receipts the
+// store answered, and the seconds their callers waited for it.
 var storeMetrics = [...]string{"controller_store_round_trips_total", "controller_store_batch_seconds_count",
-	"controller_store_batch_seconds_sum"}
+	"controller_store_batch_seconds_sum",
+	`controller_store_change_seconds_count{change="submit"}`, `controller_store_change_seconds_sum{change="submit"}`,
+	`controller_store_change_seconds_count{change="receipts"}`, `controller_store_change_seconds_sum{change="receipts"}`}
 
 // storeCounters are one instance's storeMetrics, in their order.
 type storeCounters [len(storeMetrics)]float64
@@ -317,8 +320,9 @@ func (c *controllerLoad) readCounters(ctx context.Context, i int) (storeCounters
 	return out, nil
 }
 
-// metricValues finds the unlabelled sample of each name in the Prometheus
-// text format, in the order of names.
+// metricValues finds the sample of each name in the Prometheus text
+// format, in the order of names; a labelled one is named with its labels
+// as the format writes them (name{label="value"}).
 func metricValues(r io.Reader, names ...string) ([]float64, error) {
 	out, seen := make([]float64, len(names)), make([]bool, len(names))
 	sc := bufio.NewScanner(r)

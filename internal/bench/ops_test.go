@@ -154,11 +154,17 @@ controller_store_round_trips_total 123456
 controller_store_batch_seconds_bucket{le="0.001"} 40
 controller_store_batch_seconds_sum 2.5
 controller_store_batch_seconds_count 1.5e+06
+controller_store_change_seconds_bucket{change="receipts",le="0.001"} 3
+controller_store_change_seconds_sum{change="receipts"} 0.75
+controller_store_change_seconds_count{change="receipts"} 150
+controller_store_change_seconds_sum{change="submit"} 0.5
+controller_store_change_seconds_count{change="submit"} 100
 go_goroutines 12
 `
 	v, err := metricValues(strings.NewReader(text), storeMetrics[:]...)
 	require.NoError(t, err)
-	require.Equal(t, []float64{123456, 1.5e6, 2.5}, v, "in the order asked, labelled and longer names skipped")
+	require.Equal(t, []float64{123456, 1.5e6, 2.5, 100, 0.5, 150, 0.75}, v,
+		"in the order asked, by their labels, other labels and longer names skipped")
 	_, err = metricValues(strings.NewReader(text), "controller_store_round_trips_total", "controller_commits_total")
 	require.ErrorContains(t, err, "no controller_commits_total")
 	_, err = metricValues(strings.NewReader("controller_store_round_trips_total x\n"), "controller_store_round_trips_total")

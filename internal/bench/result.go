@@ -64,12 +64,23 @@ type Result struct {
 
 	// HalfLoadRate is R, half of controller_per_s: the arrival rate of
 	// both half-load phases.
-	HalfLoadRate                float64 `json:"half_load_rate"`
-	HalfLoadP50MS               float64 `json:"half_load_p50_ms"`
-	HalfLoadP99MS               float64 `json:"half_load_p99_ms"`
-	PassthroughHalfLoadP50MS    float64 `json:"passthrough_half_load_p50_ms"`
-	PassthroughHalfLoadP99MS    float64 `json:"passthrough_half_load_p99_ms"`
-	HalfLoadP99Ratio            float64 `json:"half_load_p99_ratio"`
+	HalfLoadRate             float64 `json:"half_load_rate"`
+	HalfLoadP50MS            float64 `json:"half_load_p50_ms"`
+	HalfLoadP99MS            float64 `json:"half_load_p99_ms"`
+	PassthroughHalfLoadP50MS float64 `json:"passthrough_half_load_p50_ms"`
+	PassthroughHalfLoadP99MS float64 `json:"passthrough_half_load_p99_ms"`
+	HalfLoadP99Ratio         float64 `json:"half_load_p99_ratio"`
+	// Where the controller's time at R goes, as means: an operation's
+	// (HalfLoadMeanMS) holds a submit's wait for the store
+	// (HalfLoadSubmitCommitMS: queue, batch, commit), a call applying its
+	// receipts (HalfLoadReceiptCommitMS, likewise) and the rest: HTTP, the
+	// broker, the device and the receipt's way in (HalfLoadOtherMS, by
+	// difference); beside the pass-through's mean at R.
+	HalfLoadMeanMS              float64 `json:"half_load_mean_ms"`
+	HalfLoadSubmitCommitMS      float64 `json:"half_load_submit_commit_ms"`
+	HalfLoadReceiptCommitMS     float64 `json:"half_load_receipt_commit_ms"`
+	HalfLoadOtherMS             float64 `json:"half_load_other_ms"`
+	PassthroughHalfLoadMeanMS   float64 `json:"passthrough_half_load_mean_ms"`
 	PassthroughHalfLoadCPUMSPer float64 `json:"passthrough_half_load_cpu_ms_per_op"`
 	HalfLoadCPUMSPerOp          float64 `json:"half_load_cpu_ms_per_op"`
 
@@ -192,6 +203,11 @@ func (r *Result) finish() {
 	r.HalfLoadP50MS, r.HalfLoadP99MS = half.Latency.P50, half.Latency.P99
 	r.PassthroughHalfLoadP50MS, r.PassthroughHalfLoadP99MS = ptHalf.Latency.P50, ptHalf.Latency.P99
 	r.HalfLoadP99Ratio = ratio(half.Latency.P99, ptHalf.Latency.P99)
+	r.HalfLoadMeanMS, r.PassthroughHalfLoadMeanMS = half.Latency.Mean, ptHalf.Latency.Mean
+	r.HalfLoadSubmitCommitMS, r.HalfLoadReceiptCommitMS = half.SubmitCommitMS, half.ReceiptCommitMS
+	if half.SubmitCommitMS > 0 {
+		r.HalfLoadOtherMS = round(half.Latency.Mean-half.SubmitCommitMS-half.ReceiptCommitMS, 2)
+	}
 	r.HalfLoadCPUMSPerOp, r.PassthroughHalfLoadCPUMSPer = targetCPU(half, true), targetCPU(ptHalf, false)
 
 	r.SerialPerS, r.SerialP50MS, r.SerialP99MS = round(serial.PerS, 1), serial.Latency.P50, serial.Latency.P99
@@ -345,6 +361,8 @@ func (r *Result) figures() [][2]string {
 		{"half_load_p99 (controller at R)", msf(r.HalfLoadP99MS)},
 		{"passthrough_half_load_p99 (pass-through at R)", msf(r.PassthroughHalfLoadP99MS)},
 		{"half_load_p99_ratio (controller / pass-through)", fmt.Sprintf("%.2f", r.HalfLoadP99Ratio)},
+		{"half_load_mean = submit's commit + receipts' commit + the rest (pass-through's mean)", fmt.Sprintf("%.2f = %.2f + %.2f + %.2f ms (%.2f)",
+			r.HalfLoadMeanMS, r.HalfLoadSubmitCommitMS, r.HalfLoadReceiptCommitMS, r.HalfLoadOtherMS, r.PassthroughHalfLoadMeanMS)},
 		{"serial_per_s (every action serial)", f(r.SerialPerS)},
 		{"serial_ratio (serial / pass-through)", fmt.Sprintf("%.4f", r.SerialRatio)},
 		{"serial_vs_parallel (serial / controller)", fmt.Sprintf("%.4f", r.SerialVsParallel)},

@@ -30,6 +30,10 @@ type Metrics struct {
 	Takeovers          prometheus.Counter
 	BatchChanges       prometheus.Histogram
 	BatchSeconds       prometheus.Histogram
+	// ChangeSeconds is how long a submit or a call applying receipts
+	// waited for its answer from the store's writer, by change (the
+	// store's Change* names): the two commits on an operation's path.
+	ChangeSeconds *prometheus.HistogramVec
 	// BatchFallbacks counts the batches that ran again with a savepoint
 	// per change because one of their changes failed.
 	BatchFallbacks prometheus.Counter
@@ -108,6 +112,11 @@ func New() *Metrics {
 			Name: "controller_store_batch_seconds", Help: "Time to apply and commit one batch of changes.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		ChangeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "controller_store_change_seconds",
+			Help:    "Time from a submit or a call applying receipts to the store's answer (the writer's queue, the batch and its commit), by change (submit, receipts).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}, []string{"change"}),
 		BatchFallbacks: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "controller_store_batch_fallbacks_total",
 			Help: "Batches run again with a savepoint per change because one of their changes failed or was refused.",
@@ -145,7 +154,10 @@ func New() *Metrics {
 	}
 	r.MustRegister(m.Operations, m.Commands)
 	r.MustRegister(m.ReceiptsForPeers, m.ReceiptSubscription)
-	r.MustRegister(m.BatchChanges, m.BatchSeconds, m.BatchFallbacks, m.BatchDeadlocks, m.InputsRefused)
+	for _, c := range storeChanges {
+		m.ChangeSeconds.WithLabelValues(c)
+	}
+	r.MustRegister(m.BatchChanges, m.BatchSeconds, m.ChangeSeconds, m.BatchFallbacks, m.BatchDeadlocks, m.InputsRefused)
 	r.MustRegister(m.Transitions, m.TransitionsRefused, m.Receipts, m.Publishes, m.PublishFailures,
 		m.FencingRefused, m.FailpointHits, m.LateOutcomes, m.Presence, m.Reconciles, m.Takeovers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -218,6 +230,15 @@ func (m *Metrics) ShowDivision(members, overlapping func() int) {
 
 // Deadlock implements store.Observer.
 func (m *Metrics) Deadlock() { m.BatchDeadlocks.Inc() }
+
+// storeChanges are the store's Change* names (store.ChangeSubmit,
+// store.ChangeReceipts), the change label's values, present from the start.
+var storeChanges = []string{"submit", "receipts"}
+
+// Answered implements store.Observer.
+func (m *Metrics) Answered(change string, took time.Duration) {
+	m.ChangeSeconds.WithLabelValues(change).Observe(took.Seconds())
+}
 
 // Batch implements store.Observer.
 func (m *Metrics) Batch(changes int, took time.Duration, fellBack bool) {

@@ -66,11 +66,15 @@ func (o ReceiptOutcome) OperationMayChange() bool {
 // failpoint); an error from it records nothing.
 func (s *DB) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
 	var out ReceiptOutcome
+	start := time.Now()
 	err := s.writeLocking(ctx, lockCommands(r.CommandID), func(ctx context.Context, t *tx) error {
 		var err error
 		out, err = t.countedReceipt(ctx, device, r, true, beforeCommit)
 		return err
 	})
+	if err == nil {
+		s.obs.Answered(ChangeReceipts, time.Since(start))
+	}
 	return out, err
 }
 
@@ -115,6 +119,7 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 		return []ReceiptResult{{Out: out, Err: err}}, nil
 	}
 	var res []ReceiptResult
+	start := time.Now()
 	ids := make([]string, len(rs))
 	for i, r := range rs {
 		ids[i] = r.CommandID
@@ -139,6 +144,7 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 	if err != nil {
 		return nil, err
 	}
+	s.obs.Answered(ChangeReceipts, time.Since(start))
 	return res, nil
 }
 

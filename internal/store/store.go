@@ -62,7 +62,19 @@ type Observer interface {
 	// Deadlock is told of each batch that lost a deadlock to another
 	// instance's transaction (PostgreSQL) and is run again, or failed.
 	Deadlock()
+	// Answered is told, for each submit (ChangeSubmit) and each call
+	// applying receipts (ChangeReceipts) whose change committed, how long
+	// its caller waited for the answer: the writer's queue, the batch and
+	// its commit.
+	Answered(change string, took time.Duration)
 }
+
+// The changes Observer.Answered is told of: the two commits on an
+// operation's path.
+const (
+	ChangeSubmit   = "submit"
+	ChangeReceipts = "receipts"
+)
 
 // Change is one committed change of an entity: a row of its events log, or
 // of a task's history. From and To are equal for a change that keeps the
@@ -141,6 +153,7 @@ func (nopObserver) Receipt(string)                    {}
 func (nopObserver) Fenced()                           {}
 func (nopObserver) Batch(int, time.Duration, bool)    {}
 func (nopObserver) Deadlock()                         {}
+func (nopObserver) Answered(string, time.Duration)    {}
 
 // Config configures a Store.
 type Config struct {

@@ -30,10 +30,12 @@ type countingObserver struct {
 	batches, changes     int
 	fallbacks            int
 	deadlocks            int
+	answered             map[string][]time.Duration // by change
 }
 
 func newObserver() *countingObserver {
-	return &countingObserver{transitions: map[string]int{}, refused: map[string]int{}, receipts: map[string]int{}}
+	return &countingObserver{transitions: map[string]int{}, refused: map[string]int{}, receipts: map[string]int{},
+		answered: map[string][]time.Duration{}}
 }
 func (o *countingObserver) Transition(m, f, t string) {
 	o.mu.Lock()
@@ -44,6 +46,18 @@ func (o *countingObserver) Refused(m, r string) { o.mu.Lock(); o.refused[m+":"+r
 func (o *countingObserver) Receipt(e string)    { o.mu.Lock(); o.receipts[e]++; o.mu.Unlock() }
 func (o *countingObserver) Fenced()             { o.mu.Lock(); o.fenced++; o.mu.Unlock() }
 func (o *countingObserver) Deadlock()           { o.mu.Lock(); o.deadlocks++; o.mu.Unlock() }
+func (o *countingObserver) Answered(change string, took time.Duration) {
+	o.mu.Lock()
+	o.answered[change] = append(o.answered[change], took)
+	o.mu.Unlock()
+}
+
+// answers is what Answered was told of change so far.
+func (o *countingObserver) answers(change string) []time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]time.Duration(nil), o.answered[change]...)
+}
 func (o *countingObserver) Batch(n int, _ time.Duration, fellBack bool) {
 	o.mu.Lock()
 	o.batches++

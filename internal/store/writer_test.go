@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetctl/fleetctl/internal/domain"
+	"github.com/fleetctl/fleetctl/internal/wire"
 	"github.com/stretchr/testify/require"
 )
 
@@ -453,5 +454,47 @@ func TestFallbackToSavepointsCallsEachHookOnce(t *testing.T) {
 		b.obs.mu.Lock()
 		defer b.obs.mu.Unlock()
 		require.Equal(t, 1, b.obs.fallbacks, "one batch fell back (the held change's did not)")
+	})
+}
+
+// The observer hears how long each submit and each call applying receipts
+// waited for its answer, the writer's queue included, and only of changes
+// that committed.
+func TestTheWriterTellsHowLongItsAnswersTook(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, func(t *testing.T, be string) {
+		b := setup(t, be)
+		release := holdWriter(t, b.s)
+		called := time.Now()
+		submitted := queued(t, b.s, func() error { _, err := b.s.Submit(b.ctx, newOp("op-1", "c-1"), nil); return err })
+		// The submit waits in the queue while the writer is held: a wait
+		// of its own that its answer's time must include.
+		const held = 20 * time.Millisecond
+		<-time.After(held)
+		release()
+		require.NoError(t, <-submitted)
+		bound := time.Since(called)
+		took := b.obs.answers(ChangeSubmit)
+		require.Len(t, took, 1)
+		require.GreaterOrEqual(t, took[0], held, "the time in the writer's queue is part of the answer's")
+		require.LessOrEqual(t, took[0], bound)
+
+		other := newOp("op-1", "c-2")
+		other.RequestHash = "h2"
+		_, err := b.s.Submit(b.ctx, other, nil)
+		require.ErrorIs(t, err, domain.ErrKeyReused)
+		require.Len(t, b.obs.answers(ChangeSubmit), 1, "a refused submit committed nothing")
+
+		sentCommand(t, b)
+		_, err = b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-1", wire.ReceiptReceived, 1), nil)
+		require.NoError(t, err)
+		out, err := b.s.ApplyReceipt(b.ctx, "device-1", receipt("c-unknown", wire.ReceiptReceived, 1), nil)
+		require.NoError(t, err)
+		require.Equal(t, EffectUnknownCommand, out.Effect, "recorded in the receipt log: a commit too")
+		res, err := b.s.ApplyReceipts(b.ctx, "device-1", []wire.Receipt{receipt("c-1", wire.ReceiptExecuting, 2),
+			receipt("c-1", wire.ReceiptSucceeded, 3)}, nil)
+		require.NoError(t, err)
+		require.Len(t, res, 2)
+		require.Len(t, b.obs.answers(ChangeReceipts), 3, "two calls of one receipt, one call of two")
 	})
 }
