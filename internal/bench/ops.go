@@ -288,11 +288,16 @@ func nextLink(base, h string) string {
 // database (BEGIN, SAVEPOINT, RELEASE and COMMIT included), the writer's
 // batches (one commit each) and the seconds it spent applying and
 // committing them; then the submits and the calls applying receipts the
-// store answered, and the seconds their callers waited for it.
+// store answered, and the seconds their callers waited for it. Only the
+// first requiredStoreMetrics must be there: a controller built before the
+// others (bench --bin of an older build) reads 0 for them, and its phases
+// go without the means they give (countStore).
 var storeMetrics = [...]string{"controller_store_round_trips_total", "controller_store_batch_seconds_count",
 	"controller_store_batch_seconds_sum",
 	`controller_store_change_seconds_count{change="submit"}`, `controller_store_change_seconds_sum{change="submit"}`,
 	`controller_store_change_seconds_count{change="receipts"}`, `controller_store_change_seconds_sum{change="receipts"}`}
+
+const requiredStoreMetrics = 3
 
 // storeCounters are one instance's storeMetrics, in their order.
 type storeCounters [len(storeMetrics)]float64
@@ -312,7 +317,7 @@ func (c *controllerLoad) readCounters(ctx context.Context, i int) (storeCounters
 	if resp.StatusCode != http.StatusOK {
 		return out, fmt.Errorf("GET %s/metrics: %d", c.bases[i], resp.StatusCode)
 	}
-	vs, err := metricValues(io.LimitReader(resp.Body, 16<<20), storeMetrics[:]...)
+	vs, err := metricValues(io.LimitReader(resp.Body, 16<<20), requiredStoreMetrics, storeMetrics[:]...)
 	if err != nil {
 		return out, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
 	}
@@ -322,8 +327,9 @@ func (c *controllerLoad) readCounters(ctx context.Context, i int) (storeCounters
 
 // metricValues finds the sample of each name in the Prometheus text
 // format, in the order of names; a labelled one is named with its labels
-// as the format writes them (name{label="value"}).
-func metricValues(r io.Reader, names ...string) ([]float64, error) {
+// as the format writes them (name{label="value"}). The first required
+// names must be there; a later one missing reads 0.
+func metricValues(r io.Reader, required int, names ...string) ([]float64, error) {
 	out, seen := make([]float64, len(names)), make([]bool, len(names))
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
@@ -344,7 +350,7 @@ func metricValues(r io.Reader, names ...string) ([]float64, error) {
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
-	for i, ok := range seen {
+	for i, ok := range seen[:required] {
 		if !ok {
 			return nil, fmt.Errorf("no %s (a controller without it?)", names[i])
 		}

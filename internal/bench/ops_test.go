@@ -161,13 +161,16 @@ controller_store_change_seconds_sum{change="submit"} 0.5
 controller_store_change_seconds_count{change="submit"} 100
 go_goroutines 12
 `
-	v, err := metricValues(strings.NewReader(text), storeMetrics[:]...)
+	v, err := metricValues(strings.NewReader(text), len(storeMetrics), storeMetrics[:]...)
 	require.NoError(t, err)
 	require.Equal(t, []float64{123456, 1.5e6, 2.5, 100, 0.5, 150, 0.75}, v,
 		"in the order asked, by their labels, other labels and longer names skipped")
-	_, err = metricValues(strings.NewReader(text), "controller_store_round_trips_total", "controller_commits_total")
+	_, err = metricValues(strings.NewReader(text), 2, "controller_store_round_trips_total", "controller_commits_total")
 	require.ErrorContains(t, err, "no controller_commits_total")
-	_, err = metricValues(strings.NewReader("controller_store_round_trips_total x\n"), "controller_store_round_trips_total")
+	v, err = metricValues(strings.NewReader(text), 1, "controller_store_round_trips_total", "controller_commits_total")
+	require.NoError(t, err)
+	require.Equal(t, []float64{123456, 0}, v, "a name past the required ones may be missing")
+	_, err = metricValues(strings.NewReader("controller_store_round_trips_total x\n"), 1, "controller_store_round_trips_total")
 	require.ErrorContains(t, err, "controller_store_round_trips_total: ")
 }
 

@@ -343,6 +343,11 @@ func (r *Result) table(w io.Writer) {
 func (r *Result) figures() [][2]string {
 	f := func(v float64) string { return fmt.Sprintf("%.1f", v) }
 	msf := func(v float64) string { return fmt.Sprintf("%.2f ms", v) }
+	halfLoadParts := "-" // a controller without controller_store_change_seconds
+	if r.HalfLoadSubmitCommitMS > 0 {
+		halfLoadParts = fmt.Sprintf("%.2f = %.2f + %.2f + %.2f ms (%.2f)",
+			r.HalfLoadMeanMS, r.HalfLoadSubmitCommitMS, r.HalfLoadReceiptCommitMS, r.HalfLoadOtherMS, r.PassthroughHalfLoadMeanMS)
+	}
 	pgCPU := "-"
 	if r.PostgresCPUMSPerOp > 0 {
 		pgCPU = fmt.Sprintf("%.3f", r.PostgresCPUMSPerOp)
@@ -361,8 +366,7 @@ func (r *Result) figures() [][2]string {
 		{"half_load_p99 (controller at R)", msf(r.HalfLoadP99MS)},
 		{"passthrough_half_load_p99 (pass-through at R)", msf(r.PassthroughHalfLoadP99MS)},
 		{"half_load_p99_ratio (controller / pass-through)", fmt.Sprintf("%.2f", r.HalfLoadP99Ratio)},
-		{"half_load_mean = submit's commit + receipts' commit + the rest (pass-through's mean)", fmt.Sprintf("%.2f = %.2f + %.2f + %.2f ms (%.2f)",
-			r.HalfLoadMeanMS, r.HalfLoadSubmitCommitMS, r.HalfLoadReceiptCommitMS, r.HalfLoadOtherMS, r.PassthroughHalfLoadMeanMS)},
+		{"half_load_mean = submit's commit + receipts' commit + the rest (pass-through's mean)", halfLoadParts},
 		{"serial_per_s (every action serial)", f(r.SerialPerS)},
 		{"serial_ratio (serial / pass-through)", fmt.Sprintf("%.4f", r.SerialRatio)},
 		{"serial_vs_parallel (serial / controller)", fmt.Sprintf("%.4f", r.SerialVsParallel)},
