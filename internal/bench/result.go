@@ -366,7 +366,7 @@ func (r *Result) figures() [][2]string {
 		{"half_load_p99 (controller at R)", msf(r.HalfLoadP99MS)},
 		{"passthrough_half_load_p99 (pass-through at R)", msf(r.PassthroughHalfLoadP99MS)},
 		{"half_load_p99_ratio (controller / pass-through)", fmt.Sprintf("%.2f", r.HalfLoadP99Ratio)},
-		{"half_load_mean = submit's commit + receipts' commit + the rest (pass-through's mean)", halfLoadParts},
+		{"half_load_mean = the store's answer to the submit + to the receipts + the rest (pass-through's mean)", halfLoadParts},
 		{"serial_per_s (every action serial)", f(r.SerialPerS)},
 		{"serial_ratio (serial / pass-through)", fmt.Sprintf("%.4f", r.SerialRatio)},
 		{"serial_vs_parallel (serial / controller)", fmt.Sprintf("%.4f", r.SerialVsParallel)},
