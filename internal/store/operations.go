@@ -89,8 +89,7 @@ type SubmitResult struct {
 // rolls everything back.
 func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() error) (SubmitResult, error) {
 	var res SubmitResult
-	start := time.Now()
-	err := s.enqueue(ctx, n.locks(), func(ctx context.Context, t *tx) error {
+	err := s.enqueue(ctx, ChangeSubmit, n.locks(), func(ctx context.Context, t *tx) error {
 		if n.compensator() != "" {
 			t.by(n.compensator())
 		}
@@ -113,9 +112,6 @@ func (s *DB) Submit(ctx context.Context, n NewOperation, beforeCommit func() err
 		}
 		return nil
 	}, true)
-	if err == nil {
-		s.obs.Answered(ChangeSubmit, time.Since(start))
-	}
 	return res, err
 }
 

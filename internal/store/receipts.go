@@ -66,15 +66,11 @@ func (o ReceiptOutcome) OperationMayChange() bool {
 // failpoint); an error from it records nothing.
 func (s *DB) ApplyReceipt(ctx context.Context, device string, r wire.Receipt, beforeCommit func() error) (ReceiptOutcome, error) {
 	var out ReceiptOutcome
-	start := time.Now()
-	err := s.writeLocking(ctx, lockCommands(r.CommandID), func(ctx context.Context, t *tx) error {
+	err := s.enqueue(ctx, ChangeReceipts, lockCommands(r.CommandID), func(ctx context.Context, t *tx) error {
 		var err error
 		out, err = t.countedReceipt(ctx, device, r, true, beforeCommit)
 		return err
-	})
-	if err == nil {
-		s.obs.Answered(ChangeReceipts, time.Since(start))
-	}
+	}, false)
 	return out, err
 }
 
@@ -119,12 +115,11 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 		return []ReceiptResult{{Out: out, Err: err}}, nil
 	}
 	var res []ReceiptResult
-	start := time.Now()
 	ids := make([]string, len(rs))
 	for i, r := range rs {
 		ids[i] = r.CommandID
 	}
-	err := s.writeLocking(ctx, lockCommands(ids...), func(ctx context.Context, t *tx) error {
+	err := s.enqueue(ctx, ChangeReceipts, lockCommands(ids...), func(ctx context.Context, t *tx) error {
 		var err error
 		if t.careful {
 			res, err = t.receiptsOneByOne(ctx, device, rs, beforeCommit)
@@ -140,11 +135,10 @@ func (s *DB) ApplyReceipts(ctx context.Context, device string, rs []wire.Receipt
 			}
 		}
 		return nil
-	})
+	}, false)
 	if err != nil {
 		return nil, err
 	}
-	s.obs.Answered(ChangeReceipts, time.Since(start))
 	return res, nil
 }
 

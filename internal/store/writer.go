@@ -102,23 +102,35 @@ type applied struct {
 // and nothing is written; once taken, the change's outcome is always
 // returned, so a caller never has to guess whether it committed.
 func (s *DB) write(ctx context.Context, fn func(context.Context, *tx) error) error {
-	return s.enqueue(ctx, rowLocks{}, fn, false)
+	return s.enqueue(ctx, "", rowLocks{}, fn, false)
 }
 
 // writeLocking is write for a change that locks the rows named in locks:
 // the batch locks them, with every other change's, in one order before any
 // change runs (see preLock).
 func (s *DB) writeLocking(ctx context.Context, locks rowLocks, fn func(context.Context, *tx) error) error {
-	return s.enqueue(ctx, locks, fn, false)
+	return s.enqueue(ctx, "", locks, fn, false)
 }
 
 // writeOrShed is write that returns ErrOverloaded at once when the queue is
 // full.
 func (s *DB) writeOrShed(ctx context.Context, fn func(context.Context, *tx) error) error {
-	return s.enqueue(ctx, rowLocks{}, fn, true)
+	return s.enqueue(ctx, "", rowLocks{}, fn, true)
 }
 
-func (s *DB) enqueue(ctx context.Context, locks rowLocks, fn func(context.Context, *tx) error, shed bool) error {
+// enqueue is write with its options: the rows the change locks, shed
+// (ErrOverloaded at once when the queue is full), and change: when not "",
+// the Observer is told (Answered) how long a change that committed took
+// from here to its answer.
+func (s *DB) enqueue(ctx context.Context, change string, locks rowLocks, fn func(context.Context, *tx) error, shed bool) (err error) {
+	if change != "" {
+		start := time.Now()
+		defer func() {
+			if err == nil {
+				s.obs.Answered(change, time.Since(start))
+			}
+		}()
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
