@@ -24,9 +24,10 @@ import (
 // killed with SIGKILL (then restarted) 10 times as the submissions go on,
 // at least a second apart: every accepted operation ends succeeded, none
 // runs twice on a device (the devices' execution log), no decision with a
-// stale token is applied (controller verify), and the instances divide the receipts: once
-// each divides with the other two, each applies a share, and the receipt
-// log holds each receipt once, not once per instance.
+// stale token is applied (controller verify), and the instances divide
+// the receipts: once each divides with the other two, each applies a
+// share, and the receipt log holds each receipt about once, not once per
+// instance.
 func TestThreeInstancesOnPostgresDivideTheWorkThroughKills(t *testing.T) {
 	t.Parallel()
 	const ops, devices, wantKills = 2000, 100, 10
