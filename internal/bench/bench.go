@@ -838,23 +838,26 @@ func (r *run) stopControllers() {
 	r.ctls = nil
 }
 
-// storeReading is every instance's storeCounters at one moment.
+// storeReading is every instance's storeCounters and storeHistograms at
+// one moment.
 type storeReading struct {
 	at     time.Time
 	counts []storeCounters
+	hists  []storeHistograms
 }
 
-// readStore reads every instance's storeCounters; nil if one could not be
-// read (the figures are then left out).
+// readStore reads every instance's storeCounters and storeHistograms; nil
+// if one could not be read (the figures are then left out).
 func (r *run) readStore(ctx context.Context, load *controllerLoad) *storeReading {
 	out := &storeReading{at: time.Now()}
 	for i := range load.bases {
-		v, err := load.readCounters(ctx, i)
+		v, h, err := load.readCounters(ctx, i)
 		if err != nil {
 			r.logf("no database round trips or commits: %v", err)
 			return nil
 		}
 		out.counts = append(out.counts, v)
+		out.hists = append(out.hists, h)
 	}
 	return out
 }
@@ -873,15 +876,20 @@ func (r *run) countStore(ctx context.Context, load *controllerLoad, p *Phase, be
 		return
 	}
 	var sum storeCounters
+	var waits storeHistograms
 	for i := range before.counts {
 		for k := range sum {
 			sum[k] += after.counts[i][k] - before.counts[i][k]
+		}
+		for k := range waits {
+			waits[k] = waits[k].plus(after.hists[i][k].minus(before.hists[i][k]))
 		}
 	}
 	trips, commits, busy := sum[0], sum[1], sum[2]
 	p.DBRoundTrips, p.Commits = int64(trips), int64(commits)
 	if submits, receipts := sum[3], sum[5]; submits > 0 && receipts > 0 {
 		p.SubmitCommitMS, p.ReceiptCommitMS = round(sum[4]/submits*1000, 2), round(sum[6]/receipts*1000, 2)
+		p.SubmitCommitP99MS, p.ReceiptCommitP99MS = round(waits[0].quantile(0.99)*1000, 2), round(waits[1].quantile(0.99)*1000, 2)
 	}
 	if p.Completed > 0 {
 		p.DBRoundTripsPerOp = round(trips/float64(p.Completed), 2)

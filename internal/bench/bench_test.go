@@ -127,7 +127,11 @@ func TestRunWritesSaneFigures(t *testing.T) {
 		require.LessOrEqual(t, p.WriterBusy, 1.0, p.Name)
 		require.Positive(t, p.SubmitCommitMS, p.Name)
 		require.Positive(t, p.ReceiptCommitMS, p.Name)
+		require.Positive(t, p.SubmitCommitP99MS, p.Name)
+		require.Positive(t, p.ReceiptCommitP99MS, p.Name)
 	}
+	require.Equal(t, res.Phases[4].SubmitCommitP99MS, res.HalfLoadSubmitCommitP99MS)
+	require.Equal(t, res.Phases[4].ReceiptCommitP99MS, res.HalfLoadReceiptCommitP99MS)
 	require.InDelta(t, res.HalfLoadMeanMS-res.HalfLoadSubmitCommitMS-res.HalfLoadReceiptCommitMS, res.HalfLoadOtherMS, 0.01,
 		"the rest is the mean less the store's two answers")
 
@@ -144,6 +148,7 @@ func TestRunWritesSaneFigures(t *testing.T) {
 	require.Contains(t, string(html), "The targets side by side")
 	require.Contains(t, string(html), "CPU per operation, by process")
 	require.Contains(t, string(html), "the store's answer to the submit")
+	require.Contains(t, string(html), "p99 ms of the store's answer to the submit / to the receipts")
 }
 
 // Two controller instances on one PostgreSQL database (the operations

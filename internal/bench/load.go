@@ -64,6 +64,11 @@ type Phase struct {
 	// (controller_store_change_seconds).
 	SubmitCommitMS  float64 `json:"submit_commit_ms,omitempty"`
 	ReceiptCommitMS float64 `json:"receipt_commit_ms,omitempty"`
+	// SubmitCommitP99MS and ReceiptCommitP99MS: their p99, estimated from
+	// the histogram's buckets (which double from 0.5 ms) as Prometheus's
+	// histogram_quantile does.
+	SubmitCommitP99MS  float64 `json:"submit_commit_p99_ms,omitempty"`
+	ReceiptCommitP99MS float64 `json:"receipt_commit_p99_ms,omitempty"`
 
 	latencies []time.Duration
 }

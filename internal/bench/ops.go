@@ -3,13 +3,16 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -302,27 +305,136 @@ const requiredStoreMetrics = 3
 // storeCounters are one instance's storeMetrics, in their order.
 type storeCounters [len(storeMetrics)]float64
 
-// readCounters reads instance i's storeMetrics.
-func (c *controllerLoad) readCounters(ctx context.Context, i int) (storeCounters, error) {
+// storeWaits are the histograms of the waits for the store whose p99 the
+// bench estimates, by the change label: a submit's, a call applying
+// receipts'.
+var storeWaits = [...]string{"submit", "receipts"}
+
+// storeHistograms are one instance's storeWaits' buckets, in their order.
+type storeHistograms [len(storeWaits)]buckets
+
+// readCounters reads instance i's storeMetrics and storeWaits' buckets.
+func (c *controllerLoad) readCounters(ctx context.Context, i int) (storeCounters, storeHistograms, error) {
 	var out storeCounters
+	var hist storeHistograms
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.bases[i]+"/metrics", nil)
 	if err != nil {
-		return out, err
+		return out, hist, err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return out, err
+		return out, hist, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return out, fmt.Errorf("GET %s/metrics: %d", c.bases[i], resp.StatusCode)
+		return out, hist, fmt.Errorf("GET %s/metrics: %d", c.bases[i], resp.StatusCode)
 	}
-	vs, err := metricValues(io.LimitReader(resp.Body, 16<<20), requiredStoreMetrics, storeMetrics[:]...)
+	text, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return out, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
+		return out, hist, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
+	}
+	vs, err := metricValues(bytes.NewReader(text), requiredStoreMetrics, storeMetrics[:]...)
+	if err != nil {
+		return out, hist, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
 	}
 	copy(out[:], vs)
-	return out, nil
+	for k, change := range storeWaits {
+		hist[k], err = bucketCounts(bytes.NewReader(text), `controller_store_change_seconds_bucket{change="`+change+`",`)
+		if err != nil {
+			return out, hist, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
+		}
+	}
+	return out, hist, nil
+}
+
+// bucket is one cumulative bucket of a histogram: the observations at
+// most le.
+type bucket struct{ le, n float64 }
+
+// buckets are a histogram's buckets, by le, +Inf last.
+type buckets []bucket
+
+// bucketCounts reads the buckets of one histogram series in the
+// Prometheus text format: the samples whose line begins with prefix (the
+// name, "_bucket{" and the series' other labels, le last, as the format
+// writes it). None (a controller without the histogram) is no error.
+func bucketCounts(r io.Reader, prefix string) (buckets, error) {
+	var out buckets
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), prefix)
+		if !ok {
+			continue
+		}
+		le, value, ok := strings.Cut(strings.TrimPrefix(rest, `le="`), `"} `)
+		if !ok || !strings.HasPrefix(rest, `le="`) {
+			return nil, fmt.Errorf("%s: not a bucket line: %q", prefix, sc.Text())
+		}
+		b, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
+		if err != nil {
+			return nil, fmt.Errorf("%s: le %q: %w", prefix, le, err)
+		}
+		n, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", prefix, err)
+		}
+		out = append(out, bucket{le: b, n: n})
+	}
+	slices.SortFunc(out, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
+	return out, sc.Err()
+}
+
+// minus is b less an earlier reading of the same series (a bucket missing
+// from it counts 0).
+func (b buckets) minus(before buckets) buckets {
+	out := slices.Clone(b)
+	for i := range out {
+		for _, x := range before {
+			if x.le == out[i].le {
+				out[i].n -= x.n
+			}
+		}
+	}
+	return out
+}
+
+// plus adds a reading of another instance's series, bucket by bucket.
+func (b buckets) plus(other buckets) buckets {
+	if len(b) == 0 {
+		return slices.Clone(other)
+	}
+	out := slices.Clone(b)
+	for i := range out {
+		for _, x := range other {
+			if x.le == out[i].le {
+				out[i].n += x.n
+			}
+		}
+	}
+	return out
+}
+
+// quantile estimates the q-quantile as Prometheus's histogram_quantile
+// does: linearly within the bucket where it falls (from 0 in the first);
+// in the +Inf bucket, the largest finite bound. 0 when there are no
+// observations.
+func (b buckets) quantile(q float64) float64 {
+	if len(b) == 0 || b[len(b)-1].n <= 0 {
+		return 0
+	}
+	rank := q * b[len(b)-1].n
+	lower, below := 0.0, 0.0
+	for _, x := range b {
+		if x.n >= rank {
+			if math.IsInf(x.le, 1) {
+				return lower
+			}
+			return lower + (x.le-lower)*(rank-below)/(x.n-below)
+		}
+		lower, below = x.le, x.n
+	}
+	return lower
 }
 
 // metricValues finds the sample of each name in the Prometheus text

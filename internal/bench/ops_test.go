@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -172,6 +173,47 @@ go_goroutines 12
 	require.Equal(t, []float64{123456, 0}, v, "a name past the required ones may be missing")
 	_, err = metricValues(strings.NewReader("controller_store_round_trips_total x\n"), 1, "controller_store_round_trips_total")
 	require.ErrorContains(t, err, "controller_store_round_trips_total: ")
+}
+
+// A histogram's buckets are read by series; a phase's are the reading
+// after it less the one before, summed over the instances; its quantile
+// is interpolated within the bucket where it falls, as Prometheus's
+// histogram_quantile does.
+func TestBucketQuantiles(t *testing.T) {
+	text := func(submit ...float64) string {
+		var b strings.Builder
+		for i, le := range []string{"0.001", "0.002", "0.004", "+Inf"} {
+			fmt.Fprintf(&b, "controller_store_change_seconds_bucket{change=\"submit\",le=%q} %g\n", le, submit[i])
+			fmt.Fprintf(&b, "controller_store_change_seconds_bucket{change=\"receipts\",le=%q} 7\n", le)
+		}
+		b.WriteString("controller_store_change_seconds_sum{change=\"submit\"} 0.5\n")
+		return b.String()
+	}
+	read := func(s string) buckets {
+		b, err := bucketCounts(strings.NewReader(s), `controller_store_change_seconds_bucket{change="submit",`)
+		require.NoError(t, err)
+		return b
+	}
+	before := read(text(10, 20, 30, 30))
+	require.Equal(t, buckets{{0.001, 10}, {0.002, 20}, {0.004, 30}, {math.Inf(1), 30}}, before)
+	// 100 observations in the phase: 50 under 1 ms, 40 from 1 to 2, 9 from
+	// 2 to 4, 1 over 4 ms.
+	phase := read(text(60, 110, 129, 130)).minus(before)
+	require.Equal(t, buckets{{0.001, 50}, {0.002, 90}, {0.004, 99}, {math.Inf(1), 100}}, phase)
+	require.InDelta(t, 0.001, phase.quantile(0.5), 1e-9, "the 50th of 100 is the first bucket's top")
+	require.InDelta(t, 0.0015, phase.quantile(0.7), 1e-9, "the 70th: halfway through the second")
+	require.InDelta(t, 0.004, phase.quantile(0.99), 1e-9)
+	require.InDelta(t, 0.004, phase.quantile(0.999), 1e-9, "in +Inf: the largest finite bound")
+	two := phase.plus(phase)
+	require.Equal(t, 200.0, two[len(two)-1].n, "two instances' phases add up")
+	require.InDelta(t, phase.quantile(0.9), two.quantile(0.9), 1e-12)
+	require.Zero(t, buckets(nil).quantile(0.99), "no observations")
+	none, err := bucketCounts(strings.NewReader("go_goroutines 12\n"), `controller_store_change_seconds_bucket{change="submit",`)
+	require.NoError(t, err)
+	require.Empty(t, none, "a controller without the histogram")
+	_, err = bucketCounts(strings.NewReader(`controller_store_change_seconds_bucket{change="submit",le="x"} 1`+"\n"),
+		`controller_store_change_seconds_bucket{change="submit",`)
+	require.ErrorContains(t, err, `le "x"`)
 }
 
 func TestSeveralInstancesNeedPostgres(t *testing.T) {

@@ -76,11 +76,16 @@ type Result struct {
 	// receipts (HalfLoadReceiptCommitMS, likewise) and the rest: HTTP, the
 	// broker, the device and the receipt's way in (HalfLoadOtherMS, by
 	// difference); beside the pass-through's mean at R.
-	HalfLoadMeanMS              float64 `json:"half_load_mean_ms"`
-	HalfLoadSubmitCommitMS      float64 `json:"half_load_submit_commit_ms"`
-	HalfLoadReceiptCommitMS     float64 `json:"half_load_receipt_commit_ms"`
-	HalfLoadOtherMS             float64 `json:"half_load_other_ms"`
-	PassthroughHalfLoadMeanMS   float64 `json:"passthrough_half_load_mean_ms"`
+	HalfLoadMeanMS            float64 `json:"half_load_mean_ms"`
+	HalfLoadSubmitCommitMS    float64 `json:"half_load_submit_commit_ms"`
+	HalfLoadReceiptCommitMS   float64 `json:"half_load_receipt_commit_ms"`
+	HalfLoadOtherMS           float64 `json:"half_load_other_ms"`
+	PassthroughHalfLoadMeanMS float64 `json:"passthrough_half_load_mean_ms"`
+	// The p99 of the two waits for the store at R (the phase's
+	// SubmitCommitP99MS and ReceiptCommitP99MS): how much of the
+	// controller's tail is the writer's queue.
+	HalfLoadSubmitCommitP99MS   float64 `json:"half_load_submit_commit_p99_ms"`
+	HalfLoadReceiptCommitP99MS  float64 `json:"half_load_receipt_commit_p99_ms"`
 	PassthroughHalfLoadCPUMSPer float64 `json:"passthrough_half_load_cpu_ms_per_op"`
 	HalfLoadCPUMSPerOp          float64 `json:"half_load_cpu_ms_per_op"`
 
@@ -205,6 +210,7 @@ func (r *Result) finish() {
 	r.HalfLoadP99Ratio = ratio(half.Latency.P99, ptHalf.Latency.P99)
 	r.HalfLoadMeanMS, r.PassthroughHalfLoadMeanMS = half.Latency.Mean, ptHalf.Latency.Mean
 	r.HalfLoadSubmitCommitMS, r.HalfLoadReceiptCommitMS = half.SubmitCommitMS, half.ReceiptCommitMS
+	r.HalfLoadSubmitCommitP99MS, r.HalfLoadReceiptCommitP99MS = half.SubmitCommitP99MS, half.ReceiptCommitP99MS
 	if half.SubmitCommitMS > 0 {
 		r.HalfLoadOtherMS = round(half.Latency.Mean-half.SubmitCommitMS-half.ReceiptCommitMS, 2)
 	}
@@ -343,10 +349,11 @@ func (r *Result) table(w io.Writer) {
 func (r *Result) figures() [][2]string {
 	f := func(v float64) string { return fmt.Sprintf("%.1f", v) }
 	msf := func(v float64) string { return fmt.Sprintf("%.2f ms", v) }
-	halfLoadParts := "-" // a controller without controller_store_change_seconds
+	halfLoadParts, halfLoadWaits := "-", "-" // a controller without controller_store_change_seconds
 	if r.HalfLoadSubmitCommitMS > 0 {
 		halfLoadParts = fmt.Sprintf("%.2f = %.2f + %.2f + %.2f ms (%.2f)",
 			r.HalfLoadMeanMS, r.HalfLoadSubmitCommitMS, r.HalfLoadReceiptCommitMS, r.HalfLoadOtherMS, r.PassthroughHalfLoadMeanMS)
+		halfLoadWaits = fmt.Sprintf("%.1f / %.1f ms", r.HalfLoadSubmitCommitP99MS, r.HalfLoadReceiptCommitP99MS)
 	}
 	pgCPU := "-"
 	if r.PostgresCPUMSPerOp > 0 {
@@ -367,6 +374,7 @@ func (r *Result) figures() [][2]string {
 		{"passthrough_half_load_p99 (pass-through at R)", msf(r.PassthroughHalfLoadP99MS)},
 		{"half_load_p99_ratio (controller / pass-through)", fmt.Sprintf("%.2f", r.HalfLoadP99Ratio)},
 		{"half_load_mean = the store's answer to the submit + to the receipts + the rest (pass-through's mean)", halfLoadParts},
+		{"p99 at R of the store's answer to the submit / to the receipts (from its histogram)", halfLoadWaits},
 		{"serial_per_s (every action serial)", f(r.SerialPerS)},
 		{"serial_ratio (serial / pass-through)", fmt.Sprintf("%.4f", r.SerialRatio)},
 		{"serial_vs_parallel (serial / controller)", fmt.Sprintf("%.4f", r.SerialVsParallel)},
