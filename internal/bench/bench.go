@@ -882,14 +882,14 @@ func (r *run) countStore(ctx context.Context, load *controllerLoad, p *Phase, be
 			sum[k] += after.counts[i][k] - before.counts[i][k]
 		}
 		for k := range waits {
-			waits[k] = waits[k].plus(after.hists[i][k].minus(before.hists[i][k]))
+			waits[k] = waits[k].add(after.hists[i][k], 1).add(before.hists[i][k], -1)
 		}
 	}
 	trips, commits, busy := sum[0], sum[1], sum[2]
 	p.DBRoundTrips, p.Commits = int64(trips), int64(commits)
-	if submits, receipts := sum[3], sum[5]; submits > 0 && receipts > 0 {
-		p.SubmitCommitMS, p.ReceiptCommitMS = round(sum[4]/submits*1000, 2), round(sum[6]/receipts*1000, 2)
-		p.SubmitCommitP99MS, p.ReceiptCommitP99MS = round(waits[0].quantile(0.99)*1000, 2), round(waits[1].quantile(0.99)*1000, 2)
+	if submits, receipts := waits[0], waits[1]; submits.count() > 0 && receipts.count() > 0 {
+		p.SubmitCommitMS, p.ReceiptCommitMS = round(submits.sum/submits.count()*1000, 2), round(receipts.sum/receipts.count()*1000, 2)
+		p.SubmitCommitP99MS, p.ReceiptCommitP99MS = round(submits.quantile(0.99)*1000, 2), round(receipts.quantile(0.99)*1000, 2)
 	}
 	if p.Completed > 0 {
 		p.DBRoundTripsPerOp = round(trips/float64(p.Completed), 2)

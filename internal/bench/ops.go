@@ -290,30 +290,24 @@ func nextLink(base, h string) string {
 // GET /metrics around each controller phase: the statements sent to the
 // database (BEGIN, SAVEPOINT, RELEASE and COMMIT included), the writer's
 // batches (one commit each) and the seconds it spent applying and
-// committing them; then the submits and the calls applying receipts the
-// store answered, and the seconds their callers waited for it. Only the
-// first requiredStoreMetrics must be there: a controller built before the
-// others (bench --bin of an older build) reads 0 for them, and its phases
-// go without the means they give (countStore).
+// committing them.
 var storeMetrics = [...]string{"controller_store_round_trips_total", "controller_store_batch_seconds_count",
-	"controller_store_batch_seconds_sum",
-	`controller_store_change_seconds_count{change="submit"}`, `controller_store_change_seconds_sum{change="submit"}`,
-	`controller_store_change_seconds_count{change="receipts"}`, `controller_store_change_seconds_sum{change="receipts"}`}
-
-const requiredStoreMetrics = 3
+	"controller_store_batch_seconds_sum"}
 
 // storeCounters are one instance's storeMetrics, in their order.
 type storeCounters [len(storeMetrics)]float64
 
-// storeWaits are the histograms of the waits for the store whose p99 the
-// bench estimates, by the change label: a submit's, a call applying
-// receipts'.
-var storeWaits = [...]string{"submit", "receipts"}
+// storeWaits are the series of controller_store_change_seconds the bench
+// reads beside them, by their labels: how long a submit, and a call
+// applying receipts, waited for the store's answer. A controller built
+// before the histogram (bench --bin of an older build) has neither, and
+// its phases go without the figures they give (countStore).
+var storeWaits = [...]string{`change="submit"`, `change="receipts"`}
 
-// storeHistograms are one instance's storeWaits' buckets, in their order.
-type storeHistograms [len(storeWaits)]buckets
+// storeHistograms are one instance's storeWaits, in their order.
+type storeHistograms [len(storeWaits)]histogram
 
-// readCounters reads instance i's storeMetrics and storeWaits' buckets.
+// readCounters reads instance i's storeMetrics and storeWaits.
 func (c *controllerLoad) readCounters(ctx context.Context, i int) (storeCounters, storeHistograms, error) {
 	var out storeCounters
 	var hist storeHistograms
@@ -333,13 +327,13 @@ func (c *controllerLoad) readCounters(ctx context.Context, i int) (storeCounters
 	if err != nil {
 		return out, hist, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
 	}
-	vs, err := metricValues(bytes.NewReader(text), requiredStoreMetrics, storeMetrics[:]...)
+	vs, err := metricValues(bytes.NewReader(text), storeMetrics[:]...)
 	if err != nil {
 		return out, hist, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
 	}
 	copy(out[:], vs)
-	for k, change := range storeWaits {
-		hist[k], err = bucketCounts(bytes.NewReader(text), `controller_store_change_seconds_bucket{change="`+change+`",`)
+	for k, labels := range storeWaits {
+		hist[k], err = readHistogram(bytes.NewReader(text), "controller_store_change_seconds", labels)
 		if err != nil {
 			return out, hist, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
 		}
@@ -347,71 +341,79 @@ func (c *controllerLoad) readCounters(ctx context.Context, i int) (storeCounters
 	return out, hist, nil
 }
 
-// bucket is one cumulative bucket of a histogram: the observations at
-// most le.
+// histogram is one series of a Prometheus histogram: its cumulative
+// buckets by le (+Inf last, whose count is the series' count) and the sum
+// of its observations.
+type histogram struct {
+	buckets []bucket
+	sum     float64
+}
+
+// bucket is one cumulative bucket: the observations at most le.
 type bucket struct{ le, n float64 }
 
-// buckets are a histogram's buckets, by le, +Inf last.
-type buckets []bucket
-
-// bucketCounts reads the buckets of one histogram series in the
-// Prometheus text format: the samples whose line begins with prefix (the
-// name, "_bucket{" and the series' other labels, le last, as the format
-// writes it). None (a controller without the histogram) is no error.
-func bucketCounts(r io.Reader, prefix string) (buckets, error) {
-	var out buckets
+// readHistogram reads the series of histogram name with labels (but le,
+// as the format writes them) in the Prometheus text format. A series that
+// is not there reads empty: no error.
+func readHistogram(r io.Reader, name, labels string) (histogram, error) {
+	var h histogram
+	bucketPrefix, sumPrefix := name+"_bucket{"+labels+`,le="`, name+"_sum{"+labels+"} "
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), prefix)
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, sumPrefix); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			if err != nil {
+				return h, fmt.Errorf("%s: %w", strings.TrimSpace(sumPrefix), err)
+			}
+			h.sum = v
+			continue
+		}
+		rest, ok := strings.CutPrefix(line, bucketPrefix)
 		if !ok {
 			continue
 		}
-		le, value, ok := strings.Cut(strings.TrimPrefix(rest, `le="`), `"} `)
-		if !ok || !strings.HasPrefix(rest, `le="`) {
-			return nil, fmt.Errorf("%s: not a bucket line: %q", prefix, sc.Text())
+		le, value, ok := strings.Cut(rest, `"} `)
+		if !ok {
+			return h, fmt.Errorf("not a bucket line: %q", line)
 		}
 		b, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
 		if err != nil {
-			return nil, fmt.Errorf("%s: le %q: %w", prefix, le, err)
+			return h, fmt.Errorf("%s: le %q: %w", name, le, err)
 		}
 		n, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", prefix, err)
+			return h, fmt.Errorf("%s: %w", name, err)
 		}
-		out = append(out, bucket{le: b, n: n})
+		h.buckets = append(h.buckets, bucket{le: b, n: n})
 	}
-	slices.SortFunc(out, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
-	return out, sc.Err()
+	slices.SortFunc(h.buckets, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
+	return h, sc.Err()
 }
 
-// minus is b less an earlier reading of the same series (a bucket missing
-// from it counts 0).
-func (b buckets) minus(before buckets) buckets {
-	out := slices.Clone(b)
-	for i := range out {
-		for _, x := range before {
-			if x.le == out[i].le {
-				out[i].n -= x.n
-			}
-		}
+// count is the observations in h (its +Inf bucket's).
+func (h histogram) count() float64 {
+	if len(h.buckets) == 0 {
+		return 0
 	}
-	return out
+	return h.buckets[len(h.buckets)-1].n
 }
 
-// plus adds a reading of another instance's series, bucket by bucket.
-func (b buckets) plus(other buckets) buckets {
-	if len(b) == 0 {
-		return slices.Clone(other)
-	}
-	out := slices.Clone(b)
-	for i := range out {
-		for _, x := range other {
-			if x.le == out[i].le {
-				out[i].n += x.n
-			}
+// add is h plus sign times other, bucket by bucket (matched by le, a
+// bucket only one has counting 0 in the other): a phase's series is the
+// reading after it add the one before with sign -1, and several
+// instances' add up with sign 1.
+func (h histogram) add(other histogram, sign float64) histogram {
+	out := histogram{buckets: slices.Clone(h.buckets), sum: h.sum + sign*other.sum}
+	for _, x := range other.buckets {
+		i := slices.IndexFunc(out.buckets, func(b bucket) bool { return b.le == x.le })
+		if i < 0 {
+			out.buckets, i = append(out.buckets, bucket{le: x.le}), len(out.buckets)
 		}
+		out.buckets[i].n += sign * x.n
 	}
+	slices.SortFunc(out.buckets, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
 	return out
 }
 
@@ -419,13 +421,13 @@ func (b buckets) plus(other buckets) buckets {
 // does: linearly within the bucket where it falls (from 0 in the first);
 // in the +Inf bucket, the largest finite bound. 0 when there are no
 // observations.
-func (b buckets) quantile(q float64) float64 {
-	if len(b) == 0 || b[len(b)-1].n <= 0 {
+func (h histogram) quantile(q float64) float64 {
+	if h.count() <= 0 {
 		return 0
 	}
-	rank := q * b[len(b)-1].n
+	rank := q * h.count()
 	lower, below := 0.0, 0.0
-	for _, x := range b {
+	for _, x := range h.buckets {
 		if x.n >= rank {
 			if math.IsInf(x.le, 1) {
 				return lower
@@ -437,11 +439,9 @@ func (b buckets) quantile(q float64) float64 {
 	return lower
 }
 
-// metricValues finds the sample of each name in the Prometheus text
-// format, in the order of names; a labelled one is named with its labels
-// as the format writes them (name{label="value"}). The first required
-// names must be there; a later one missing reads 0.
-func metricValues(r io.Reader, required int, names ...string) ([]float64, error) {
+// metricValues finds the unlabelled sample of each name in the Prometheus
+// text format, in the order of names.
+func metricValues(r io.Reader, names ...string) ([]float64, error) {
 	out, seen := make([]float64, len(names)), make([]bool, len(names))
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
@@ -462,7 +462,7 @@ func metricValues(r io.Reader, required int, names ...string) ([]float64, error)
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
-	for i, ok := range seen[:required] {
+	for i, ok := range seen {
 		if !ok {
 			return nil, fmt.Errorf("no %s (a controller without it?)", names[i])
 		}

@@ -85,7 +85,6 @@ func TestThreeInstancesOnPostgresDivideTheWorkThroughKills(t *testing.T) {
 	}
 	t.Logf("%d kill -9s (by instance %v) in %s during %d submissions over %d devices; all final %s after the first kill: %v",
 		total, kills, chaos.Round(time.Millisecond), ops, devices, settled.Round(time.Millisecond), final)
-	require.Equal(t, wantKills, total)
 	require.Equal(t, ops, final["succeeded"], "every accepted operation ends succeeded")
 	for id, n := range b.executions() {
 		require.Equal(t, 1, n, "%s executed %d times", id, n)
