@@ -386,7 +386,7 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	r.cm = nil
 
 	// 3. The pass-through saturated.
-	pt, err := r.passthroughPhase(ctx, "passthrough", 0)
+	pt, err := r.passthroughPhase(ctx, "passthrough", 0, false)
 	if err != nil {
 		return nil, err
 	}
@@ -401,13 +401,21 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	res.add(half)
 
 	// 6. The pass-through at the same R.
-	ptHalf, err := r.passthroughPhase(ctx, "passthrough_half_load", half.TargetRate)
+	ptHalf, err := r.passthroughPhase(ctx, "passthrough_half_load", half.TargetRate, false)
 	if err != nil {
 		return nil, err
 	}
 	res.add(ptHalf)
 
-	// 7. The controller with every action serial, on a fresh database.
+	// 7. The durable floor (reference) at the same R: the pass-through
+	// with a sync before each of its two answers.
+	floor, err := r.passthroughPhase(ctx, "durable_floor_half_load", half.TargetRate, true)
+	if err != nil {
+		return nil, err
+	}
+	res.add(floor)
+
+	// 8. The controller with every action serial, on a fresh database.
 	serial, err := r.serialPhase(ctx)
 	if err != nil {
 		return nil, err
@@ -422,15 +430,22 @@ func (r *run) run(ctx context.Context) (*Result, error) {
 	return res, nil
 }
 
-// passthroughPhase starts the pass-through, runs the load client against
-// it (closed loop, or open at rate when rate > 0) and stops it: it is not
-// subscribed while another target runs.
-func (r *run) passthroughPhase(ctx context.Context, name string, rate float64) (*Phase, error) {
+// passthroughPhase starts the pass-through (the durable floor when
+// floor: its log in the run's directory, on the disk as the controller's
+// default database), runs the load client against it (closed loop, or open
+// at rate when rate > 0) and stops it: it is not subscribed while another
+// target runs.
+func (r *run) passthroughPhase(ctx context.Context, name string, rate float64, floor bool) (*Phase, error) {
 	cfg := r.cfg
 	listening := make(chan string, 1)
+	target := "passthrough"
 	args := []string{cfg.Self, "passthrough", "--mqtt", r.url, "--http", "127.0.0.1:0", "--topic-root", cfg.TopicRoot,
 		"--client-id", "bench-passthrough-" + r.runID}
-	p, err := startProcess("passthrough", filepath.Join(r.dir, name+".log"), args, func(line string) {
+	if floor {
+		target = "durable_floor"
+		args = append(args, "--log", filepath.Join(r.dir, name+".floor"))
+	}
+	p, err := startProcess(target, filepath.Join(r.dir, name+".log"), args, func(line string) {
 		if addr, ok := strings.CutPrefix(line, "passthrough: listening on "); ok {
 			select {
 			case listening <- addr:
@@ -453,11 +468,11 @@ func (r *run) passthroughPhase(ctx context.Context, name string, rate float64) (
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	r.procs["passthrough"] = p.pid()
-	defer delete(r.procs, "passthrough")
+	r.procs[target] = p.pid()
+	defer delete(r.procs, target)
 	load := newControllerLoad([]string{base}, r.runID, cfg.Devices, cfg.Concurrency)
 	defer load.http.CloseIdleConnections()
-	ph := &Phase{Name: name, Target: "passthrough"}
+	ph := &Phase{Name: name, Target: target}
 	if rate > 0 {
 		r.logf("phase %s: open loop at %.1f/s, %s", name, rate, cfg.Window)
 		openLoop(ctx, ph, rate, cfg.MaxOutstanding, r.opts(), load.op(name))

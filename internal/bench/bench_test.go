@@ -72,7 +72,10 @@ func TestRunWritesSaneFigures(t *testing.T) {
 		// The writer's commits and busy share.
 		"commits_per_op", "writer_busy", "half_load_commits_per_op", "half_load_writer_busy",
 		// Where an operation's time at R goes.
-		"half_load_mean_ms", "half_load_submit_commit_ms", "half_load_receipt_commit_ms", "passthrough_half_load_mean_ms"} {
+		"half_load_mean_ms", "half_load_submit_commit_ms", "half_load_receipt_commit_ms", "passthrough_half_load_mean_ms",
+		// The durable floor beside them.
+		"durable_floor_half_load_p50_ms", "durable_floor_half_load_p99_ms", "durable_floor_cpu_ms_per_op",
+		"durable_floor_p99_ratio", "half_load_p99_vs_floor"} {
 		v, ok := got[k].(float64)
 		require.True(t, ok, "%s missing or not a number in %s", k, raw)
 		require.Greater(t, v, 0.0, k)
@@ -103,9 +106,13 @@ func TestRunWritesSaneFigures(t *testing.T) {
 		require.Zero(t, p.Errors, p.Name)
 	}
 	require.Equal(t, []string{"ceiling", "fleet_ceiling", "passthrough", "controller", "controller_half_load",
-		"passthrough_half_load", "controller_serial"}, names)
-	half, ptHalf := res.Phases[4], res.Phases[5]
+		"passthrough_half_load", "durable_floor_half_load", "controller_serial"}, names)
+	half, ptHalf, floor := res.Phases[4], res.Phases[5], res.Phases[6]
 	require.Equal(t, half.TargetRate, ptHalf.TargetRate, "both targets at the same R")
+	require.Equal(t, half.TargetRate, floor.TargetRate, "the durable floor at the same R")
+	require.Equal(t, "durable_floor", floor.Target)
+	require.InDelta(t, floor.Latency.P99/ptHalf.Latency.P99, res.DurableFloorP99Ratio, 0.001)
+	require.InDelta(t, half.Latency.P99/floor.Latency.P99, res.HalfLoadP99VsFloor, 0.001)
 	// Each target phase reads the CPU of the target, the fleet and the
 	// load client (the broker's too when the bench starts it: not here),
 	// and only of its own target.
@@ -115,14 +122,17 @@ func TestRunWritesSaneFigures(t *testing.T) {
 			procs = append(procs, u.Process)
 		}
 		require.Subset(t, procs, []string{p.Target, "devicesim", "bench"}, p.Name)
-		other := map[string]string{"passthrough": "controller", "controller": "passthrough"}[p.Target]
-		require.NotContains(t, procs, other, p.Name)
+		for _, other := range []string{"passthrough", "durable_floor", "controller"} {
+			if other != p.Target {
+				require.NotContains(t, procs, other, p.Name)
+			}
+		}
 	}
 	require.InDelta(t, res.SerialPerS/res.PassthroughPerS, res.SerialRatio, 0.001)
 	require.InDelta(t, res.SerialPerS/res.ControllerPerS, res.SerialVsParallel, 0.001)
 	require.InDelta(t, res.PassthroughCPUMSPerOp/res.ControllerCPUMSPerOp, res.CPURatio, 0.01)
 	// A commit is one of the statements; the writer is busy part of the time.
-	for _, p := range []*bench.Phase{res.Phases[3], res.Phases[4], res.Phases[6]} {
+	for _, p := range []*bench.Phase{res.Phases[3], res.Phases[4], res.Phases[7]} {
 		require.LessOrEqual(t, p.Commits, p.DBRoundTrips, p.Name)
 		require.LessOrEqual(t, p.WriterBusy, 1.0, p.Name)
 		require.Positive(t, p.SubmitCommitMS, p.Name)

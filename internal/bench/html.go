@@ -41,7 +41,7 @@ ul{color:#555}
 <div class="card"><span>controller</span><b>{{printf "%.1f" .R.ControllerPerS}}/s</b></div>
 <div class="card"><span>ratio (controller / pass-through)</span><b>{{printf "%.3f" .R.Ratio}}</b></div>
 <div class="card"><span>cpu_ratio (pass-through / controller)</span><b>{{printf "%.3f" .R.CPURatio}}</b></div>
-<div class="card"><span>p99 at R = {{printf "%.1f" .R.HalfLoadRate}}/s (controller / pass-through)</span><b>{{printf "%.1f" .R.HalfLoadP99MS}} / {{printf "%.1f" .R.PassthroughHalfLoadP99MS}} ms</b></div>
+<div class="card"><span>p99 at R = {{printf "%.1f" .R.HalfLoadRate}}/s (controller / pass-through / durable floor)</span><b>{{printf "%.1f" .R.HalfLoadP99MS}} / {{printf "%.1f" .R.PassthroughHalfLoadP99MS}} / {{printf "%.1f" .R.DurableFloorHalfLoadP99MS}} ms</b></div>
 <div class="card"><span>every action serial</span><b>{{printf "%.1f" .R.SerialPerS}}/s</b></div>
 </div>
 <h2>The targets side by side</h2>
@@ -52,6 +52,7 @@ ul{color:#555}
 <tr><td>at R = {{printf "%.1f" .R.HalfLoadRate}}/s, p50 / p99 ms</td><td>{{printf "%.1f" .R.PassthroughHalfLoadP50MS}} / {{printf "%.1f" .R.PassthroughHalfLoadP99MS}}</td><td>{{printf "%.1f" .R.HalfLoadP50MS}} / {{printf "%.1f" .R.HalfLoadP99MS}}</td><td></td></tr>
 {{if .R.HalfLoadSubmitCommitMS}}<tr><td>at R, mean ms: the store's answer to the submit + to the receipts + the rest</td><td>{{printf "%.1f" .R.PassthroughHalfLoadMeanMS}}</td><td>{{printf "%.1f" .R.HalfLoadMeanMS}} = {{printf "%.1f" .R.HalfLoadSubmitCommitMS}} + {{printf "%.1f" .R.HalfLoadReceiptCommitMS}} + {{printf "%.1f" .R.HalfLoadOtherMS}}</td><td></td></tr>
 <tr><td>at R, p99 ms of the store's answer to the submit / to the receipts (from its histogram)</td><td></td><td>{{printf "%.1f" .R.HalfLoadSubmitCommitP99MS}} / {{printf "%.1f" .R.HalfLoadReceiptCommitP99MS}}</td><td></td></tr>{{end}}
+<tr><td>at R, the durable floor (reference: the pass-through syncing both answers to a log), p50 / p99 ms</td><td>{{printf "%.1f" .R.DurableFloorHalfLoadP50MS}} / {{printf "%.1f" .R.DurableFloorHalfLoadP99MS}} (p99 {{printf "%.2f" .R.DurableFloorP99Ratio}} × the pass-through's)</td><td>p99 {{printf "%.2f" .R.HalfLoadP99VsFloor}} × the floor's</td><td></td></tr>
 <tr><td>database statements per operation</td><td>0</td><td>{{printf "%.2f" .R.StatementsPerOp}}</td><td>{{printf "%.2f" .R.SerialStatementsPerOp}}</td></tr>
 </table>
 <h2>CPU per operation, by process (ms)</h2>
@@ -237,7 +238,7 @@ var cpuRoles = []struct{ role, process string }{
 func (r *Result) cpuSplit() string {
 	var phases []*Phase
 	for _, p := range r.Phases {
-		if p.Target == "passthrough" || p.Target == "controller" {
+		if isTarget(p.Target) {
 			phases = append(phases, p)
 		}
 	}

@@ -23,7 +23,7 @@ type op func(ctx context.Context, k int64) error
 // system, and are not counted.
 type Phase struct {
 	Name        string  `json:"name"`
-	Target      string  `json:"target"` // ceiling (memory fleet), fleet (devicesim), controller
+	Target      string  `json:"target"` // ceiling (memory fleet), fleet (devicesim), passthrough, durable_floor, controller
 	Mode        string  `json:"mode"`   // closed (C callers), open (fixed arrival rate)
 	Concurrency int     `json:"concurrency,omitempty"`
 	TargetRate  float64 `json:"target_rate_per_s,omitempty"`

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"golang.org/x/sys/unix"
 
 	"github.com/fleetctl/fleetctl/internal/benchwire"
 	"github.com/fleetctl/fleetctl/internal/command"
@@ -35,6 +36,13 @@ import (
 // An operation is held in memory from its POST until a GET has answered
 // its final state (the load client asks once); a POST of an operation_id
 // already held gets 409.
+//
+// With a log (PassthroughConfig.Log, `--log FILE`) it is the durable
+// floor, a reference: each submit's command and each final receipt is
+// written to the log and fdatasync'd before it is answered or published
+// (ptLog), and nothing else changes. It is the least any durable answer
+// costs on this host: two syncs on an operation's path, as the
+// controller's two commits, with none of a database's work.
 
 // Operation states the pass-through answers (the controller's names).
 const (
@@ -49,6 +57,7 @@ const ptMaxWait = 60 * time.Second
 type passthrough struct {
 	root   string
 	client mqtt.Client
+	log    *ptLog // the durable floor's, or nil
 
 	mu    sync.Mutex
 	ops   map[string]*ptOp // by operation_id
@@ -76,12 +85,25 @@ type PassthroughConfig struct {
 	HTTP string
 	// Ready, if set, is called with the address once it listens.
 	Ready func(addr string)
+	// Log, if set, makes it the durable floor: the file it syncs each
+	// command and final receipt to (created or replaced; left in place).
+	Log string
 }
 
 // RunPassthrough connects to the broker, subscribes to every device's
 // receipts (QoS 1) and serves the two routes until ctx ends.
 func RunPassthrough(ctx context.Context, cfg PassthroughConfig) error {
 	p := &passthrough{root: cfg.TopicRoot, ops: map[string]*ptOp{}, byCmd: map[string]*ptOp{}}
+	if cfg.Log != "" {
+		l, err := openPtLog(cfg.Log, ptLogSize)
+		if err != nil {
+			return fmt.Errorf("passthrough: %w", err)
+		}
+		defer l.f.Close()
+		l.stopped = ctx.Done()
+		go l.run(ctx)
+		p.log = l
+	}
 	subscribed := make(chan error, 1)
 	o := mqtt.NewClientOptions().AddBroker(cfg.BrokerURL).SetClientID(cfg.ClientID).SetProtocolVersion(4).
 		SetCleanSession(true).SetAutoReconnect(true).SetConnectTimeout(30 * time.Second).
@@ -165,6 +187,16 @@ func (p *passthrough) submit(w http.ResponseWriter, r *http.Request) {
 	}
 	p.ops[id], p.byCmd[cmd.CommandID] = o, o
 	p.mu.Unlock()
+	if p.log != nil {
+		if err := p.log.append(r.Context(), payload); err != nil {
+			p.mu.Lock()
+			delete(p.ops, id)
+			delete(p.byCmd, cmd.CommandID)
+			p.mu.Unlock()
+			ptError(w, http.StatusInternalServerError, "internal", err.Error())
+			return
+		}
+	}
 	tok := p.client.Publish(wire.Topic(p.root, b.Target, wire.KindCommands), 1, false, payload)
 	if !tok.WaitTimeout(30*time.Second) || tok.Error() != nil {
 		p.mu.Lock()
@@ -223,12 +255,27 @@ func (p *passthrough) record(o *ptOp) ptRecord {
 }
 
 // onReceipt ends the operation of a final receipt; any other message is
-// ignored (paho acknowledges it on return).
+// ignored (paho acknowledges it on return). The durable floor logs the
+// receipt first, off paho's goroutine.
 func (p *passthrough) onReceipt(_ mqtt.Client, m mqtt.Message) {
 	var rc wire.Receipt
 	if err := wire.Decode(m.Payload(), &rc); err != nil || !rc.Status.Final() {
 		return
 	}
+	if p.log == nil {
+		p.end(rc)
+		return
+	}
+	rec := append([]byte(nil), m.Payload()...)
+	go func() {
+		if p.log.append(context.Background(), rec) == nil {
+			p.end(rc)
+		}
+	}()
+}
+
+// end records a final receipt's outcome and releases its waiters.
+func (p *passthrough) end(rc wire.Receipt) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	o := p.byCmd[rc.CommandID]
@@ -265,6 +312,7 @@ func PassthroughMain(args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.BrokerURL, "mqtt", "", "broker URL (tcp://host:port)")
 	fs.StringVar(&cfg.HTTP, "http", "127.0.0.1:0", "HTTP listen address")
 	fs.StringVar(&cfg.TopicRoot, "topic-root", wire.DefaultTopicRoot, "MQTT topic root")
+	fs.StringVar(&cfg.Log, "log", "", "the durable floor: sync each command and final receipt to this file before answering")
 	fs.StringVar(&cfg.ClientID, "client-id", fmt.Sprintf("bench-passthrough-%d", os.Getpid()), "MQTT client id")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -281,4 +329,111 @@ func PassthroughMain(args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// ptLogSize is the durable floor's file: records go round it, so it holds
+// the last few seconds (a record is a few hundred bytes).
+const ptLogSize = 32 << 20
+
+// ptLog is the durable floor's log, as plain as a durable log gets: one
+// goroutine takes the records waiting, writes them in one pwrite and
+// fdatasyncs (group commit), then answers each caller. The file is written
+// through once when it opens, so that a sync flushes the records alone,
+// not the file's size or new blocks; at its end the records start again
+// from its beginning.
+type ptLog struct {
+	f    *os.File
+	size int64
+	off  int64 // the writer's alone
+	kick chan struct{}
+	// stopped is closed when the writer has stopped (run's ctx).
+	stopped <-chan struct{}
+	// beforeWrite, if set (tests), runs before each batch is written.
+	beforeWrite func()
+
+	mu      sync.Mutex
+	buf     []byte
+	waiters []chan error
+}
+
+func openPtLog(path string, size int64) (*ptLog, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	zero := make([]byte, 1<<20)
+	for n := int64(0); n < size; n += int64(len(zero)) {
+		if _, err := f.Write(zero[:min(int64(len(zero)), size-n)]); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &ptLog{f: f, size: size, kick: make(chan struct{}, 1)}, nil
+}
+
+// append returns once rec, a line of the log, is on the disk.
+func (l *ptLog) append(ctx context.Context, rec []byte) error {
+	done := make(chan error, 1)
+	l.mu.Lock()
+	l.buf = append(append(l.buf, rec...), '\n')
+	l.waiters = append(l.waiters, done)
+	l.mu.Unlock()
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-l.stopped:
+		return errors.New("log: stopped")
+	}
+}
+
+// run writes and syncs what waits, batch after batch, until ctx ends.
+func (l *ptLog) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.kick:
+		}
+		l.mu.Lock()
+		buf, waiters := l.buf, l.waiters
+		l.buf, l.waiters = nil, nil
+		l.mu.Unlock()
+		if len(waiters) == 0 {
+			continue
+		}
+		if l.beforeWrite != nil {
+			l.beforeWrite()
+		}
+		err := l.write(buf)
+		for _, w := range waiters {
+			w <- err
+		}
+	}
+}
+
+func (l *ptLog) write(b []byte) error {
+	if int64(len(b)) > l.size {
+		return fmt.Errorf("log: a batch of %d bytes exceeds the file's %d", len(b), l.size)
+	}
+	if l.off+int64(len(b)) > l.size {
+		l.off = 0
+	}
+	if _, err := l.f.WriteAt(b, l.off); err != nil {
+		return fmt.Errorf("log: %w", err)
+	}
+	l.off += int64(len(b))
+	if err := unix.Fdatasync(int(l.f.Fd())); err != nil {
+		return fmt.Errorf("log: fdatasync: %w", err)
+	}
+	return nil
 }

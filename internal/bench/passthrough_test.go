@@ -1,10 +1,13 @@
 package bench_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,41 +20,40 @@ import (
 	"github.com/fleetctl/fleetctl/internal/wire"
 )
 
-// The pass-through against a real broker and in-memory devices: a submit
-// is answered 201 started, its GET ?wait= answers at the device's final
-// receipt (succeeded, or failed_final for a device's rejection), a final
-// state is answered once and then forgotten, and bad input gets 400.
-func TestPassthroughRoutes(t *testing.T) {
+// startPassthrough runs the pass-through (the durable floor with a log)
+// against a real broker and two in-memory devices until the test ends, and
+// returns a function that calls it and decodes the answer.
+func startPassthrough(ctx context.Context, t *testing.T, log string) func(method, path, body string) (int, map[string]string) {
 	broker := testenv.StartBroker(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	fleet, err := benchwire.StartMemoryFleet(ctx, broker.URL(), wire.DefaultTopicRoot, 2)
 	require.NoError(t, err)
-	defer fleet.Stop()
+	t.Cleanup(fleet.Stop)
 
 	srvCtx, stop := context.WithCancel(ctx)
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
 		done <- bench.RunPassthrough(srvCtx, bench.PassthroughConfig{BrokerURL: broker.URL(), TopicRoot: wire.DefaultTopicRoot,
-			ClientID: "passthrough-test", HTTP: "127.0.0.1:0", Ready: func(addr string) { ready <- addr }})
-	}()
-	defer func() {
-		stop()
-		require.NoError(t, <-done)
+			ClientID: "passthrough-test", HTTP: "127.0.0.1:0", Log: log, Ready: func(addr string) { ready <- addr }})
 	}()
 	var base string
 	select {
 	case addr := <-ready:
 		base = "http://" + addr
 	case err := <-done:
+		stop()
 		t.Fatal(err)
 	case <-ctx.Done():
+		stop()
 		t.Fatal("the pass-through did not listen")
 	}
 	c := &http.Client{Timeout: 20 * time.Second}
-	defer c.CloseIdleConnections()
-	call := func(method, path, body string) (int, map[string]string) {
+	t.Cleanup(func() {
+		c.CloseIdleConnections()
+		stop()
+		require.NoError(t, <-done)
+	})
+	return func(method, path, body string) (int, map[string]string) {
 		req, err := http.NewRequestWithContext(ctx, method, base+path, strings.NewReader(body))
 		require.NoError(t, err)
 		resp, err := c.Do(req)
@@ -63,6 +65,16 @@ func TestPassthroughRoutes(t *testing.T) {
 		require.NoError(t, json.Unmarshal(raw, &got), string(raw))
 		return resp.StatusCode, got
 	}
+}
+
+// The pass-through against a real broker and in-memory devices: a submit
+// is answered 201 started, its GET ?wait= answers at the device's final
+// receipt (succeeded, or failed_final for a device's rejection), a final
+// state is answered once and then forgotten, and bad input gets 400.
+func TestPassthroughRoutes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := startPassthrough(ctx, t, "")
 
 	status, got := call("POST", "/v1/operations",
 		`{"task_id":"t1","step":"restart","target":"device-1","business_version":"v1","action":"restart","params":{}}`)
@@ -96,4 +108,39 @@ func TestPassthroughRoutes(t *testing.T) {
 	status, got = call("GET", "/v1/operations/nobody?wait=1ms", "")
 	require.Equal(t, http.StatusNotFound, status)
 	require.Equal(t, "not_found", got["error"])
+}
+
+// The durable floor: the command is in its log when the submit is
+// answered, and the device's final receipt when the GET is; the routes
+// answer as the pass-through's.
+func TestDurableFloorLogsBeforeAnswering(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	log := filepath.Join(t.TempDir(), "floor.log")
+	call := startPassthrough(ctx, t, log)
+	lines := func() []string {
+		raw, err := os.ReadFile(log)
+		require.NoError(t, err)
+		return strings.Split(string(bytes.TrimRight(raw, "\x00")), "\n")
+	}
+	require.Equal(t, []string{""}, lines(), "nothing logged before the first submit")
+
+	status, got := call("POST", "/v1/operations",
+		`{"task_id":"t1","step":"restart","target":"device-1","business_version":"v1","action":"restart","params":{}}`)
+	require.Equal(t, http.StatusCreated, status, got)
+	logged := lines()
+	require.GreaterOrEqual(t, len(logged), 2, "the command and its newline")
+	var cmd wire.Command
+	require.NoError(t, wire.Decode([]byte(logged[0]), &cmd), logged[0])
+	require.Equal(t, "t1:restart:device-1:v1", cmd.OperationID)
+
+	status, got = call("GET", "/v1/operations/t1:restart:device-1:v1?wait=10s", "")
+	require.Equal(t, http.StatusOK, status)
+	require.Equal(t, "succeeded", got["status"], got)
+	logged = lines()
+	require.Len(t, logged, 3, "the command, the final receipt and the last newline: %q", logged)
+	var rc wire.Receipt
+	require.NoError(t, wire.Decode([]byte(logged[1]), &rc), logged[1])
+	require.Equal(t, cmd.CommandID, rc.CommandID)
+	require.Equal(t, wire.ReceiptSucceeded, rc.Status)
 }

@@ -89,6 +89,17 @@ type Result struct {
 	PassthroughHalfLoadCPUMSPer float64 `json:"passthrough_half_load_cpu_ms_per_op"`
 	HalfLoadCPUMSPerOp          float64 `json:"half_load_cpu_ms_per_op"`
 
+	// The durable floor at R (a reference): the pass-through with each
+	// command and final receipt synced to a log before it is answered, the
+	// least a durable answer costs on this host. DurableFloorP99Ratio is its
+	// p99 / the pass-through's at R, HalfLoadP99VsFloor the controller's /
+	// its.
+	DurableFloorHalfLoadP50MS float64 `json:"durable_floor_half_load_p50_ms"`
+	DurableFloorHalfLoadP99MS float64 `json:"durable_floor_half_load_p99_ms"`
+	DurableFloorCPUMSPerOp    float64 `json:"durable_floor_cpu_ms_per_op"`
+	DurableFloorP99Ratio      float64 `json:"durable_floor_p99_ratio"`
+	HalfLoadP99VsFloor        float64 `json:"half_load_p99_vs_floor"`
+
 	// The controller with every action serial, saturated: SerialRatio is
 	// serial / pass-through, SerialVsParallel serial / controller.
 	SerialPerS            float64 `json:"serial_per_s"`
@@ -161,6 +172,7 @@ func newResult(cfg Config) *Result {
 			"passthrough: bench passthrough, its own process: the load client's two routes, one QoS 1 command per operation, answered at the device's final receipt; no database, no retries, no leases",
 			"controller: HTTP submit -> GET ?wait= until final, on a fresh database; latency submit -> succeeded; the same load client, broker and devicesim devices as the pass-through",
 			"half load: open loop at R = controller_per_s / 2, latency from each arrival's due time; the pass-through's half load runs after the controller's, at the same R",
+			"durable floor (reference): the pass-through with --log: each command and each final receipt written to a file in the run's directory and fdatasync'd (one writer, group commit) before it is answered or published; at the same R, after the pass-through's half load",
 			"controller_serial: another fresh database, --policy {\"defaults\":{\"concurrency\":\"serial\"}}: one command in flight per device, in submit order",
 			"ceiling (reference): plain MQTT client -> in-memory devices (QoS 1 command, three QoS 1 receipts), no HTTP, no database; fleet_ceiling: the same client -> devicesim's devices (durable state on disk)",
 			"only operations finishing inside each window count (closed loop) or due inside it (open loop); a warm-up precedes each window",
@@ -192,8 +204,9 @@ func (r *Result) finish() {
 		}
 		return &Phase{}
 	}
-	ceil, fleet, pt, ctl, half, ptHalf, serial := get("ceiling"), get("fleet_ceiling"), get("passthrough"),
-		get("controller"), get("controller_half_load"), get("passthrough_half_load"), get("controller_serial")
+	ceil, fleet, pt, ctl, half, ptHalf, floor, serial := get("ceiling"), get("fleet_ceiling"), get("passthrough"),
+		get("controller"), get("controller_half_load"), get("passthrough_half_load"), get("durable_floor_half_load"),
+		get("controller_serial")
 
 	r.PassthroughPerS, r.PassthroughP50MS, r.PassthroughP99MS = round(pt.PerS, 1), pt.Latency.P50, pt.Latency.P99
 	r.PassthroughCPUMSPerOp = targetCPU(pt, false)
@@ -215,6 +228,9 @@ func (r *Result) finish() {
 		r.HalfLoadOtherMS = round(half.Latency.Mean-half.SubmitCommitMS-half.ReceiptCommitMS, 2)
 	}
 	r.HalfLoadCPUMSPerOp, r.PassthroughHalfLoadCPUMSPer = targetCPU(half, true), targetCPU(ptHalf, false)
+	r.DurableFloorHalfLoadP50MS, r.DurableFloorHalfLoadP99MS = floor.Latency.P50, floor.Latency.P99
+	r.DurableFloorCPUMSPerOp = targetCPU(floor, false)
+	r.DurableFloorP99Ratio, r.HalfLoadP99VsFloor = ratio(floor.Latency.P99, ptHalf.Latency.P99), ratio(half.Latency.P99, floor.Latency.P99)
 
 	r.SerialPerS, r.SerialP50MS, r.SerialP99MS = round(serial.PerS, 1), serial.Latency.P50, serial.Latency.P99
 	r.SerialRatio, r.SerialVsParallel = ratio(serial.PerS, pt.PerS), ratio(serial.PerS, ctl.PerS)
@@ -262,10 +278,10 @@ func targetCPU(p *Phase, withServer bool) float64 {
 	return round(sum/float64(p.Ops), 3)
 }
 
-// isTarget says whether a CPU row is a target's: the pass-through or a
-// controller instance.
+// isTarget says whether a CPU row (or a phase's Target) is a target's: the
+// pass-through, the durable floor or a controller instance.
 func isTarget(process string) bool {
-	return process == "passthrough" || process == "controller" || strings.HasPrefix(process, "controller-")
+	return process == "passthrough" || process == "durable_floor" || process == "controller" || strings.HasPrefix(process, "controller-")
 }
 
 func ratio(a, b float64) float64 {
@@ -375,6 +391,10 @@ func (r *Result) figures() [][2]string {
 		{"half_load_p99_ratio (controller / pass-through)", fmt.Sprintf("%.2f", r.HalfLoadP99Ratio)},
 		{"half_load_mean = the store's answer to the submit + to the receipts + the rest (pass-through's mean)", halfLoadParts},
 		{"p99 at R of the store's answer to the submit / to the receipts (from its histogram)", halfLoadWaits},
+		{"durable_floor_half_load p50 / p99 (reference: the pass-through syncing both answers, at R)",
+			fmt.Sprintf("%.2f / %.2f ms", r.DurableFloorHalfLoadP50MS, r.DurableFloorHalfLoadP99MS)},
+		{"durable_floor_p99_ratio (floor / pass-through) / half_load_p99_vs_floor (controller / floor)",
+			fmt.Sprintf("%.2f / %.2f", r.DurableFloorP99Ratio, r.HalfLoadP99VsFloor)},
 		{"serial_per_s (every action serial)", f(r.SerialPerS)},
 		{"serial_ratio (serial / pass-through)", fmt.Sprintf("%.4f", r.SerialRatio)},
 		{"serial_vs_parallel (serial / controller)", fmt.Sprintf("%.4f", r.SerialVsParallel)},
