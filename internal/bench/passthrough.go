@@ -40,9 +40,11 @@ import (
 // With a log (PassthroughConfig.Log, `--log FILE`) it is the durable
 // floor, a reference: each submit's command and each final receipt is
 // written to the log and fdatasync'd before it is answered or published
-// (ptLog), and nothing else changes. It is the least any durable answer
-// costs on this host: two syncs on an operation's path, as the
-// controller's two commits, with none of a database's work.
+// (ptLog), and nothing else changes (a receipt is still acknowledged to
+// the broker as it arrives: the floor measures the answers' wait). It is
+// the least any durable answer costs on this host: two syncs on an
+// operation's path, as the controller's two commits, with none of a
+// database's work.
 
 // Operation states the pass-through answers (the controller's names).
 const (
@@ -99,9 +101,18 @@ func RunPassthrough(ctx context.Context, cfg PassthroughConfig) error {
 		if err != nil {
 			return fmt.Errorf("passthrough: %w", err)
 		}
-		defer l.f.Close()
-		l.stopped = ctx.Done()
-		go l.run(ctx)
+		logCtx, stopLog := context.WithCancel(ctx)
+		l.stopped = logCtx.Done()
+		ran := make(chan struct{})
+		go func() {
+			defer close(ran)
+			l.run(logCtx)
+		}()
+		defer func() {
+			stopLog()
+			<-ran
+			l.f.Close()
+		}()
 		p.log = l
 	}
 	subscribed := make(chan error, 1)
