@@ -32,7 +32,7 @@ td:first-child,th:first-child{text-align:left} td.cpu{white-space:nowrap;font-si
 .card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;min-width:11em}
 .card b{display:block;font-size:1.6em} .card span{color:#666}
 svg{background:#fff;border:1px solid #e4e4e4} svg text{font-size:11px;fill:#444}
-ul{color:#555}
+ul{color:#555} .wide{overflow-x:auto}
 </style></head><body>
 <h1>fleetctl bench</h1>
 <div class="meta">{{.R.Date}} · {{.R.GoVersion}}{{if .R.Commit}} · {{.R.Commit}}{{end}} · {{.R.Backend}} backend · {{.R.Instances}} instance{{if ne .R.Instances 1}}s{{end}} · {{.R.Devices}} devices · {{.R.Concurrency}} in flight · {{.R.Seconds}} s per phase · {{.R.CPUs}} CPUs</div>
@@ -56,7 +56,7 @@ ul{color:#555}
 <tr><td>database statements per operation</td><td>0</td><td>{{printf "%.2f" .R.StatementsPerOp}}</td><td>{{printf "%.2f" .R.SerialStatementsPerOp}}</td></tr>
 </table>
 <h2>CPU per operation, by process (ms)</h2>
-{{.Split}}
+<div class="wide">{{.Split}}</div>
 <h2>Figures</h2>
 <table>{{range .Figures}}<tr><td>{{index . 0}}</td><td>{{index . 1}}</td></tr>{{end}}</table>
 <h2>Phases</h2>
@@ -278,7 +278,7 @@ func (r *Result) cpuSplit() string {
 		if c.process != "" {
 			name += " (" + c.process + ")"
 		} else {
-			name += " (pass-through / controller)"
+			name += " (pass-through, durable floor or controller)"
 		}
 		fmt.Fprintf(&b, "<tr><td>%s</td>", template.HTMLEscapeString(name))
 		for i, p := range phases {
