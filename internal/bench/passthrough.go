@@ -101,18 +101,7 @@ func RunPassthrough(ctx context.Context, cfg PassthroughConfig) error {
 		if err != nil {
 			return fmt.Errorf("passthrough: %w", err)
 		}
-		logCtx, stopLog := context.WithCancel(ctx)
-		l.stopped = logCtx.Done()
-		ran := make(chan struct{})
-		go func() {
-			defer close(ran)
-			l.run(logCtx)
-		}()
-		defer func() {
-			stopLog()
-			<-ran
-			l.f.Close()
-		}()
+		defer l.start(ctx)()
 		p.log = l
 	}
 	subscribed := make(chan error, 1)
@@ -357,7 +346,7 @@ type ptLog struct {
 	size int64
 	off  int64 // the writer's alone
 	kick chan struct{}
-	// stopped is closed when the writer has stopped (run's ctx).
+	// stopped is closed when the writer stops (start's ctx).
 	stopped <-chan struct{}
 	// beforeWrite, if set (tests), runs before each batch is written.
 	beforeWrite func()
@@ -405,6 +394,23 @@ func (l *ptLog) append(ctx context.Context, rec []byte) error {
 	case <-l.stopped:
 		return errors.New("log: stopped")
 	}
+}
+
+// start runs the writer until ctx ends or stop is called; stop (once or
+// more) waits for the writer to return and closes the file.
+func (l *ptLog) start(ctx context.Context) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	l.stopped = ctx.Done()
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		l.run(ctx)
+	}()
+	return sync.OnceFunc(func() {
+		cancel()
+		<-ran
+		l.f.Close()
+	})
 }
 
 // run writes and syncs what waits, batch after batch, until ctx ends.

@@ -19,18 +19,12 @@ import (
 // its beginning when the next batch would pass its end, and a batch larger
 // than the file is refused, not written.
 func TestPtLogGoesRound(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "floor.log")
 	l, err := openPtLog(path, 16)
 	require.NoError(t, err)
-	defer l.f.Close()
-	l.stopped = ctx.Done()
-	ran := make(chan struct{})
-	go func() {
-		l.run(ctx)
-		close(ran)
-	}()
+	stop := l.start(ctx)
+	defer stop()
 
 	read := func() string {
 		raw, err := os.ReadFile(path)
@@ -46,36 +40,26 @@ func TestPtLogGoesRound(t *testing.T) {
 	require.ErrorContains(t, l.append(ctx, make([]byte, 16)), "exceeds")
 	require.Equal(t, "cc\naaa\nbbbbbb\n\x00\x00", read(), "a batch too large changes nothing")
 
-	cancel()
-	<-ran
-	require.Error(t, l.append(context.Background(), []byte("late")), "the writer has stopped")
+	stop()
+	require.Error(t, l.append(ctx, []byte("late")), "the writer has stopped")
 }
 
 // The durable floor ends an operation only once its final receipt is in
 // the log: while the log's writer is held, the operation stays started.
 func TestDurableFloorEndsAfterTheReceiptIsLogged(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	path := filepath.Join(t.TempDir(), "floor.log")
 	l, err := openPtLog(path, 1<<16)
 	require.NoError(t, err)
-	defer l.f.Close()
-	l.stopped = ctx.Done()
 	held, hold := make(chan struct{}), make(chan struct{})
 	release := sync.OnceFunc(func() { close(hold) })
 	l.beforeWrite = func() {
 		close(held)
 		<-hold
 	}
-	ran := make(chan struct{})
-	go func() {
-		l.run(ctx)
-		close(ran)
-	}()
+	stop := l.start(context.Background())
 	defer func() {
 		release()
-		cancel()
-		<-ran
+		stop()
 	}()
 
 	p := &passthrough{log: l, ops: map[string]*ptOp{}, byCmd: map[string]*ptOp{}}
