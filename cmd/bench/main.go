@@ -20,7 +20,7 @@ import (
 
 const usage = `Usage: bench [flags]
 
-       bench passthrough --mqtt URL [--http ADDR] [--topic-root R] [--client-id ID]
+       bench passthrough --mqtt URL [--http ADDR] [--topic-root R] [--client-id ID] [--log FILE]
 
 Starts its own Mosquitto (from mosquitto/anonymous-loopback.conf.tmpl, on a free
 loopback port, in a temporary directory removed at the end) and measures,
@@ -30,8 +30,10 @@ every phase that follows (the plain client on them first, a reference); the
 pass-through (this program's "passthrough" mode, its own process: the two
 routes of the load client, one QoS 1 command per operation, no database)
 saturated; the controller saturated and at half that rate R; the
-pass-through at R; the controller on a fresh database with every action
-serial, saturated. One HTTP load client drives every target. It prints a
+pass-through at R; the durable floor at R (a reference: the pass-through
+with --log, syncing each command and final receipt to a file before it
+answers); the controller on a fresh database with every action serial,
+saturated. One HTTP load client drives every target. It prints a
 table and writes latest.json and latest.html in --out. Run it from the
 repository's root.
 
