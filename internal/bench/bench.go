@@ -853,35 +853,33 @@ func (r *run) stopControllers() {
 	r.ctls = nil
 }
 
-// storeReading is every instance's storeCounters and storeHistograms at
-// one moment.
+// storeReading is every instance's storeSample at one moment.
 type storeReading struct {
-	at     time.Time
-	counts []storeCounters
-	hists  []storeHistograms
+	at      time.Time
+	samples []storeSample
 }
 
-// readStore reads every instance's storeCounters and storeHistograms; nil
-// if one could not be read (the figures are then left out).
+// readStore reads every instance's storeSample; nil if one could not be
+// read (the figures are then left out).
 func (r *run) readStore(ctx context.Context, load *controllerLoad) *storeReading {
 	out := &storeReading{at: time.Now()}
 	for i := range load.bases {
-		v, h, err := load.readCounters(ctx, i)
+		s, err := load.readStoreSample(ctx, i)
 		if err != nil {
 			r.logf("no database round trips or commits: %v", err)
 			return nil
 		}
-		out.counts = append(out.counts, v)
-		out.hists = append(out.hists, h)
+		out.samples = append(out.samples, s)
 	}
 	return out
 }
 
 // countStore sets p's database round trips and commits, every instance's
-// counters after the phase less before it, over the operations the phase
-// completed (warm-up and drain included, as the counters span them), and
-// the share of the phase's time the writers spent applying and committing
-// batches (their mean over the instances).
+// series after the phase less before it, over the operations the phase
+// completed (warm-up and drain included, as the series span them); the
+// share of the phase's time the writers spent applying and committing
+// batches (their mean over the instances); and the mean and p99 of the
+// two waits for the store (storeWaits).
 func (r *run) countStore(ctx context.Context, load *controllerLoad, p *Phase, before *storeReading) {
 	if before == nil {
 		return
@@ -890,27 +888,21 @@ func (r *run) countStore(ctx context.Context, load *controllerLoad, p *Phase, be
 	if after == nil {
 		return
 	}
-	var sum storeCounters
-	var waits storeHistograms
-	for i := range before.counts {
-		for k := range sum {
-			sum[k] += after.counts[i][k] - before.counts[i][k]
-		}
-		for k := range waits {
-			waits[k] = waits[k].add(after.hists[i][k], 1).add(before.hists[i][k], -1)
-		}
+	var sum storeSample
+	for i := range before.samples {
+		sum = sum.add(after.samples[i], 1).add(before.samples[i], -1)
 	}
-	trips, commits, busy := sum[0], sum[1], sum[2]
-	p.DBRoundTrips, p.Commits = int64(trips), int64(commits)
-	if submits, receipts := waits[0], waits[1]; submits.count() > 0 && receipts.count() > 0 {
+	commits, busy := sum.batch.count(), sum.batch.sum
+	p.DBRoundTrips, p.Commits = int64(sum.trips), int64(commits)
+	if submits, receipts := sum.waits[0], sum.waits[1]; submits.count() > 0 && receipts.count() > 0 {
 		p.SubmitCommitMS, p.ReceiptCommitMS = round(submits.sum/submits.count()*1000, 2), round(receipts.sum/receipts.count()*1000, 2)
 		p.SubmitCommitP99MS, p.ReceiptCommitP99MS = round(submits.quantile(0.99)*1000, 2), round(receipts.quantile(0.99)*1000, 2)
 	}
 	if p.Completed > 0 {
-		p.DBRoundTripsPerOp = round(trips/float64(p.Completed), 2)
+		p.DBRoundTripsPerOp = round(sum.trips/float64(p.Completed), 2)
 		p.CommitsPerOp = round(commits/float64(p.Completed), 3)
 	}
-	if span := after.at.Sub(before.at).Seconds() * float64(len(before.counts)); span > 0 {
+	if span := after.at.Sub(before.at).Seconds() * float64(len(before.samples)); span > 0 {
 		p.WriterBusy = round(busy/span, 3)
 	}
 }

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"context"
@@ -17,6 +16,10 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/fleetctl/fleetctl/internal/benchwire"
 )
@@ -286,59 +289,92 @@ func nextLink(base, h string) string {
 	return ""
 }
 
-// storeMetrics are the counters of a controller's store the bench reads at
-// GET /metrics around each controller phase: the statements sent to the
-// database (BEGIN, SAVEPOINT, RELEASE and COMMIT included), the writer's
-// batches (one commit each) and the seconds it spent applying and
-// committing them.
-var storeMetrics = [...]string{"controller_store_round_trips_total", "controller_store_batch_seconds_count",
-	"controller_store_batch_seconds_sum"}
+// storeSample is what the bench reads of one controller's store at GET
+// /metrics around each controller phase: the statements sent to the
+// database (controller_store_round_trips_total: BEGIN, SAVEPOINT, RELEASE
+// and COMMIT included), the writer's batches (controller_store_batch_seconds:
+// one commit each, and the seconds it spent applying and committing them),
+// and how long a submit, and a call applying receipts, waited for the
+// store's answer (controller_store_change_seconds, by storeWaits).
+type storeSample struct {
+	trips float64
+	batch histogram
+	waits [len(storeWaits)]histogram
+}
 
-// storeCounters are one instance's storeMetrics, in their order.
-type storeCounters [len(storeMetrics)]float64
+// storeWaits are the values of controller_store_change_seconds' label
+// change that the bench reads. A controller built before that histogram
+// (bench --bin of an older build) has neither, and its phases go without
+// the figures they give (countStore).
+var storeWaits = [...]string{"submit", "receipts"}
 
-// storeWaits are the series of controller_store_change_seconds the bench
-// reads beside them, by their labels: how long a submit, and a call
-// applying receipts, waited for the store's answer. A controller built
-// before the histogram (bench --bin of an older build) has neither, and
-// its phases go without the figures they give (countStore).
-var storeWaits = [...]string{`change="submit"`, `change="receipts"`}
-
-// storeHistograms are one instance's storeWaits, in their order.
-type storeHistograms [len(storeWaits)]histogram
-
-// readCounters reads instance i's storeMetrics and storeWaits.
-func (c *controllerLoad) readCounters(ctx context.Context, i int) (storeCounters, storeHistograms, error) {
-	var out storeCounters
-	var hist storeHistograms
+// readStoreSample reads instance i's storeSample.
+func (c *controllerLoad) readStoreSample(ctx context.Context, i int) (storeSample, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.bases[i]+"/metrics", nil)
 	if err != nil {
-		return out, hist, err
+		return storeSample{}, err
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return out, hist, err
+		return storeSample{}, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return out, hist, fmt.Errorf("GET %s/metrics: %d", c.bases[i], resp.StatusCode)
+		return storeSample{}, fmt.Errorf("GET %s/metrics: %d", c.bases[i], resp.StatusCode)
 	}
-	text, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
-		return out, hist, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
+		return storeSample{}, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
 	}
-	vs, err := metricValues(bytes.NewReader(text), storeMetrics[:]...)
+	sample, err := storeSampleOf(families)
 	if err != nil {
-		return out, hist, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
+		return storeSample{}, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
 	}
-	copy(out[:], vs)
-	for k, labels := range storeWaits {
-		hist[k], err = readHistogram(bytes.NewReader(text), "controller_store_change_seconds", labels)
-		if err != nil {
-			return out, hist, fmt.Errorf("GET %s/metrics: %w", c.bases[i], err)
+	return sample, nil
+}
+
+// storeSampleOf picks the store's series out of one reading of /metrics.
+// The round trips and the batches must be there; the waits may not
+// (storeWaits).
+func storeSampleOf(families map[string]*dto.MetricFamily) (storeSample, error) {
+	one := func(name string) (*dto.Metric, error) {
+		if f := families[name]; f != nil && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0], nil
+		}
+		return nil, fmt.Errorf("no %s (a controller without it?)", name)
+	}
+	trips, err := one("controller_store_round_trips_total")
+	if err != nil {
+		return storeSample{}, err
+	}
+	batches, err := one("controller_store_batch_seconds")
+	if err != nil {
+		return storeSample{}, err
+	}
+	if trips.GetCounter() == nil || batches.GetHistogram() == nil {
+		return storeSample{}, errors.New("controller_store_round_trips_total is not a counter, or controller_store_batch_seconds not a histogram")
+	}
+	s := storeSample{trips: trips.GetCounter().GetValue(), batch: histogramOf(batches.GetHistogram())}
+	for _, m := range families["controller_store_change_seconds"].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if k := slices.Index(storeWaits[:], l.GetValue()); l.GetName() == "change" && k >= 0 {
+				s.waits[k] = histogramOf(m.GetHistogram())
+			}
 		}
 	}
-	return out, hist, nil
+	return s, nil
+}
+
+// add is s plus sign times other, series by series: a phase's sample is
+// the reading after it add the one before with sign -1, and several
+// instances' add up with sign 1.
+func (s storeSample) add(other storeSample, sign float64) storeSample {
+	out := storeSample{trips: s.trips + sign*other.trips, batch: s.batch.add(other.batch, sign)}
+	for k := range out.waits {
+		out.waits[k] = s.waits[k].add(other.waits[k], sign)
+	}
+	return out
 }
 
 // histogram is one series of a Prometheus histogram: its cumulative
@@ -352,44 +388,18 @@ type histogram struct {
 // bucket is one cumulative bucket: the observations at most le.
 type bucket struct{ le, n float64 }
 
-// readHistogram reads the series of histogram name with labels (but le,
-// as the format writes them) in the Prometheus text format. A series that
-// is not there reads empty: no error.
-func readHistogram(r io.Reader, name, labels string) (histogram, error) {
-	var h histogram
-	bucketPrefix, sumPrefix := name+"_bucket{"+labels+`,le="`, name+"_sum{"+labels+"} "
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, sumPrefix); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			if err != nil {
-				return h, fmt.Errorf("%s: %w", strings.TrimSpace(sumPrefix), err)
-			}
-			h.sum = v
-			continue
-		}
-		rest, ok := strings.CutPrefix(line, bucketPrefix)
-		if !ok {
-			continue
-		}
-		le, value, ok := strings.Cut(rest, `"} `)
-		if !ok {
-			return h, fmt.Errorf("not a bucket line: %q", line)
-		}
-		b, err := strconv.ParseFloat(le, 64) // "+Inf" parses as +Inf
-		if err != nil {
-			return h, fmt.Errorf("%s: le %q: %w", name, le, err)
-		}
-		n, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
-		if err != nil {
-			return h, fmt.Errorf("%s: %w", name, err)
-		}
-		h.buckets = append(h.buckets, bucket{le: b, n: n})
+// histogramOf is a parsed series as a histogram, its +Inf bucket (the
+// series' count) added if the text had none.
+func histogramOf(h *dto.Histogram) histogram {
+	out := histogram{sum: h.GetSampleSum()}
+	for _, b := range h.GetBucket() {
+		out.buckets = append(out.buckets, bucket{le: b.GetUpperBound(), n: float64(b.GetCumulativeCount()) + b.GetCumulativeCountFloat()})
 	}
-	slices.SortFunc(h.buckets, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
-	return h, sc.Err()
+	slices.SortFunc(out.buckets, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
+	if n := len(out.buckets); n == 0 || !math.IsInf(out.buckets[n-1].le, 1) {
+		out.buckets = append(out.buckets, bucket{le: math.Inf(1), n: float64(h.GetSampleCount()) + h.GetSampleCountFloat()})
+	}
+	return out
 }
 
 // count is the observations in h (its +Inf bucket's).
@@ -401,9 +411,7 @@ func (h histogram) count() float64 {
 }
 
 // add is h plus sign times other, bucket by bucket (matched by le, a
-// bucket only one has counting 0 in the other): a phase's series is the
-// reading after it add the one before with sign -1, and several
-// instances' add up with sign 1.
+// bucket only one has counting 0 in the other; storeSample.add).
 func (h histogram) add(other histogram, sign float64) histogram {
 	out := histogram{buckets: slices.Clone(h.buckets), sum: h.sum + sign*other.sum}
 	for _, x := range other.buckets {
@@ -437,35 +445,4 @@ func (h histogram) quantile(q float64) float64 {
 		lower, below = x.le, x.n
 	}
 	return lower
-}
-
-// metricValues finds the unlabelled sample of each name in the Prometheus
-// text format, in the order of names.
-func metricValues(r io.Reader, names ...string) ([]float64, error) {
-	out, seen := make([]float64, len(names)), make([]bool, len(names))
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		for i, name := range names {
-			rest, ok := strings.CutPrefix(sc.Text(), name)
-			f := strings.Fields(rest)
-			if !ok || seen[i] || len(f) == 0 || (rest[0] != ' ' && rest[0] != '\t') {
-				continue
-			}
-			v, err := strconv.ParseFloat(f[0], 64)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", name, err)
-			}
-			out[i], seen[i] = v, true
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
-	for i, ok := range seen {
-		if !ok {
-			return nil, fmt.Errorf("no %s (a controller without it?)", names[i])
-		}
-	}
-	return out, nil
 }

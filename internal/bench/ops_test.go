@@ -15,7 +15,11 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/fleetctl/fleetctl/internal/metrics"
 )
 
 // A 503 is honoured: the caller waits Retry-After, sends the same request
@@ -147,55 +151,61 @@ func TestOperationsGoRoundRobinToInstances(t *testing.T) {
 	}
 }
 
-func TestMetricValues(t *testing.T) {
-	text := `# HELP controller_store_round_trips_total Statements sent to the database.
-# TYPE controller_store_round_trips_total counter
-controller_store_round_trips_total_other 5
-controller_store_round_trips_total 123456
-controller_store_batch_seconds_bucket{le="0.001"} 40
-controller_store_batch_seconds_sum 2.5
-controller_store_batch_seconds_count 1.5e+06
-go_goroutines 12
-`
-	v, err := metricValues(strings.NewReader(text), storeMetrics[:]...)
+// The store's series read from a real controller's metrics
+// (internal/metrics, served by its handler): the round trips, the batches'
+// count and seconds, and each wait by its label, its own series only; a
+// controller without the waits reads them empty, one without the round
+// trips is an error.
+func TestStoreSampleFromTheControllersMetrics(t *testing.T) {
+	read := func(m *metrics.Metrics) (storeSample, error) {
+		srv := httptest.NewServer(m.Handler())
+		defer srv.Close()
+		load := newControllerLoad([]string{srv.URL}, "run1", 3, 4)
+		defer load.http.CloseIdleConnections()
+		return load.readStoreSample(context.Background(), 0)
+	}
+	m := metrics.New()
+	m.CountRoundTrips(func() int64 { return 123456 })
+	m.Batch(5, 3*time.Millisecond, false)
+	m.Batch(2, time.Millisecond, false)
+	s, err := read(m)
 	require.NoError(t, err)
-	require.Equal(t, []float64{123456, 1.5e6, 2.5}, v, "in the order asked, labelled and longer names skipped")
-	_, err = metricValues(strings.NewReader(text), "controller_store_round_trips_total", "controller_commits_total")
-	require.ErrorContains(t, err, "no controller_commits_total")
-	_, err = metricValues(strings.NewReader("controller_store_round_trips_total x\n"), "controller_store_round_trips_total")
-	require.ErrorContains(t, err, "controller_store_round_trips_total: ")
+	require.Equal(t, 123456.0, s.trips)
+	require.Equal(t, 2.0, s.batch.count())
+	require.InDelta(t, 0.004, s.batch.sum, 1e-9)
+	require.Zero(t, s.waits[0].count(), "a controller that answered no change yet")
+	require.Zero(t, s.waits[1].count())
+
+	for range 3 {
+		m.Answered("submit", 1500*time.Microsecond)
+	}
+	m.Answered("receipts", 10*time.Millisecond)
+	s, err = read(m)
+	require.NoError(t, err)
+	submits, receipts := s.waits[0], s.waits[1]
+	require.Equal(t, 3.0, submits.count(), "its own series only")
+	require.InDelta(t, 0.0045, submits.sum, 1e-9)
+	require.InDelta(t, 0.00199, submits.quantile(0.99), 1e-9, "the 2.97th of 3, all in the bucket from 1 to 2 ms")
+	require.Equal(t, 1.0, receipts.count())
+	require.InDelta(t, 0.01592, receipts.quantile(0.99), 1e-9, "the 0.99th of 1, in the bucket from 8 to 16 ms")
+
+	_, err = read(metrics.New())
+	require.ErrorContains(t, err, "no controller_store_round_trips_total")
 }
 
-// A histogram's series is read by its labels, its buckets and its sum; a
-// phase's is the reading after it less the one before, summed over the
-// instances; its count is its +Inf bucket's, and its quantile is
+// A phase's series is the reading after it less the one before, summed
+// over the instances; its count is its +Inf bucket's, and its quantile is
 // interpolated within the bucket where it falls, as Prometheus's
 // histogram_quantile does.
 func TestHistogramQuantiles(t *testing.T) {
-	text := func(sum float64, submit ...float64) string {
-		var b strings.Builder
-		for i, le := range []string{"0.001", "0.002", "0.004", "+Inf"} {
-			fmt.Fprintf(&b, "controller_store_change_seconds_bucket{change=\"submit\",le=%q} %g\n", le, submit[i])
-			fmt.Fprintf(&b, "controller_store_change_seconds_bucket{change=\"receipts\",le=%q} 7\n", le)
-		}
-		fmt.Fprintf(&b, "controller_store_change_seconds_sum{change=\"receipts\"} 9\n")
-		fmt.Fprintf(&b, "controller_store_change_seconds_sum{change=\"submit\"} %g\n", sum)
-		fmt.Fprintf(&b, "controller_store_change_seconds_count{change=\"submit\"} %g\n", submit[3])
-		return b.String()
-	}
-	read := func(s string) histogram {
-		h, err := readHistogram(strings.NewReader(s), "controller_store_change_seconds", storeWaits[0])
-		require.NoError(t, err)
-		return h
-	}
-	before := read(text(0.05, 10, 20, 30, 30))
-	require.Equal(t, histogram{buckets: []bucket{{0.001, 10}, {0.002, 20}, {0.004, 30}, {math.Inf(1), 30}}, sum: 0.05}, before,
-		"its own series only")
+	inf := math.Inf(1)
+	before := histogram{buckets: []bucket{{0.001, 10}, {0.002, 20}, {0.004, 30}, {inf, 30}}, sum: 0.05}
+	after := histogram{buckets: []bucket{{0.001, 60}, {0.002, 110}, {0.004, 129}, {inf, 130}}, sum: 0.2}
 	require.Equal(t, 30.0, before.count())
 	// 100 observations in the phase, 0.15 s in all: 50 under 1 ms, 40 from
 	// 1 to 2, 9 from 2 to 4, 1 over 4 ms.
-	phase := read(text(0.2, 60, 110, 129, 130)).add(before, -1)
-	require.Equal(t, []bucket{{0.001, 50}, {0.002, 90}, {0.004, 99}, {math.Inf(1), 100}}, phase.buckets)
+	phase := after.add(before, -1)
+	require.Equal(t, []bucket{{0.001, 50}, {0.002, 90}, {0.004, 99}, {inf, 100}}, phase.buckets)
 	require.InDelta(t, 0.15, phase.sum, 1e-9)
 	require.Equal(t, 100.0, phase.count())
 	require.InDelta(t, 0.001, phase.quantile(0.5), 1e-9, "the 50th of 100 is the first bucket's top")
@@ -207,11 +217,11 @@ func TestHistogramQuantiles(t *testing.T) {
 	require.InDelta(t, 0.3, two.sum, 1e-9)
 	require.InDelta(t, phase.quantile(0.9), two.quantile(0.9), 1e-12)
 	require.Zero(t, histogram{}.quantile(0.99), "no observations")
-	none := read("go_goroutines 12\n")
-	require.Zero(t, none.count(), "a controller without the histogram")
-	_, err := readHistogram(strings.NewReader(`controller_store_change_seconds_bucket{change="submit",le="x"} 1`+"\n"),
-		"controller_store_change_seconds", storeWaits[0])
-	require.ErrorContains(t, err, `le "x"`)
+
+	// A bucket the text left out is added: the series' count as +Inf.
+	h := histogramOf(&dto.Histogram{SampleCount: proto.Uint64(4), SampleSum: proto.Float64(0.01),
+		Bucket: []*dto.Bucket{{UpperBound: proto.Float64(0.002), CumulativeCount: proto.Uint64(3)}}})
+	require.Equal(t, histogram{buckets: []bucket{{0.002, 3}, {inf, 4}}, sum: 0.01}, h)
 }
 
 func TestSeveralInstancesNeedPostgres(t *testing.T) {
