@@ -26,32 +26,16 @@ import (
 // the controller's /metrics, by (source, reason).
 func (b *bundle) refusedCounts() map[[2]string]int {
 	b.t.Helper()
-	resp, err := http.Get(b.ctl.URL + "/metrics")
-	require.NoError(b.t, err)
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	require.NoError(b.t, err)
+	return refusedAt(b.t, b.ctl.URL)
+}
+
+// refusedAt is refusedCounts of the controller at url.
+func refusedAt(t testing.TB, url string) map[[2]string]int {
+	t.Helper()
 	out := map[[2]string]int{}
-	for _, line := range strings.Split(string(raw), "\n") {
-		rest, ok := strings.CutPrefix(line, "controller_inputs_refused_total{")
-		if !ok {
-			continue
-		}
-		labels, value, _ := strings.Cut(rest, "} ")
-		var reason, source string
-		for _, kv := range strings.Split(labels, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			v, _ = strconv.Unquote(v)
-			switch k {
-			case "reason":
-				reason = v
-			case "source":
-				source = v
-			}
-		}
-		n, err := strconv.ParseFloat(value, 64)
-		require.NoError(b.t, err, line)
-		out[[2]string{source, reason}] = int(n)
+	for _, m := range scrape(t, url)["controller_inputs_refused_total"].GetMetric() {
+		l := labelsOf(m)
+		out[[2]string{l["source"], l["reason"]}] = int(valueOf(m))
 	}
 	return out
 }

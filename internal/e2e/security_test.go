@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -140,20 +139,12 @@ func mosquittoSub(t *testing.T, args ...string) *subscriber {
 // returns the applied ones apart.
 func receiptsTotal(t testing.TB, url string) (all, applied float64) {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		name, value, ok := strings.Cut(line, " ")
-		if !ok || !strings.HasPrefix(name, "controller_receipts_total{") {
-			continue
-		}
-		var v float64
-		fmt.Sscan(value, &v)
-		all += v
-		if name == `controller_receipts_total{effect="applied"}` {
-			applied += v
+	family, ok := scrape(t, url)["controller_receipts_total"]
+	require.True(t, ok, "the controller exposes controller_receipts_total")
+	for _, m := range family.GetMetric() {
+		all += valueOf(m)
+		if labelsOf(m)["effect"] == "applied" {
+			applied += valueOf(m)
 		}
 	}
 	return all, applied

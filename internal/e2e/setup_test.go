@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -261,27 +260,10 @@ func (b *bundle) rows(query string, args ...any) []string {
 	return out
 }
 
-// metric returns the value of one sample line of the controller's /metrics, or 0.
+// metric returns one series of the controller's /metrics (metricAt).
 func (b *bundle) metric(name string) float64 {
 	b.t.Helper()
 	return metricAt(b.t, b.ctl.URL, name)
-}
-
-// metricAt reads one sample from the /metrics of the instance at url.
-func metricAt(t testing.TB, url, name string) float64 {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, name+" ") {
-			var v float64
-			fmt.Sscan(strings.TrimPrefix(line, name+" "), &v)
-			return v
-		}
-	}
-	return 0
 }
 
 // eventually waits for cond with a deadline.
