@@ -76,13 +76,10 @@ func parseSeries(t testing.TB, series string) (name string, labels map[string]st
 	panic("unreachable")
 }
 
-// labelsOf is a series' labels by name (nil when it has none).
+// labelsOf is a series' labels by name.
 func labelsOf(m *dto.Metric) map[string]string {
-	var out map[string]string
+	out := make(map[string]string, len(m.GetLabel()))
 	for _, l := range m.GetLabel() {
-		if out == nil {
-			out = map[string]string{}
-		}
 		out[l.GetName()] = l.GetValue()
 	}
 	return out
@@ -109,7 +106,6 @@ func TestMetricAtReadsTheControllersSeries(t *testing.T) {
 	m.InputRefused(metrics.SourceReceipts, "too_large")
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
-	defer srv.Client().CloseIdleConnections()
 
 	require.Equal(t, 2.0, metricAt(t, srv.URL, `controller_inputs_refused_total{reason="too_large",source="receipts"}`))
 	require.Equal(t, 2.0, metricAt(t, srv.URL, `controller_inputs_refused_total{source="receipts",reason="too_large"}`), "labels in any order")
