@@ -189,24 +189,27 @@ func (p *passthrough) submit(w http.ResponseWriter, r *http.Request) {
 	p.mu.Unlock()
 	if p.log != nil {
 		if err := p.log.append(r.Context(), payload); err != nil {
-			p.mu.Lock()
-			delete(p.ops, id)
-			delete(p.byCmd, cmd.CommandID)
-			p.mu.Unlock()
+			p.forget(id, cmd.CommandID)
 			ptError(w, http.StatusInternalServerError, "internal", err.Error())
 			return
 		}
 	}
 	tok := p.client.Publish(wire.Topic(p.root, b.Target, wire.KindCommands), 1, false, payload)
 	if !tok.WaitTimeout(30*time.Second) || tok.Error() != nil {
-		p.mu.Lock()
-		delete(p.ops, id)
-		delete(p.byCmd, cmd.CommandID)
-		p.mu.Unlock()
+		p.forget(id, cmd.CommandID)
 		ptError(w, http.StatusBadGateway, "unavailable", fmt.Sprintf("publish: %v", tok.Error()))
 		return
 	}
 	ptJSON(w, http.StatusCreated, p.record(o))
+}
+
+// forget drops an operation whose submit failed: it was never answered,
+// so the same operation_id may be submitted again.
+func (p *passthrough) forget(id, commandID string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.ops, id)
+	delete(p.byCmd, commandID)
 }
 
 // get answers the operation's state, waiting up to ?wait= for it to be

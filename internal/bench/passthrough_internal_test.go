@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,6 +93,25 @@ func TestDurableFloorEndsAfterTheReceiptIsLogged(t *testing.T) {
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.True(t, strings.HasPrefix(string(raw), string(payload)+"\n"), "the receipt is the log's first line")
+}
+
+// A submit the durable floor could not log is answered 500 and forgotten:
+// nothing published, the same operation_id free to be submitted again
+// (not 409).
+func TestDurableFloorForgetsASubmitItCouldNotLog(t *testing.T) {
+	l, err := openPtLog(filepath.Join(t.TempDir(), "floor.log"), 1<<10)
+	require.NoError(t, err)
+	l.start(context.Background())() // stopped: every append fails
+	p := &passthrough{log: l, ops: map[string]*ptOp{}, byCmd: map[string]*ptOp{}}
+	for range 2 {
+		w := httptest.NewRecorder()
+		p.submit(w, httptest.NewRequest(http.MethodPost, "/v1/operations",
+			strings.NewReader(`{"task_id":"t1","step":"restart","target":"device-1","business_version":"v1","action":"restart"}`)))
+		require.Equal(t, http.StatusInternalServerError, w.Code, w.Body.String())
+		require.Contains(t, w.Body.String(), "log: stopped")
+		require.Empty(t, p.ops)
+		require.Empty(t, p.byCmd)
+	}
 }
 
 // receiptMessage is a received message with only its payload.
